@@ -1,0 +1,33 @@
+"""Exceptions the engine raises. Each message tells the user what to do next."""
+
+from __future__ import annotations
+
+
+class SpecMemoError(Exception):
+    """Base class: anything the app can show the user as a plain message."""
+
+
+class ModelFileError(SpecMemoError):
+    """A model file or folder is missing, truncated, corrupt or of an unknown kind."""
+
+    def __init__(self, path: object, problem: str, fix: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{self.path}: {problem}. {fix}")
+
+
+class FetchError(SpecMemoError):
+    """Downloading the default model (or a data set) failed; nothing was left in the cache."""
+
+
+class HeadsError(SpecMemoError):
+    """Draft heads are unreadable, unsafe, or were made for another model."""
+
+
+class TreeError(SpecMemoError):
+    """A speculation tree name or file is invalid."""
+
+
+class ContextFullError(SpecMemoError):
+    """The conversation no longer fits the KV cache that was allocated for it."""
