@@ -1,0 +1,143 @@
+"""Multi-turn chat over a Decoder: chat template, safe tokenization, streamed text.
+
+The GUI and the command line talk to the engine only through ``ChatSession.send``, a
+generator of ``TextPiece`` that can be cancelled between steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .decoding import Decoder, GenerationConfig, Step
+from .errors import SpecMemoError
+
+_PLACEHOLDER = "\x00SPECMEMO{}\x00"
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """Text that became final during one step, with that step's statistics."""
+
+    text: str
+    step: Step
+
+
+def end_of_turn_ids(tokenizer: Any, config: Any | None = None) -> frozenset[int]:
+    """Token ids that end an assistant turn: the tokenizer's EOS and the model's EOS list."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def encode_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Apply the chat template and tokenize, keeping user text *plain*.
+
+    A message that contains the template's own markers (e.g. ``<|im_start|>system``)
+    must reach the model as ordinary text, never as special tokens. So the template is
+    rendered with placeholders, its own parts are tokenized with special tokens
+    recognised, and each message's content with special tokens split into plain text.
+    """
+    if tokenizer.chat_template is None:
+        raise SpecMemoError("this model's tokenizer has no chat template; use a chat/instruct model")
+    placeholders = [{"role": m["role"], "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]
+    text = tokenizer.apply_chat_template(placeholders, add_generation_prompt=True, tokenize=False)
+    ids: list[int] = []
+    rest = text
+    for i, message in enumerate(messages):
+        marker = _PLACEHOLDER.format(i)
+        before, found, rest = rest.partition(marker)
+        if not found:
+            raise SpecMemoError("the chat template dropped a message; this model's template is not supported")
+        ids += tokenizer(before, add_special_tokens=False).input_ids
+        ids += tokenizer(message["content"], add_special_tokens=False, split_special_tokens=True).input_ids
+    ids += tokenizer(rest, add_special_tokens=False).input_ids
+    return ids
+
+
+class TextStream:
+    """Turns token steps into text pieces: never splits a UTF-8 character, cuts at stop strings."""
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        self.ids: list[int] = []
+        self.sent = 0  # characters already given out
+        self.stopped = False
+        self._hold = max((len(s) for s in self.stop_strings), default=1) - 1
+
+    @property
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    def push(self, token_ids: tuple[int, ...], final: bool = False) -> str:
+        self.ids.extend(token_ids)
+        text = self.text
+        for stop in self.stop_strings:
+            cut = text.find(stop)
+            if cut != -1:
+                self.stopped = True
+                text = text[:cut]
+                final = True
+        if not final:
+            if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
+                text = text.rstrip("\ufffd")
+            text = text[: max(self.sent, len(text) - self._hold)]
+        piece = text[self.sent:]
+        self.sent = max(self.sent, len(text))
+        return piece
+
+
+@dataclass
+class ChatSession:
+    """One conversation: its messages and its decoder (whose KV cache spans the turns)."""
+
+    decoder: Decoder
+    tokenizer: Any
+    stop_token_ids: frozenset[int]
+    system_prompt: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.system_prompt:
+            self.messages.append({"role": "system", "content": self.system_prompt})
+
+    def send(
+        self, user_text: str, config: GenerationConfig | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[TextPiece]:
+        """Add the user's message and stream the reply. The reply (complete, or as far as
+        it got when cancelled) is appended to ``messages`` when the generator ends."""
+        if not user_text or not user_text.strip():
+            raise SpecMemoError("the message is empty: type something first")
+        config = config or GenerationConfig()
+        config = GenerationConfig(**{**config.__dict__, "stop_token_ids": config.stop_token_ids | self.stop_token_ids})
+        self.messages.append({"role": "user", "content": user_text})
+        prompt = encode_conversation(self.tokenizer, self.messages)
+        stream = TextStream(self.tokenizer, config.stop_strings)
+        reply = ""
+        try:
+            steps = self.decoder.generate(prompt, config, cancel)
+            last: Step | None = None
+            for step in steps:
+                last = step
+                piece = stream.push(step.token_ids)
+                reply += piece
+                if piece or step.prefill:
+                    yield TextPiece(piece, step)
+                if stream.stopped:
+                    steps.close()
+                    break
+            if last is not None and not stream.stopped:
+                tail = stream.push((), final=True)
+                if tail:
+                    reply += tail
+                    yield TextPiece(tail, last)
+        finally:
+            self.messages.append({"role": "assistant", "content": reply})

@@ -1,0 +1,252 @@
+"""The decoding loop: prefill, then propose → verify on the tree → accept → commit.
+
+Vocabulary
+----------
+root         the last emitted token; its KV is not yet in the cache, it is tree node 0.
+tree node    one candidate token; node i sits at position ``cache.length + depth[i]``.
+path         root-to-leaf chain of nodes (one row of ``retrieve_indices``).
+accepted     the nodes of the longest path whose every draft token equals what the base
+             model itself picks at the parent node (greedy), or passes Medusa's typical
+             acceptance test (temperature > 0). The root is always accepted.
+bonus token  the base model's own pick after the last accepted node: free, always right.
+step         one verify forward; it emits ``accepted`` tokens (drafts + bonus), ≥ 1.
+
+Greedy speculative output equals plain greedy output whatever the heads propose: every
+emitted token is an argmax of the base model given exactly the tokens before it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from .errors import ContextFullError, SpecMemoError
+from .heads import MedusaHeads
+from .kv_cache import KVCache
+from .model import CausalLM, causal_mask, tree_mask
+from .tree import Tree
+
+PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    seed: int = 0
+    # Medusa's typical acceptance (temperature > 0): accept a draft token whose
+    # probability exceeds min(epsilon, delta * exp(-entropy)).
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not self.max_new_tokens >= 1:
+            raise SpecMemoError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
+        if not (self.temperature >= 0.0 and self.temperature < float("inf")):
+            raise SpecMemoError(f"temperature must be a number ≥ 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one forward produced: the new tokens and how long the forward took."""
+
+    token_ids: tuple[int, ...]
+    accepted: int  # tokens this step emitted before any stop cut (drafts + bonus)
+    forward_s: float
+    tree_nodes: int
+    prefill: bool = False
+
+
+@dataclass
+class _State:
+    root: int  # emitted, not yet in the cache
+    hidden: torch.Tensor  # [D] hidden state that produced ``root`` (heads read it)
+
+
+@dataclass
+class Decoder:
+    """One conversation's decoding state over a model, optional heads and a tree.
+
+    ``history`` mirrors the token ids whose KV sits in ``cache`` (``len == cache.length``),
+    so a new turn re-uses every cached token it shares with the previous one.
+    """
+
+    model: CausalLM
+    cache: KVCache
+    heads: MedusaHeads | None = None
+    tree: Tree | None = None
+    history: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and self.tree.num_nodes > 1:
+            if self.heads is None:
+                raise SpecMemoError("a speculation tree needs draft heads; give heads or use plain decoding")
+            if self.tree.depth > self.heads.num_heads:
+                raise SpecMemoError(
+                    f"tree {self.tree.name} is {self.tree.depth} levels deep but the heads have only "
+                    f"{self.heads.num_heads}; choose a shallower tree"
+                )
+        device = self.model.device
+        self._tree_on_device = None
+        if self.speculative:
+            t = self.tree
+            self._tree_on_device = (
+                t.attn_mask.to(device), t.depths.to(device), t.head_index.clamp(min=0).to(device),
+                t.rank.clamp(min=0).to(device), t.retrieve_indices.to(device),
+            )
+
+    @property
+    def speculative(self) -> bool:
+        return self.tree is not None and self.tree.num_nodes > 1 and self.heads is not None
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.history.clear()
+
+    # -- prefill ---------------------------------------------------------------
+    def _reuse_prefix(self, prompt_ids: Sequence[int]) -> list[int]:
+        """Truncate the cache to the longest prefix shared with ``prompt_ids``; return the rest."""
+        common = 0
+        for a, b in zip(self.history, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt_ids) - 1)  # at least one token must run
+        self.cache.truncate(common)
+        del self.history[common:]
+        return list(prompt_ids[common:])
+
+    @torch.inference_mode()
+    def _prefill(self, new_ids: list[int]) -> torch.Tensor:
+        self.cache.ensure_room(len(new_ids))
+        device = self.model.device
+        hidden = None
+        for start in range(0, len(new_ids), PREFILL_CHUNK):
+            chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)
+            past = self.cache.length
+            positions = torch.arange(past, past + chunk.numel(), device=device)
+            hidden = self.model(chunk, positions, causal_mask(past, chunk.numel(), device), self.cache)
+            self.cache.commit_prefix(chunk.numel())
+            self.history.extend(new_ids[start:start + PREFILL_CHUNK])
+        return hidden[-1]  # [D]
+
+    # -- generation ------------------------------------------------------------
+    def generate(
+        self, prompt_ids: Sequence[int], config: GenerationConfig, cancel: threading.Event | None = None
+    ) -> Iterator[Step]:
+        """Yield Steps until a stop token, ``max_new_tokens`` or ``cancel`` is set.
+
+        ``prompt_ids``: the whole conversation so far, chat template applied. Tokens it
+        shares with the cache are not run again.
+        """
+        if not prompt_ids:
+            raise SpecMemoError("the prompt is empty: type a message first")
+        gen = torch.Generator(device="cpu").manual_seed(config.seed)
+        new_ids = self._reuse_prefix(prompt_ids)
+        t0 = time.perf_counter()
+        last_hidden = self._prefill(new_ids)
+        first = self._pick(self.model.logits(last_hidden)[None], config, gen)[0]
+        state = _State(root=int(first), hidden=last_hidden)
+        emitted = 1
+        stop = first in config.stop_token_ids
+        yield Step((first,) if not stop else (), 1, time.perf_counter() - t0, len(new_ids), prefill=True)
+        while not stop and emitted < config.max_new_tokens:
+            if cancel is not None and cancel.is_set():
+                return
+            t0 = time.perf_counter()
+            tokens, state = self._step(state, config, gen)
+            dt = time.perf_counter() - t0
+            out: list[int] = []
+            for tok in tokens:
+                if tok in config.stop_token_ids:
+                    stop = True
+                    break
+                out.append(tok)
+                emitted += 1
+                if emitted >= config.max_new_tokens:
+                    break
+            yield Step(tuple(out), len(tokens), dt, self._nodes_used)
+
+    @torch.inference_mode()
+    def _step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
+        room = self.cache.free_slots()
+        if room < 1:
+            self.cache.ensure_room(1)
+        if not self.speculative or room < self.tree.num_nodes:
+            return self._plain_step(state, config, gen)
+        mask_nn, depths, head_index, rank, retrieve = self._tree_on_device
+        n = self.tree.num_nodes
+        device = self.model.device
+        proposals = self.heads.propose(state.hidden, self.model.lm_head, self.tree.max_rank + 1)  # [K, k]
+        tokens = proposals[head_index, rank]  # [N]
+        tokens[0] = state.root
+        past = self.cache.length
+        hidden = self.model(tokens, past + depths, tree_mask(past, mask_nn), self.cache)  # [N, D]
+        logits = self.model.logits(hidden)  # [N, V]
+        path, picks = self._accept(tokens, logits, retrieve, config, gen)  # path: [A] node ids
+        self.cache.commit(path)
+        path_list = path.tolist()
+        token_list = tokens.tolist()
+        self.history.extend(token_list[i] for i in path_list)
+        bonus = int(picks[path_list[-1]])
+        emitted = [token_list[i] for i in path_list[1:]] + [bonus]
+        self._nodes_used = n
+        return emitted, _State(root=bonus, hidden=hidden[path_list[-1]])
+
+    def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
+        device = self.model.device
+        past = self.cache.length
+        tokens = torch.tensor([state.root], device=device)
+        hidden = self.model(tokens, torch.tensor([past], device=device), causal_mask(past, 1, device), self.cache)
+        self.cache.commit_prefix(1)
+        self.history.append(state.root)
+        nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])
+        self._nodes_used = 1
+        return [nxt], _State(root=nxt, hidden=hidden[0])
+
+    _nodes_used: int = 1
+
+    # -- acceptance ------------------------------------------------------------
+    @staticmethod
+    def _pick(logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> list[int]:
+        """The base model's own choice at each row: argmax, or a sample at temperature > 0."""
+        if config.temperature == 0.0:
+            return logits.argmax(-1).tolist()
+        probs = torch.softmax(logits.float() / config.temperature, dim=-1).cpu()
+        return torch.multinomial(probs, 1, generator=gen)[:, 0].tolist()
+
+    def _accept(
+        self, tokens: torch.Tensor, logits: torch.Tensor, retrieve: torch.Tensor,
+        config: GenerationConfig, gen: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the accepted path (node ids, root first) and each node's own pick.
+
+        tokens: [N], logits: [N, V], retrieve: [L, depth+1] (-1 padded).
+        """
+        valid = retrieve >= 0  # [L, d+1]
+        nodes = retrieve.clamp(min=0)  # [L, d+1]
+        drafts = tokens[nodes[:, 1:]]  # [L, d] token at each child along each path
+        if config.temperature == 0.0:
+            picks = logits.argmax(-1)  # [N]
+            ok = drafts == picks[nodes[:, :-1]]  # [L, d] child equals parent's argmax
+        else:
+            probs = torch.softmax(logits.float() / config.temperature, dim=-1)  # [N, V]
+            entropy = -(probs * torch.log(probs.clamp_min(1e-10))).sum(-1)  # [N]
+            threshold = torch.minimum(
+                torch.full_like(entropy, config.typical_epsilon), config.typical_delta * torch.exp(-entropy)
+            )  # [N]
+            parent = nodes[:, :-1]
+            p_child = probs[parent, drafts]  # [L, d]
+            ok = p_child > threshold[parent]
+            picks = torch.tensor(self._pick(logits, config, gen), device=logits.device)
+        ok = ok & valid[:, 1:]
+        lengths = ok.int().cumprod(dim=1).sum(dim=1)  # [L] accepted drafts per path
+        best = int(lengths.argmax())
+        count = int(lengths[best])
+        return retrieve[best, : count + 1], picks

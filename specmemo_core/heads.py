@@ -1,0 +1,253 @@
+"""Medusa draft heads: K small residual blocks that guess the tokens after the next one.
+
+Head k (0-based) reads the final hidden state at position t and proposes the token at
+t + k + 2 (the base LM head already gives t + 1). Each head is ``num_layers`` residual
+SiLU blocks, ``x + SiLU(W x + b)``, followed by an LM head. By default that LM head is
+the base model's own frozen one, so a head costs D² + D parameters (1.3 MB in fp32 for
+the default model) instead of the ~0.6 GB per head the SpecMemo paper budgets for a
+7B model with a private vocabulary projection. Per-head LM heads are supported to load
+checkpoints in the FasterDecoding Medusa format.
+
+Files
+-----
+Own format: one ``heads.safetensors`` whose metadata records the kind, the shapes and
+the identity (name + fingerprint) of the base model it was trained on; loading it onto
+another model is refused. Medusa format: a folder with ``config.json``
+(``medusa_num_heads``, ``medusa_num_layers``) and ``medusa_lm_head.safetensors`` or
+``medusa_lm_head.pt``; a ``.pt`` is read with ``weights_only=True`` so pickled code is
+never executed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .errors import HeadsError
+
+FORMAT_NAME = "specmemo-heads"
+FORMAT_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class HeadsSpec:
+    kind: str  # "medusa" (hydra comes with head training)
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    own_lm_heads: bool
+    base_name: str = ""
+    base_fingerprint: str = ""  # empty: unknown (Medusa-format checkpoints)
+
+    def __post_init__(self) -> None:
+        if self.kind != "medusa":
+            raise HeadsError(f"unknown heads kind {self.kind!r}; this version reads 'medusa' heads")
+        if self.num_heads < 1 or self.num_layers < 1:
+            raise HeadsError("heads need at least one head and one layer")
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(W x + b)``; W starts at zero so an untrained head copies the base LM head."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, spec: HeadsSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        # One ModuleList per head, each block built separately: no shared weights.
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(spec.hidden_size) for _ in range(spec.num_layers)])
+            for _ in range(spec.num_heads)
+        )
+        self.lm_heads = (
+            nn.ModuleList(nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) for _ in range(spec.num_heads))
+            if spec.own_lm_heads else None
+        )
+
+    @property
+    def num_heads(self) -> int:
+        return self.spec.num_heads
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., D] → [K, ..., D], one transformed hidden state per head."""
+        return torch.stack([blocks(x) for blocks in self.blocks])
+
+    def logits(self, x: torch.Tensor, base_lm_head: nn.Linear) -> torch.Tensor:
+        """x: [..., D] → [K, ..., V]."""
+        h = self.hidden(x)
+        if self.lm_heads is None:
+            return base_lm_head(h)
+        return torch.stack([head(h[i]) for i, head in enumerate(self.lm_heads)])
+
+    def propose(self, x: torch.Tensor, base_lm_head: nn.Linear, topk: int) -> torch.Tensor:
+        """x: [D] hidden at the last accepted token → [K, topk] proposed token ids."""
+        return self.logits(x, base_lm_head).topk(topk, dim=-1).indices  # [K, topk]
+
+
+def random_heads(
+    num_heads: int, hidden_size: int, vocab_size: int, seed: int = 0, scale: float = 0.02,
+    base_name: str = "", base_fingerprint: str = "",
+) -> MedusaHeads:
+    """Heads with random weights: the decoder's output must not depend on them (tests)."""
+    heads = MedusaHeads(HeadsSpec("medusa", num_heads, 1, hidden_size, vocab_size, False, base_name, base_fingerprint))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    return heads.eval().requires_grad_(False)
+
+
+def save_heads(heads: MedusaHeads, path: Path) -> Path:
+    """Write the own format: ``path`` is a folder (``heads.safetensors`` inside) or a file."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / "heads.safetensors"
+    s = heads.spec
+    meta = {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "kind": s.kind,
+        "num_heads": str(s.num_heads), "num_layers": str(s.num_layers),
+        "hidden_size": str(s.hidden_size), "vocab_size": str(s.vocab_size),
+        "own_lm_heads": "1" if s.own_lm_heads else "0",
+        "base_name": s.base_name, "base_fingerprint": s.base_fingerprint,
+    }
+    tensors = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+    return path
+
+
+def load_heads(
+    path: Path | str, hidden_size: int, vocab_size: int, base_fingerprint: str = "",
+    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+) -> MedusaHeads:
+    """Load heads in the own or the Medusa format and check they fit the base model."""
+    path = Path(path)
+    if not path.exists():
+        raise HeadsError(f"{path}: heads not found. Check the path, or run without --heads.")
+    if path.is_dir():
+        own = path / "heads.safetensors"
+        heads = _load_own(own) if own.exists() else _load_medusa_folder(path)
+    elif path.suffix == ".safetensors":
+        heads = _load_own(path)
+    else:
+        raise HeadsError(
+            f"{path}: not a heads file. Give a folder with heads.safetensors, or a Medusa "
+            f"folder with config.json and medusa_lm_head.safetensors/.pt."
+        )
+    s = heads.spec
+    if s.hidden_size != hidden_size or s.vocab_size != vocab_size:
+        raise HeadsError(
+            f"{path}: these heads were made for a model with hidden size {s.hidden_size} and "
+            f"vocabulary {s.vocab_size}, but the loaded model has {hidden_size} and {vocab_size}. "
+            f"Use heads trained for this model (specmemo train-heads), or run without them."
+        )
+    if s.base_fingerprint and base_fingerprint and s.base_fingerprint != base_fingerprint:
+        raise HeadsError(
+            f"{path}: these heads were made for another model ({s.base_name or 'unknown'}, "
+            f"fingerprint {s.base_fingerprint}); the loaded model's fingerprint is "
+            f"{base_fingerprint}. Use heads trained for this model (specmemo train-heads)."
+        )
+    return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def _load_own(path: Path) -> MedusaHeads:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises several types for bad files
+        raise HeadsError(f"{path}: unreadable heads file ({exc}). Train or copy the heads again.") from exc
+    if meta.get("format") != FORMAT_NAME:
+        raise HeadsError(f"{path}: not a SpecMemo heads file (no '{FORMAT_NAME}' metadata).")
+    try:
+        spec = HeadsSpec(
+            kind=meta["kind"], num_heads=int(meta["num_heads"]), num_layers=int(meta["num_layers"]),
+            hidden_size=int(meta["hidden_size"]), vocab_size=int(meta["vocab_size"]),
+            own_lm_heads=meta.get("own_lm_heads") == "1", base_name=meta.get("base_name", ""),
+            base_fingerprint=meta.get("base_fingerprint", ""),
+        )
+    except (KeyError, ValueError) as exc:
+        raise HeadsError(f"{path}: heads metadata is incomplete ({exc}).") from exc
+    return _with_weights(MedusaHeads(spec), tensors, path)
+
+
+def _load_medusa_folder(folder: Path) -> MedusaHeads:
+    """FasterDecoding Medusa layout: keys ``{head}.{block}.linear.*`` and ``{head}.{num_layers}.weight``."""
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise HeadsError(f"{folder}: no heads.safetensors and no Medusa config.json: not a heads folder.")
+    try:
+        config = json.loads(config_path.read_text())
+        num_heads, num_layers = int(config["medusa_num_heads"]), int(config["medusa_num_layers"])
+    except (ValueError, KeyError) as exc:
+        raise HeadsError(f"{config_path}: not a Medusa heads config ({exc}).") from exc
+    tensors = _read_medusa_weights(folder)
+    try:
+        hidden = tensors["0.0.linear.weight"].shape[0]
+        vocab = tensors[f"0.{num_layers}.weight"].shape[0]
+    except KeyError as exc:
+        raise HeadsError(f"{folder}: Medusa weights lack tensor {exc}.") from exc
+    spec = HeadsSpec("medusa", num_heads, num_layers, hidden, vocab, True,
+                     base_name=str(config.get("base_model_name_or_path", "")))
+    ours: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        head, block, *rest = name.split(".")
+        if int(block) == num_layers:
+            ours[f"lm_heads.{head}.weight"] = t
+        else:
+            ours[f"blocks.{head}.{block}.{'.'.join(rest)}"] = t
+    return _with_weights(MedusaHeads(spec), ours, folder)
+
+
+def _read_medusa_weights(folder: Path) -> dict[str, torch.Tensor]:
+    st, pt = folder / "medusa_lm_head.safetensors", folder / "medusa_lm_head.pt"
+    if st.exists():
+        with safe_open(str(st), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    if pt.exists():
+        try:
+            data = torch.load(pt, map_location="cpu", weights_only=True)
+        except Exception as exc:  # UnpicklingError for anything that is not plain tensors
+            raise HeadsError(
+                f"{pt}: refused: the file holds more than plain tensors (pickled code is never "
+                f"executed). Convert it to medusa_lm_head.safetensors on a trusted machine."
+            ) from exc
+        if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+            raise HeadsError(f"{pt}: expected a dictionary of tensors.")
+        return data
+    raise HeadsError(f"{folder}: no medusa_lm_head.safetensors or medusa_lm_head.pt found.")
+
+
+def _with_weights(heads: MedusaHeads, tensors: dict[str, torch.Tensor], path: Path) -> MedusaHeads:
+    expected = heads.state_dict()
+    missing = set(expected) - set(tensors)
+    extra = set(tensors) - set(expected)
+    bad = [k for k in set(expected) & set(tensors) if tensors[k].shape != expected[k].shape]
+    if missing or extra or bad:
+        detail = "; ".join(
+            part for part in (
+                f"missing {sorted(missing)[:3]}" if missing else "",
+                f"unexpected {sorted(extra)[:3]}" if extra else "",
+                f"wrong shape {sorted(bad)[:3]}" if bad else "",
+            ) if part
+        )
+        raise HeadsError(f"{path}: heads weights do not match their declared shape ({detail}).")
+    heads.load_state_dict(tensors)
+    return heads

@@ -1,0 +1,92 @@
+"""Static KV cache: allocated once, written by slot, compacted after verification.
+
+Slots ``[0, length)`` hold the committed conversation. A forward over ``T`` new tokens
+(a prefill chunk or the nodes of a speculation tree) writes its keys and values into
+the scratch slots ``[length, length + T)``. ``commit`` then moves the entries of the
+accepted tree nodes down to ``[length, length + A)`` and advances ``length``; rejected
+entries are simply overwritten by the next forward. Nothing is ever reallocated, so the
+memory the planner reserved is the memory the chat uses.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import ContextFullError
+
+
+class KVCache:
+    """Keys and values of every layer in two tensors of fixed size."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError(f"KV cache capacity must be positive, got {capacity}")
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kvh, C, hd]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kvh, C, hd]
+        self.capacity = capacity
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def free_slots(self) -> int:
+        return self.capacity - self.length
+
+    def ensure_room(self, new_tokens: int) -> None:
+        """Raise a clear error if ``new_tokens`` more scratch slots do not fit."""
+        if self.length + new_tokens > self.capacity:
+            raise ContextFullError(
+                f"The conversation needs {self.length + new_tokens} tokens of context but "
+                f"only {self.capacity} were allocated. Start a new chat, or plan for more "
+                f"turns (a larger KV cache)."
+            )
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k``/``v`` of ``T`` new tokens at the scratch slots and return the
+        keys/values of every slot up to and including them (views, no copy).
+
+        k, v: [kvh, T, hd]
+        """
+        end = self.length + k.shape[1]
+        self.k[layer, :, self.length:end] = k
+        self.v[layer, :, self.length:end] = v
+        return self.k[layer, :, :end], self.v[layer, :, :end]  # [kvh, end, hd]
+
+    def commit(self, node_indices: torch.Tensor) -> None:
+        """Keep the scratch entries of ``node_indices`` (relative to ``length``, in
+        order, root first) as the next committed tokens.
+
+        Index 0..A-1 of an accepted tree path is always increasing, so copying through a
+        gather keeps entries that are already in place correct.
+        """
+        count = int(node_indices.numel())
+        self.ensure_room(count)
+        src = node_indices.to(self.k.device) + self.length  # [A]
+        end = self.length + count
+        self.k[:, :, self.length:end] = self.k.index_select(2, src)
+        self.v[:, :, self.length:end] = self.v.index_select(2, src)
+        self.length = end
+
+    def commit_prefix(self, count: int) -> None:
+        """Keep the first ``count`` scratch entries as they are (prefill, plain steps)."""
+        self.ensure_room(count)
+        self.length += count
+
+    def truncate(self, length: int) -> None:
+        """Forget every token from ``length`` on (a new turn that diverges from the cache)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
