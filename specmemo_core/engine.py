@@ -1,0 +1,86 @@
+"""Assembles a ready-to-chat engine: weights → our forward, draft heads, tree, sessions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .chat import ChatSession, end_of_turn_ids
+from .decoding import Decoder
+from .errors import SpecMemoError
+from .heads import MedusaHeads, load_heads, random_heads
+from .model import CausalLM
+from .sources import ModelIdentity, load_model
+from .tree import Tree, load_tree
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_TREE = "medusa-64"
+DEFAULT_CAPACITY = 4096
+
+
+def shipped_heads_dir(identity: ModelIdentity) -> Path | None:
+    """Trained heads shipped under ``assets/heads/<model name>/``, if any."""
+    folder = ASSETS_DIR / "heads" / identity.name
+    return folder if (folder / "heads.safetensors").exists() else None
+
+
+@dataclass
+class Engine:
+    model: CausalLM
+    tokenizer: Any
+    config: Any
+    identity: ModelIdentity
+    heads: MedusaHeads | None
+    tree: Tree | None
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path = "default",
+        heads: str | Path | None = "auto",
+        tree: str | Path | None = DEFAULT_TREE,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        progress: Callable[[str, float], None] | None = None,
+    ) -> "Engine":
+        """``heads``: "auto" (shipped heads for this model, else none), "none", "random"
+        (random weights, 5 heads: for checking exactness) or a path. ``tree``: None or a
+        tree name/file; with no heads the engine decodes plainly."""
+        loaded = load_model(model, dtype=torch.float32, progress=progress)
+        lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
+        spec = lm.spec
+        draft: MedusaHeads | None = None
+        if heads == "random":
+            draft = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=loaded.identity.name,
+                                 base_fingerprint=loaded.identity.fingerprint).to(device=device, dtype=dtype)
+        elif heads == "auto":
+            folder = shipped_heads_dir(loaded.identity)
+            if folder is not None:
+                draft = load_heads(folder, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
+        elif heads not in (None, "none"):
+            draft = load_heads(heads, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
+        chosen = load_tree(tree) if (tree is not None and draft is not None) else None
+        if chosen is not None and draft is not None and chosen.depth > draft.num_heads:
+            raise SpecMemoError(
+                f"tree {chosen.name} needs {chosen.depth} heads but only {draft.num_heads} were loaded; "
+                f"choose a shallower tree"
+            )
+        return cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, chosen)
+
+    @property
+    def speculative(self) -> bool:
+        return self.heads is not None and self.tree is not None and self.tree.num_nodes > 1
+
+    def new_session(
+        self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True
+    ) -> ChatSession:
+        """A conversation with its own KV cache of ``capacity`` committed tokens (plus room
+        for the tree's scratch slots)."""
+        use_tree = speculate and self.speculative
+        scratch = self.tree.num_nodes if use_tree else 1
+        cache = self.model.new_cache(capacity + scratch)
+        decoder = Decoder(self.model, cache, self.heads if use_tree else None, self.tree if use_tree else None)
+        return ChatSession(decoder, self.tokenizer, end_of_turn_ids(self.tokenizer, self.config), system_prompt)

@@ -1,0 +1,91 @@
+"""Our forward against transformers' own, and tree attention against sequential runs."""
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specmemo_core.model import CausalLM, ModelSpec, causal_mask, tree_mask
+from tests.tiny import tiny_config, tiny_hf_model
+
+SHAPES = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+def _hf_models():
+    torch.manual_seed(1)
+    yield "llama", tiny_hf_model(seed=1)
+    yield "llama-tied", tiny_hf_model(seed=2, tie_word_embeddings=True)
+    yield "llama3-rope", tiny_hf_model(seed=3, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    torch.manual_seed(4)
+    yield "qwen2", Qwen2ForCausalLM(Qwen2Config(**SHAPES)).eval()
+    torch.manual_seed(5)
+    yield "mistral", MistralForCausalLM(MistralConfig(**SHAPES, sliding_window=None)).eval()
+
+
+@pytest.mark.parametrize("name,hf", list(_hf_models()), ids=lambda x: x if isinstance(x, str) else "")
+def test_logits_match_transformers(name, hf):
+    ours = CausalLM.from_state_dict(hf.config, hf.state_dict())
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]  # [T, V]
+    cache = ours.new_cache(64)
+    hidden = ours(ids[0], torch.arange(40), causal_mask(0, 40), cache)
+    assert (ours.logits(hidden) - ref).abs().max().item() <= 1e-4
+
+
+def test_qwen2_has_qkv_bias_and_no_o_bias():
+    spec = ModelSpec.from_config(Qwen2Config(**SHAPES))
+    assert spec.qkv_bias and not spec.o_bias
+
+
+def test_unsupported_model_type_is_refused():
+    cfg = tiny_config()
+    cfg.model_type = "gpt2"
+    with pytest.raises(ValueError, match="not supported"):
+        ModelSpec.from_config(cfg)
+
+
+def test_incremental_decoding_matches_one_shot():
+    hf = tiny_hf_model(seed=7)
+    ours = CausalLM.from_state_dict(hf.config, hf.state_dict())
+    ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(1))
+    full = ours.logits(ours(ids, torch.arange(30), causal_mask(0, 30), ours.new_cache(32)))
+    cache = ours.new_cache(32)
+    rows = []
+    for start, end in [(0, 17), (17, 18), (18, 25), (25, 30)]:
+        h = ours(ids[start:end], torch.arange(start, end), causal_mask(start, end - start), cache)
+        cache.commit_prefix(end - start)
+        rows.append(ours.logits(h))
+    assert torch.allclose(torch.cat(rows), full, atol=1e-5)
+
+
+def test_tree_forward_scores_each_node_as_its_own_chain():
+    """Node i at position prefix+depth, seeing prefix and ancestors only, gives the same
+    logits as running its root-to-node chain sequentially."""
+    hf = tiny_hf_model(seed=8)
+    ours = CausalLM.from_state_dict(hf.config, hf.state_dict())
+    prefix = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(2))
+    # root, children a,b; a's child c; b's child d; c's child e
+    parents = [-1, 0, 0, 1, 2, 3]
+    tokens = torch.tensor([5, 17, 23, 42, 99, 7])
+    depth = torch.tensor([0, 1, 1, 2, 2, 3])
+    anc = torch.zeros(6, 6, dtype=torch.bool)
+    for i in range(6):
+        j = i
+        while j != -1:
+            anc[i, j] = True
+            j = parents[j]
+    cache = ours.new_cache(32)
+    ours(prefix, torch.arange(12), causal_mask(0, 12), cache)
+    cache.commit_prefix(12)
+    tree_logits = ours.logits(ours(tokens, 12 + depth, tree_mask(12, anc), cache))
+    for i in range(6):
+        chain, j = [], i
+        while j != -1:
+            chain.insert(0, j)
+            j = parents[j]
+        seq = torch.cat([prefix, tokens[chain]])
+        ref = ours.logits(ours(seq, torch.arange(len(seq)), causal_mask(0, len(seq)), ours.new_cache(32)))
+        assert torch.allclose(tree_logits[i], ref[-1], atol=1e-5), i
