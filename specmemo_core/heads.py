@@ -54,12 +54,13 @@ class HeadsSpec:
 
 
 class ResBlock(nn.Module):
-    """``x + SiLU(W x + b)``; W starts at zero so an untrained head copies the base LM head."""
+    """``x + SiLU(W x + b)``; W and b start at zero so an untrained head copies the base LM head."""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden, hidden)
         nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + nn.functional.silu(self.linear(x))

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specmemo_core.errors import HeadsError
+from specmemo_core.heads import HeadsSpec, MedusaHeads, load_heads, random_heads, save_heads
+
+
+def test_each_head_owns_its_parameters():
+    heads = MedusaHeads(HeadsSpec("medusa", 3, 2, 16, 50, False))
+    ptrs = [p.data_ptr() for p in heads.parameters()]
+    assert len(ptrs) == len(set(ptrs)) == 3 * 2 * 2
+
+
+def test_untrained_head_copies_the_base_lm_head():
+    heads = MedusaHeads(HeadsSpec("medusa", 2, 1, 16, 50, False))
+    lm = torch.nn.Linear(16, 50, bias=False)
+    x = torch.randn(16)
+    assert torch.equal(heads.logits(x, lm)[1], lm(x))
+
+
+def test_round_trip_and_identity(tmp_path):
+    heads = random_heads(4, 16, 50, seed=3, base_name="m", base_fingerprint="abc")
+    path = save_heads(heads, tmp_path / "h")
+    loaded = load_heads(path.parent, 16, 50, base_fingerprint="abc")
+    for (k, a), (k2, b) in zip(heads.state_dict().items(), loaded.state_dict().items()):
+        assert k == k2 and torch.equal(a, b)
+    with pytest.raises(HeadsError, match="made for another model"):
+        load_heads(path, 16, 50, base_fingerprint="zzz")
+    with pytest.raises(HeadsError, match="hidden size 16"):
+        load_heads(path, 32, 50)
+
+
+def _medusa_folder(tmp_path, heads=2, layers=1, hidden=16, vocab=50):
+    tensors = {}
+    for h in range(heads):
+        for b in range(layers):
+            tensors[f"{h}.{b}.linear.weight"] = torch.randn(hidden, hidden)
+            tensors[f"{h}.{b}.linear.bias"] = torch.randn(hidden)
+        tensors[f"{h}.{layers}.weight"] = torch.randn(vocab, hidden)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": "x"}))
+    return tensors
+
+
+def test_medusa_format_safetensors_and_pt(tmp_path):
+    tensors = _medusa_folder(tmp_path)
+    save_file(tensors, str(tmp_path / "medusa_lm_head.safetensors"))
+    heads = load_heads(tmp_path, 16, 50)
+    assert heads.spec.own_lm_heads and heads.num_heads == 2
+    assert torch.equal(heads.lm_heads[1].weight, tensors["1.1.weight"])
+    (tmp_path / "medusa_lm_head.safetensors").unlink()
+    torch.save(tensors, tmp_path / "medusa_lm_head.pt")
+    assert torch.equal(load_heads(tmp_path, 16, 50).blocks[0][0].linear.bias, tensors["0.0.linear.bias"])
+
+
+class _Evil:
+    def __reduce__(self):
+        return (open, ("/tmp/specmemo-pwned", "w"))
+
+
+def test_pickled_code_is_refused_not_run(tmp_path):
+    import os
+    _medusa_folder(tmp_path)
+    torch.save({"0.0.linear.weight": _Evil()}, tmp_path / "medusa_lm_head.pt")
+    if os.path.exists("/tmp/specmemo-pwned"):
+        os.remove("/tmp/specmemo-pwned")
+    with pytest.raises(HeadsError, match="pickled code is never executed"):
+        load_heads(tmp_path, 16, 50)
+    assert not os.path.exists("/tmp/specmemo-pwned")
+
+
+def test_not_a_heads_file(tmp_path):
+    bad = tmp_path / "heads.safetensors"
+    bad.write_bytes(b"not safetensors at all")
+    with pytest.raises(HeadsError, match="unreadable heads file"):
+        load_heads(tmp_path, 16, 50)
+    with pytest.raises(HeadsError, match="heads not found"):
+        load_heads(tmp_path / "missing", 16, 50)
