@@ -18,7 +18,8 @@ def test_untrained_head_copies_the_base_lm_head():
     heads = MedusaHeads(HeadsSpec("medusa", 2, 1, 16, 50, False))
     lm = torch.nn.Linear(16, 50, bias=False)
     x = torch.randn(16)
-    assert torch.equal(heads.logits(x, lm)[1], lm(x))
+    assert torch.allclose(heads.logits(x, lm)[1], lm(x), atol=1e-6)
+    assert torch.equal(heads.hidden(x)[1], x)
 
 
 def test_round_trip_and_identity(tmp_path):
