@@ -10,16 +10,17 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "integration: needs PyPI and real models (run with -m integration)")
+    config.addinivalue_line("markers", "integration: uses the real default model and data fetched from PyPI once per machine")
+    config.addinivalue_line("markers", "full: long checks (minutes); run only with -m full")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Integration tests reach PyPI; they only run when asked for with -m."""
-    if config.getoption("-m"):
+    """Long checks run only when asked for (python -m pytest -m full)."""
+    if "full" in (config.getoption("-m") or ""):
         return
-    skip = pytest.mark.skip(reason="needs PyPI; run with -m integration")
+    skip = pytest.mark.skip(reason="long check; run with -m full")
     for item in items:
-        if "integration" in item.keywords:
+        if "full" in item.keywords:
             item.add_marker(skip)
 
 

