@@ -37,13 +37,17 @@ def end_of_turn_ids(tokenizer: Any, config: Any | None = None) -> frozenset[int]
     return frozenset(ids)
 
 
-def encode_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def encode_conversation(
+    tokenizer: Any, messages: list[dict[str, str]], known_ids: dict[int, list[int]] | None = None
+) -> list[int]:
     """Apply the chat template and tokenize, keeping user text *plain*.
 
     A message that contains the template's own markers (e.g. ``<|im_start|>system``)
     must reach the model as ordinary text, never as special tokens. So the template is
     rendered with placeholders, its own parts are tokenized with special tokens
     recognised, and each message's content with special tokens split into plain text.
+    ``known_ids[i]`` gives message i's tokens as the model generated them: re-encoding
+    a reply's text can split it differently, which would cost a needless re-prefill.
     """
     if tokenizer.chat_template is None:
         raise SpecMemoError("this model's tokenizer has no chat template; use a chat/instruct model")
@@ -57,7 +61,10 @@ def encode_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> list[
         if not found:
             raise SpecMemoError("the chat template dropped a message; this model's template is not supported")
         ids += tokenizer(before, add_special_tokens=False).input_ids
-        ids += tokenizer(message["content"], add_special_tokens=False, split_special_tokens=True).input_ids
+        if known_ids and i in known_ids:
+            ids += known_ids[i]
+        else:
+            ids += tokenizer(message["content"], add_special_tokens=False, split_special_tokens=True).input_ids
     ids += tokenizer(rest, add_special_tokens=False).input_ids
     return ids
 
@@ -104,6 +111,7 @@ class ChatSession:
     stop_token_ids: frozenset[int]
     system_prompt: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
+    reply_ids: dict[int, list[int]] = field(default_factory=dict)  # message index → generated ids
 
     def __post_init__(self) -> None:
         if self.system_prompt:
@@ -119,7 +127,7 @@ class ChatSession:
         config = config or GenerationConfig()
         config = GenerationConfig(**{**config.__dict__, "stop_token_ids": config.stop_token_ids | self.stop_token_ids})
         self.messages.append({"role": "user", "content": user_text})
-        prompt = encode_conversation(self.tokenizer, self.messages)
+        prompt = encode_conversation(self.tokenizer, self.messages, self.reply_ids)
         stream = TextStream(self.tokenizer, config.stop_strings)
         reply = ""
         try:
@@ -141,3 +149,5 @@ class ChatSession:
                     yield TextPiece(tail, last)
         finally:
             self.messages.append({"role": "assistant", "content": reply})
+            if not stream.stopped and self.tokenizer.decode(stream.ids, skip_special_tokens=True) == reply:
+                self.reply_ids[len(self.messages) - 1] = list(stream.ids)

@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .errors import ContextFullError, SpecMemoError
-from .heads import MedusaHeads
+from .heads import DraftHeads
 from .kv_cache import KVCache
 from .model import CausalLM, causal_mask, tree_mask
 from .tree import Tree
@@ -79,7 +79,7 @@ class Decoder:
 
     model: CausalLM
     cache: KVCache
-    heads: MedusaHeads | None = None
+    heads: DraftHeads | None = None
     tree: Tree | None = None
     history: list[int] = field(default_factory=list)
 
@@ -92,14 +92,7 @@ class Decoder:
                     f"tree {self.tree.name} is {self.tree.depth} levels deep but the heads have only "
                     f"{self.heads.num_heads}; choose a shallower tree"
                 )
-        device = self.model.device
-        self._tree_on_device = None
-        if self.speculative:
-            t = self.tree
-            self._tree_on_device = (
-                t.attn_mask.to(device), t.depths.to(device), t.head_index.clamp(min=0).to(device),
-                t.rank.clamp(min=0).to(device), t.retrieve_indices.to(device),
-            )
+        self._buffers = self.tree.buffers.to(self.model.device) if self.speculative else None
 
     @property
     def speculative(self) -> bool:
@@ -180,16 +173,14 @@ class Decoder:
             self.cache.ensure_room(1)
         if not self.speculative or room < self.tree.num_nodes:
             return self._plain_step(state, config, gen)
-        mask_nn, depths, head_index, rank, retrieve = self._tree_on_device
+        buf = self._buffers
         n = self.tree.num_nodes
-        device = self.model.device
-        proposals = self.heads.propose(state.hidden, self.model.lm_head, self.tree.max_rank + 1)  # [K, k]
-        tokens = proposals[head_index, rank]  # [N]
-        tokens[0] = state.root
+        tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
+                                  self.model.lm_head)  # [N]
         past = self.cache.length
-        hidden = self.model(tokens, past + depths, tree_mask(past, mask_nn), self.cache)  # [N, D]
+        hidden = self.model(tokens, past + buf.depths, tree_mask(past, buf.attn_mask), self.cache)  # [N, D]
         logits = self.model.logits(hidden)  # [N, V]
-        path, picks = self._accept(tokens, logits, retrieve, config, gen)  # path: [A] node ids
+        path, picks = self._accept(tokens, logits, buf.retrieve_indices, config, gen)  # path: [A] node ids
         self.cache.commit(path)
         path_list = path.tolist()
         token_list = tokens.tolist()

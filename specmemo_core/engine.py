@@ -11,7 +11,7 @@ import torch
 from .chat import ChatSession, end_of_turn_ids
 from .decoding import Decoder
 from .errors import SpecMemoError
-from .heads import MedusaHeads, load_heads, random_heads
+from .heads import DraftHeads, load_heads, random_heads
 from .model import CausalLM
 from .sources import ModelIdentity, load_model
 from .tree import Tree, load_tree
@@ -33,7 +33,7 @@ class Engine:
     tokenizer: Any
     config: Any
     identity: ModelIdentity
-    heads: MedusaHeads | None
+    heads: DraftHeads | None
     tree: Tree | None
 
     @classmethod
@@ -52,7 +52,7 @@ class Engine:
         loaded = load_model(model, dtype=torch.float32, progress=progress)
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
         spec = lm.spec
-        draft: MedusaHeads | None = None
+        draft: DraftHeads | None = None
         if heads == "random":
             draft = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=loaded.identity.name,
                                  base_fingerprint=loaded.identity.fingerprint).to(device=device, dtype=dtype)

@@ -1,4 +1,4 @@
-"""Medusa draft heads: K small residual blocks that guess the tokens after the next one.
+"""Draft heads: K small residual blocks that guess the tokens after the next one.
 
 Head k (0-based) reads the final hidden state at position t and proposes the token at
 t + k + 2 (the base LM head already gives t + 1). Each head is ``num_layers`` residual
@@ -7,6 +7,16 @@ the base model's own frozen one, so a head costs D² + D parameters (1.3 MB in f
 the default model) instead of the ~0.6 GB per head the SpecMemo paper budgets for a
 7B model with a private vocabulary projection. Per-head LM heads are supported to load
 checkpoints in the FasterDecoding Medusa format.
+
+Two kinds share the files and the tree decoder:
+
+* ``medusa``: head k sees only the hidden state, so all heads draft in one call and a
+  node's token is ``topk(head[depth-1])[rank]`` whatever its parent is.
+* ``hydra``: head k also sees the embedding of the token at the node's parent (for
+  head 0 the root, i.e. the bonus token), ``u = h + SiLU(W [h; e(parent)] + b)``, then
+  ``num_layers - 1`` residual blocks. Drafting then goes level by level down the tree,
+  each node's children conditioned on that node's token, which makes deeper heads far
+  more accurate for a few extra small matmuls per step.
 
 Files
 -----
@@ -30,14 +40,16 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .errors import HeadsError
+from .tree import TreeBuffers
 
 FORMAT_NAME = "specmemo-heads"
 FORMAT_VERSION = "1"
+HEAD_KINDS = ("medusa", "hydra")
 
 
 @dataclass(frozen=True)
 class HeadsSpec:
-    kind: str  # "medusa" (hydra comes with head training)
+    kind: str  # "medusa" or "hydra"
     num_heads: int
     num_layers: int
     hidden_size: int
@@ -47,8 +59,10 @@ class HeadsSpec:
     base_fingerprint: str = ""  # empty: unknown (Medusa-format checkpoints)
 
     def __post_init__(self) -> None:
-        if self.kind != "medusa":
-            raise HeadsError(f"unknown heads kind {self.kind!r}; this version reads 'medusa' heads")
+        if self.kind not in HEAD_KINDS:
+            raise HeadsError(f"unknown heads kind {self.kind!r}; this version reads {', '.join(HEAD_KINDS)}")
+        if self.kind == "hydra" and self.own_lm_heads:
+            raise HeadsError("hydra heads use the base model's LM head")
         if self.num_heads < 1 or self.num_layers < 1:
             raise HeadsError("heads need at least one head and one layer")
 
@@ -95,17 +109,75 @@ class MedusaHeads(nn.Module):
             return base_lm_head(h)
         return torch.stack([head(h[i]) for i, head in enumerate(self.lm_heads)])
 
-    def propose(self, x: torch.Tensor, base_lm_head: nn.Linear, topk: int) -> torch.Tensor:
-        """x: [D] hidden at the last accepted token → [K, topk] proposed token ids."""
-        return self.logits(x, base_lm_head).topk(topk, dim=-1).indices  # [K, topk]
+    def draft(self, hidden: torch.Tensor, root: int, tree: TreeBuffers, embed: nn.Embedding,
+              lm_head: nn.Linear) -> torch.Tensor:
+        """Token of every tree node [N]: node i gets head (depth-1)'s rank-``rank[i]`` guess."""
+        proposals = self.logits(hidden, lm_head).topk(max(tree.topk_needed), dim=-1).indices  # [K, k]
+        tokens = proposals[tree.head_index.clamp(min=0), tree.rank.clamp(min=0)]  # [N]
+        tokens[0] = root
+        return tokens
+
+
+class HydraHeads(nn.Module):
+    """Heads that also read their parent node's token (see the module docstring)."""
+
+    def __init__(self, spec: HeadsSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        d = spec.hidden_size
+        self.inputs = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(spec.num_heads))
+        for layer in self.inputs:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(d) for _ in range(spec.num_layers - 1)]) for _ in range(spec.num_heads)
+        )
+        self.lm_heads = None
+
+    @property
+    def num_heads(self) -> int:
+        return self.spec.num_heads
+
+    def head_hidden(self, k: int, h: torch.Tensor, parent_emb: torch.Tensor) -> torch.Tensor:
+        """h, parent_emb: [..., D] → [..., D] for head k."""
+        u = h + nn.functional.silu(self.inputs[k](torch.cat((h, parent_emb), dim=-1)))
+        return self.blocks[k](u)
+
+    def logits(self, k: int, h: torch.Tensor, parent_emb: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
+        return lm_head(self.head_hidden(k, h, parent_emb))  # [..., V]
+
+    def draft(self, hidden: torch.Tensor, root: int, tree: TreeBuffers, embed: nn.Embedding,
+              lm_head: nn.Linear) -> torch.Tensor:
+        """Fill the tree level by level: level d's tokens come from head d-1 applied to
+        every level-(d-1) node, conditioned on that node's token."""
+        n = tree.depths.shape[0]
+        tokens = torch.empty(n, dtype=torch.long, device=hidden.device)  # [N]
+        tokens[0] = root
+        starts = tree.level_starts
+        for d in range(1, len(starts) - 1):
+            lo, hi = starts[d - 1], starts[d]  # the parents' level
+            parent_tokens = tokens[lo:hi]  # [P]
+            h = hidden.expand(hi - lo, -1)  # [P, D]
+            top = self.logits(d - 1, h, embed(parent_tokens), lm_head).topk(tree.topk_needed[d - 1], dim=-1).indices
+            level = slice(starts[d], starts[d + 1])
+            tokens[level] = top[tree.parents[level] - lo, tree.rank[level]]  # [P, k] → [n_d]
+        return tokens
+
+
+DraftHeads = MedusaHeads | HydraHeads
+
+
+def new_heads(spec: HeadsSpec) -> DraftHeads:
+    return HydraHeads(spec) if spec.kind == "hydra" else MedusaHeads(spec)
 
 
 def random_heads(
     num_heads: int, hidden_size: int, vocab_size: int, seed: int = 0, scale: float = 0.02,
-    base_name: str = "", base_fingerprint: str = "",
-) -> MedusaHeads:
+    base_name: str = "", base_fingerprint: str = "", kind: str = "medusa", num_layers: int = 1,
+) -> DraftHeads:
     """Heads with random weights: the decoder's output must not depend on them (tests)."""
-    heads = MedusaHeads(HeadsSpec("medusa", num_heads, 1, hidden_size, vocab_size, False, base_name, base_fingerprint))
+    heads = new_heads(HeadsSpec(kind, num_heads, num_layers, hidden_size, vocab_size, False, base_name,
+                                base_fingerprint))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -113,7 +185,7 @@ def random_heads(
     return heads.eval().requires_grad_(False)
 
 
-def save_heads(heads: MedusaHeads, path: Path) -> Path:
+def save_heads(heads: DraftHeads, path: Path, dtype: torch.dtype | None = None) -> Path:
     """Write the own format: ``path`` is a folder (``heads.safetensors`` inside) or a file."""
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -127,7 +199,7 @@ def save_heads(heads: MedusaHeads, path: Path) -> Path:
         "own_lm_heads": "1" if s.own_lm_heads else "0",
         "base_name": s.base_name, "base_fingerprint": s.base_fingerprint,
     }
-    tensors = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)
     tmp.replace(path)
@@ -137,7 +209,7 @@ def save_heads(heads: MedusaHeads, path: Path) -> Path:
 def load_heads(
     path: Path | str, hidden_size: int, vocab_size: int, base_fingerprint: str = "",
     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-) -> MedusaHeads:
+) -> DraftHeads:
     """Load heads in the own or the Medusa format and check they fit the base model."""
     path = Path(path)
     if not path.exists():
@@ -168,7 +240,7 @@ def load_heads(
     return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def _load_own(path: Path) -> MedusaHeads:
+def _load_own(path: Path) -> DraftHeads:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -186,7 +258,7 @@ def _load_own(path: Path) -> MedusaHeads:
         )
     except (KeyError, ValueError) as exc:
         raise HeadsError(f"{path}: heads metadata is incomplete ({exc}).") from exc
-    return _with_weights(MedusaHeads(spec), tensors, path)
+    return _with_weights(new_heads(spec), tensors, path)
 
 
 def _load_medusa_folder(folder: Path) -> MedusaHeads:
@@ -236,7 +308,7 @@ def _read_medusa_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise HeadsError(f"{folder}: no medusa_lm_head.safetensors or medusa_lm_head.pt found.")
 
 
-def _with_weights(heads: MedusaHeads, tensors: dict[str, torch.Tensor], path: Path) -> MedusaHeads:
+def _with_weights(heads: DraftHeads, tensors: dict[str, torch.Tensor], path: Path) -> DraftHeads:
     expected = heads.state_dict()
     missing = set(expected) - set(tensors)
     extra = set(tensors) - set(expected)
@@ -250,5 +322,5 @@ def _with_weights(heads: MedusaHeads, tensors: dict[str, torch.Tensor], path: Pa
             ) if part
         )
         raise HeadsError(f"{path}: heads weights do not match their declared shape ({detail}).")
-    heads.load_state_dict(tensors)
+    heads.load_state_dict({k: t.to(expected[k].dtype) for k, t in tensors.items()})
     return heads

@@ -19,11 +19,12 @@ Vocabulary:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -54,6 +55,12 @@ class TreeBuffers:
     retrieve_indices: torch.Tensor  # [L, depth + 1] long, -1 padded
     topk_needed: tuple[int, ...]  # [depth]: top-k each head must propose
     leaf_count: int
+    level_starts: tuple[int, ...]  # [depth + 2]: nodes of depth d are level_starts[d]:level_starts[d+1]
+
+    def to(self, device: torch.device | str) -> "TreeBuffers":
+        """The same buffers on ``device`` (moved once per decoder, not per step)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,7 @@ def build_tree_buffers(tree: Tree) -> TreeBuffers:
         retrieve_indices=retrieve,
         topk_needed=topk,
         leaf_count=len(leaves),
+        level_starts=tuple(itertools.accumulate(tree.level_counts, initial=0)),
     )
 
 

@@ -25,22 +25,23 @@ def _decoder(model, tree=None, heads=None, capacity=512):
     return Decoder(model, model.new_cache(capacity + scratch), heads, tree)
 
 
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
 @pytest.mark.parametrize("tree_name", ["medusa-64", "1-10-16-17", "chain-3"])
 @pytest.mark.parametrize("vocab", [16, 300])
-def test_greedy_speculative_equals_plain_greedy(tree_name, vocab):
+def test_greedy_speculative_equals_plain_greedy(tree_name, vocab, kind):
     """With random heads and any tree, greedy speculative decoding must give exactly the
     plain greedy tokens. A 16-token vocabulary makes drafts often right, so the accept
     path is exercised (asserted below), not only the reject path."""
     model = tiny_model(seed=11, vocab_size=vocab)
     tree = load_tree(tree_name)
-    heads = random_heads(5, 64, vocab, seed=5, scale=0.5)
+    heads = random_heads(5, 64, vocab, seed=5, scale=0.5, kind=kind, num_layers=2)
     prompt = torch.randint(0, vocab, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = _greedy_tokens(_decoder(model), prompt, 120)
     spec_decoder = _decoder(model, tree, heads)
     steps = list(spec_decoder.generate(prompt, GenerationConfig(max_new_tokens=120)))
     spec = [t for s in steps for t in s.token_ids]
     assert spec == plain
-    if vocab == 16 and tree_name != "chain-3":
+    if vocab == 16 and tree_name != "chain-3" and kind == "medusa":
         decode_steps = [s for s in steps if not s.prefill]
         assert sum(s.accepted for s in decode_steps) / len(decode_steps) > 1.3
 
@@ -81,10 +82,14 @@ def test_multi_turn_prefills_only_new_tokens():
     session = ChatSession(_decoder(model, load_tree("1-10-16-17"), random_heads(5, 64, 300)), tok, frozenset({1}))
     first = list(session.send("Hello, how are you?", GenerationConfig(max_new_tokens=20)))
     prompt_len_1 = first[0].step.tree_nodes
+    reply_1 = session.reply_ids[1]
+    assert len(reply_1) == 20
     second = list(session.send("Tell me about the fox.", GenerationConfig(max_new_tokens=20)))
-    full = encode_conversation(tok, session.messages[:-1])
+    full = encode_conversation(tok, session.messages[:-1], session.reply_ids)
     assert second[0].step.prefill
-    assert second[0].step.tree_nodes < len(full) - prompt_len_1  # only the new turn ran
+    # Cached: prompt 1 and reply 1 (its last token too if a draft step ran past it). Only the rest runs.
+    cached = prompt_len_1 + len(reply_1)
+    assert second[0].step.tree_nodes in (len(full) - cached, len(full) - cached + 1)
     assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
 
 
@@ -145,3 +150,17 @@ def test_bad_generation_settings_are_refused():
             GenerationConfig(**bad)
     with pytest.raises(SpecMemoError, match="empty"):
         list(ChatSession(_decoder(tiny_model()), tiny_tokenizer(), frozenset()).send("   "))
+
+
+def test_hydra_drafts_children_from_their_parent_token():
+    """A hydra node's children must change when the node's token changes."""
+    from specmemo_core.heads import HydraHeads
+    model = tiny_model(seed=18)
+    heads = random_heads(3, 64, 300, seed=9, scale=0.5, kind="hydra")
+    assert isinstance(heads, HydraHeads)
+    buf = load_tree("1-10-16-17").buffers
+    h = torch.randn(64)
+    a = heads.draft(h, 5, buf, model.model.embed_tokens, model.lm_head)
+    b = heads.draft(h, 6, buf, model.model.embed_tokens, model.lm_head)
+    assert a[0] == 5 and b[0] == 6
+    assert not torch.equal(a[1:11], b[1:11])
