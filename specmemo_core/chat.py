@@ -14,11 +14,17 @@ from .decoding import Decoder, GenerationConfig, Step
 from .errors import SpecMemoError
 
 _PLACEHOLDER = "\x00SPECMEMO{}\x00"
+FLUSH = Step(token_ids=(), accepted=0, forward_s=0.0, tree_nodes=0)
 
 
 @dataclass(frozen=True)
 class TextPiece:
-    """Text that became final during one step, with that step's statistics."""
+    """Text that became final during one step, with that step's statistics.
+
+    ``send`` yields exactly one piece per decoder step (its text may be empty while a
+    character or a possible stop string is incomplete), then possibly one ``FLUSH``
+    piece with the held-back tail.
+    """
 
     text: str
     step: Step
@@ -132,21 +138,18 @@ class ChatSession:
         reply = ""
         try:
             steps = self.decoder.generate(prompt, config, cancel)
-            last: Step | None = None
             for step in steps:
-                last = step
                 piece = stream.push(step.token_ids)
                 reply += piece
-                if piece or step.prefill:
-                    yield TextPiece(piece, step)
+                yield TextPiece(piece, step)
                 if stream.stopped:
                     steps.close()
                     break
-            if last is not None and not stream.stopped:
+            if not stream.stopped:
                 tail = stream.push((), final=True)
                 if tail:
                     reply += tail
-                    yield TextPiece(tail, last)
+                    yield TextPiece(tail, FLUSH)
         finally:
             self.messages.append({"role": "assistant", "content": reply})
             if not stream.stopped and self.tokenizer.decode(stream.ids, skip_special_tokens=True) == reply:

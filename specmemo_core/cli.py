@@ -73,17 +73,14 @@ def stream_reply(session: ChatSession, text: str, config: GenerationConfig,
                  cancel: threading.Event | None = None) -> ReplyStats:
     """Send one message and collect statistics from the decoder's steps."""
     stats = ReplyStats()
-    seen_steps: set[int] = set()
     start = time.perf_counter()
     for piece in session.send(text, config, cancel):
         step = piece.step
-        if id(step) not in seen_steps:
-            seen_steps.add(id(step))
-            stats.new_tokens += len(step.token_ids)
-            if not step.prefill:
-                stats.steps += 1
-                stats.drafted += step.accepted
-                stats.step_times.append(step.forward_s)
+        stats.new_tokens += len(step.token_ids)
+        if step.accepted and not step.prefill:
+            stats.steps += 1
+            stats.drafted += step.accepted
+            stats.step_times.append(step.forward_s)
         if piece.text and on_text:
             on_text(piece.text)
         stats.text += piece.text

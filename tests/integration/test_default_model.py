@@ -60,13 +60,11 @@ def _conversation_tokens(src, model, tree, heads, turns, max_new):
                           end_of_turn_ids(src.tokenizer, src.config))
     replies, accepted, steps = [], 0, 0
     for turn in turns:
-        ids, seen = [], set()
+        ids = []
         for piece in session.send(turn, GenerationConfig(max_new_tokens=max_new)):
-            if id(piece.step) not in seen:
-                seen.add(id(piece.step))
-                ids.extend(piece.step.token_ids)
-                if not piece.step.prefill:
-                    accepted, steps = accepted + piece.step.accepted, steps + 1
+            ids.extend(piece.step.token_ids)
+            if piece.step.accepted and not piece.step.prefill:
+                accepted, steps = accepted + piece.step.accepted, steps + 1
         replies.append(ids)
     return replies, accepted, steps
 
