@@ -91,10 +91,11 @@ def stream_reply(session: ChatSession, text: str, config: GenerationConfig,
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default', a .gguf file or a Hugging Face model folder")
     p.add_argument("--heads", default="auto", help="'auto' (shipped heads), 'none', 'random', or a heads folder/file")
-    p.add_argument("--tree", default="medusa-64", help="tree name (medusa-64, 1-10-16-17, …) or JSON file")
+    p.add_argument("--tree", default="auto",
+                   help="'auto', a tree name (medusa-64, 1-10-16-17, calibrated-N, …) or a JSON file")
     p.add_argument("--no-spec", action="store_true", help="plain greedy/sampled decoding, no speculation")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=_device_default())
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens")
@@ -157,6 +158,88 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_default() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cmd_train_heads(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .train.pipeline import PipelineConfig, run_training
+    from .train.trainer import TrainConfig
+
+    cfg = PipelineConfig(
+        model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
+        train_prompts=args.prompts, heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
+        gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
+        train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
+    )
+    progress = StageProgress()
+    try:
+        card = run_training(cfg, Path(args.out), args.device, progress, log=lambda m: print(m, file=sys.stderr))
+    finally:
+        progress.close()
+    print(json.dumps(card, indent=1))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .train.pipeline import PipelineConfig, calibrate_folder
+
+    cfg = PipelineConfig(model=args.model, heldout_prompts=args.heldout_prompts, heldout_file=args.heldout_file,
+                         max_new_tokens=args.reply_tokens, gen_batch=args.gen_batch)
+    progress = StageProgress()
+    try:
+        record = calibrate_folder(Path(args.heads), cfg, args.device, progress)
+    finally:
+        progress.close()
+    print(json.dumps({"topk_accuracy": record["topk_accuracy"], "expected_accepted": record["expected_accepted"]}, indent=1))
+    return 0
+
+
+def cmd_eval_acceptance(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .datasets import load_prompt_file, mtbench_conversations
+    from .engine import Engine, resolve_tree, shipped_heads_dir
+    from .evaluate import eval_acceptance
+
+    progress = StageProgress()
+    try:
+        engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], device=args.device,
+                             progress=progress)
+        if engine.heads is None:
+            raise SpecMemoError("no draft heads: give --heads DIR (or train them with specmemo train-heads)")
+        folder = shipped_heads_dir(engine.identity) if args.heads == "auto" else Path(args.heads)
+        if args.prompts:
+            convs = load_prompt_file(args.prompts)
+            left, picked = args.queries, []
+            for turns in convs:  # the first N queries, counted as turns
+                if left <= 0:
+                    break
+                picked.append(turns[:left])
+                left -= len(picked[-1])
+        else:
+            picked = mtbench_conversations(args.queries)
+        names = args.tree or ["medusa-64", "1-10-16-17"] + (
+            ["calibrated-64"] if folder and (folder / "calibration.json").exists() else [])
+        trees = [resolve_tree(n, folder) for n in names]
+        report = eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, engine.heads, trees,
+                                 args.max_new_tokens, progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{'tree':<16}{'nodes':>6}{'accepted/step':>15}{'tok/s':>9}{'vs plain':>10}{'identical':>11}")
+        for name, r in report.items():
+            print(f"{name:<16}{r['tree_nodes']:>6}{r['mean_accepted']:>15.3f}{r['tokens_per_s']:>9.1f}"
+                  f"{r['speedup_vs_plain']:>9.2f}x{r['identical_turns']:>7}/{r['turns']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specmemo", description="Local chat with memory-aware speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +251,48 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object with the reply and its speed")
     _add_model_args(gen)
     gen.set_defaults(func=cmd_generate)
+
+    train = sub.add_parser("train-heads", help="train draft heads for a model by self-distillation")
+    train.add_argument("--model", default="default")
+    train.add_argument("--out", required=True, help="output folder (re-running resumes)")
+    train.add_argument("--kind", choices=["medusa", "hydra"], default="hydra")
+    train.add_argument("--heads", type=int, default=4)
+    train.add_argument("--layers", type=int, default=1)
+    train.add_argument("--steps", type=int, default=4000)
+    train.add_argument("--batch-size", type=int, default=2048)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--prompts", type=int, default=4000, help="training prompts (ShareGPT train split)")
+    train.add_argument("--prompts-file", default=None, help="JSONL prompts instead of ShareGPT")
+    train.add_argument("--heldout-prompts", type=int, default=300)
+    train.add_argument("--heldout-file", default=None)
+    train.add_argument("--reply-tokens", type=int, default=256)
+    train.add_argument("--gen-batch", type=int, default=256)
+    train.add_argument("--device", default=_device_default())
+    train.set_defaults(func=cmd_train_heads)
+
+    cal = sub.add_parser("calibrate", help="measure heads' accuracy and tree-path acceptance on held-out prompts")
+    cal.add_argument("--heads", required=True)
+    cal.add_argument("--model", default="default")
+    cal.add_argument("--heldout-prompts", type=int, default=300)
+    cal.add_argument("--heldout-file", default=None)
+    cal.add_argument("--reply-tokens", type=int, default=256)
+    cal.add_argument("--gen-batch", type=int, default=256)
+    cal.add_argument("--device", default=_device_default())
+    cal.set_defaults(func=cmd_calibrate)
+
+    ev = sub.add_parser("eval-acceptance", help="accepted tokens per step and speed per tree, vs plain greedy")
+    ev.add_argument("--model", default="default")
+    ev.add_argument("--heads", default="auto")
+    ev.add_argument("--prompts", default=None, help="JSONL with a 'turns' list per line (default: MT-Bench)")
+    ev.add_argument("--queries", type=int, default=20)
+    ev.add_argument("--tree", action="append", help="tree to evaluate (repeatable); default: medusa-64, "
+                                                    "1-10-16-17 and calibrated-64")
+    ev.add_argument("--max-new-tokens", type=int, default=128)
+    ev.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ev.add_argument("--device", default=_device_default())
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_eval_acceptance)
     return parser
 
 

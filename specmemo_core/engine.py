@@ -19,6 +19,33 @@ from .tree import Tree, load_tree
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TREE = "medusa-64"
 DEFAULT_CAPACITY = 4096
+CPU_TREE = "calibrated-16"
+
+
+def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
+    """A tree by name or file; ``calibrated-N`` builds the best N-node tree from the
+    heads' calibration file (``calibrated`` alone: 64 nodes)."""
+    name = str(spec)
+    if name.startswith("calibrated"):
+        from .train.calibrate import load_calibration, tree_from_calibration
+
+        record = load_calibration(heads_folder) if heads_folder is not None else None
+        if record is None:
+            raise SpecMemoError(
+                f"tree {name} needs the heads' calibration.json; run `specmemo calibrate --heads DIR` "
+                f"or choose a named tree such as medusa-64"
+            )
+        nodes = int(name.split("-", 1)[1]) if "-" in name else 64
+        return tree_from_calibration(record, nodes)
+    return load_tree(spec)
+
+
+def default_tree(device: str | torch.device, heads_folder: Path | None) -> str:
+    """NOTE: a fixed choice until the planner times the device: small trees pay on CPU,
+    wide ones on GPU (see the README's measurements)."""
+    if heads_folder is not None and (heads_folder / "calibration.json").exists():
+        return "calibrated-64" if torch.device(device).type == "cuda" else CPU_TREE
+    return DEFAULT_TREE
 
 
 def shipped_heads_dir(identity: ModelIdentity) -> Path | None:
@@ -41,7 +68,7 @@ class Engine:
         cls,
         model: str | Path = "default",
         heads: str | Path | None = "auto",
-        tree: str | Path | None = DEFAULT_TREE,
+        tree: str | Path | None = "auto",
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         progress: Callable[[str, float], None] | None = None,
@@ -53,6 +80,7 @@ class Engine:
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
         spec = lm.spec
         draft: DraftHeads | None = None
+        folder: Path | None = None
         if heads == "random":
             draft = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=loaded.identity.name,
                                  base_fingerprint=loaded.identity.fingerprint).to(device=device, dtype=dtype)
@@ -61,8 +89,11 @@ class Engine:
             if folder is not None:
                 draft = load_heads(folder, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
         elif heads not in (None, "none"):
+            folder = Path(heads) if Path(heads).is_dir() else Path(heads).parent
             draft = load_heads(heads, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
-        chosen = load_tree(tree) if (tree is not None and draft is not None) else None
+        if tree == "auto":
+            tree = default_tree(device, folder)
+        chosen = resolve_tree(tree, folder) if (tree is not None and draft is not None) else None
         if chosen is not None and draft is not None and chosen.depth > draft.num_heads:
             raise SpecMemoError(
                 f"tree {chosen.name} needs {chosen.depth} heads but only {draft.num_heads} were loaded; "

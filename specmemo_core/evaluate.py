@@ -1,0 +1,98 @@
+"""``specmemo eval-acceptance``: accepted tokens per step and speed of trees vs plain greedy.
+
+Every conversation is run once with plain decoding and once per tree, turn by turn in
+one session (so later turns see earlier replies, as in a chat). A tree's reply must be
+token-for-token the plain reply (greedy); the report counts the turns where it is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .chat import ChatSession, end_of_turn_ids
+from .decoding import Decoder, GenerationConfig
+from .heads import DraftHeads
+from .model import CausalLM
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class RunResult:
+    replies: list[list[int]]
+    new_tokens: int
+    steps: int  # verify steps (prefills excluded)
+    step_tokens: int  # tokens those steps emitted
+    decode_seconds: float  # time in verify steps
+    seconds: float  # wall time, prefills included
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.step_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def run_conversations(
+    model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]],
+    heads: DraftHeads | None, tree: Tree | None, max_new_tokens: int, capacity: int = 4096,
+    on_turn: Callable[[], None] | None = None,
+) -> RunResult:
+    scratch = tree.num_nodes if tree is not None else 1
+    cache = model.new_cache(capacity + scratch)
+    gen = GenerationConfig(max_new_tokens=max_new_tokens)
+    stops = end_of_turn_ids(tokenizer, config)
+    replies: list[list[int]] = []
+    new_tokens = steps = step_tokens = 0
+    decode_s = 0.0
+    start = time.perf_counter()
+    for turns in conversations:
+        cache.reset()
+        session = ChatSession(Decoder(model, cache, heads, tree), tokenizer, stops)
+        for turn in turns:
+            ids: list[int] = []
+            for piece in session.send(turn, gen):
+                ids.extend(piece.step.token_ids)
+                if piece.step.accepted and not piece.step.prefill:
+                    steps += 1
+                    step_tokens += piece.step.accepted
+                    decode_s += piece.step.forward_s
+            replies.append(ids)
+            new_tokens += len(ids)
+            if on_turn:
+                on_turn()
+    return RunResult(replies, new_tokens, steps, step_tokens, decode_s, time.perf_counter() - start)
+
+
+def eval_acceptance(
+    model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]],
+    heads: DraftHeads, trees: Sequence[Tree], max_new_tokens: int = 128,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict[str, dict[str, float]]:
+    """{name: {mean_accepted, tokens_per_s, identical_turns, turns, ...}}, "plain" first."""
+    total_turns = sum(len(c) for c in conversations)
+    runs = [("plain", None, None)] + [(t.name, heads, t) for t in trees]
+    report: dict[str, dict[str, float]] = {}
+    baseline: RunResult | None = None
+    for i, (name, h, tree) in enumerate(runs):
+        done = [0]
+
+        def tick() -> None:
+            done[0] += 1
+            if progress:
+                progress(f"{name} ({i + 1}/{len(runs)})", done[0] / total_turns)
+
+        result = run_conversations(model, tokenizer, config, conversations, h, tree, max_new_tokens, on_turn=tick)
+        baseline = baseline or result
+        identical = sum(a == b for a, b in zip(baseline.replies, result.replies))
+        report[name] = {
+            "mean_accepted": round(result.mean_accepted, 4),
+            "tokens_per_s": round(result.tokens_per_s, 3),
+            "speedup_vs_plain": round(result.tokens_per_s / baseline.tokens_per_s, 3),
+            "identical_turns": identical, "turns": total_turns, "new_tokens": result.new_tokens,
+            "tree_nodes": tree.num_nodes if tree is not None else 1,
+        }
+    return report

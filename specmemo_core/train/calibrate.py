@@ -1,0 +1,121 @@
+"""Calibration: how often each head — and each tree path — is right on held-out text.
+
+For every held-out position we record, per head, the rank of the true token among the
+head's guesses (teacher-forced: for hydra heads the parent is the true token, i.e. the
+accuracy is conditional on the parent being right, which is exactly when the child is
+looked at). A tree path (r1, …, rd) is accepted at a position iff head j's rank there is
+r_j for every j ≤ d, so its acceptance rate is the frequency of that rank prefix —
+measured jointly, without Medusa's independence assumption. The expected tokens per
+verify step of a tree is then 1 + Σ over its nodes of their paths' acceptance rates,
+and the best tree of N nodes is simply the N − 1 most frequent paths (a path is never
+more frequent than its prefix, so that set is always a valid tree).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..heads import DraftHeads
+from ..tree import MAX_ARITY, Tree, load_tree
+from .features import IGNORE, Features
+from .trainer import head_logits
+
+CALIBRATION_NAME = "calibration.json"
+MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY
+
+
+@torch.inference_mode()
+def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear,
+               device: str | torch.device = "cpu", batch_size: int = 4096) -> torch.Tensor:
+    """[M, K] rank of the true token in each head's guesses (MISS if ≥ 10, -1 if no target)."""
+    heads = heads.to(device)
+    m, k = feats.targets.shape
+    ranks = torch.full((m, k), -1, dtype=torch.long)
+    for b in range(0, m, batch_size):
+        sl = slice(b, b + batch_size)
+        h = feats.hidden[sl].to(device).float()
+        for j in range(k):
+            tgt = feats.targets[sl, j].to(device)
+            ok = tgt != IGNORE
+            logits = head_logits(heads, j, h, feats.parents[sl, j].to(device), embed, lm_head).float()  # [B, V]
+            top = logits.topk(MAX_ARITY, dim=-1).indices  # [B, 10]
+            hit = top == tgt[:, None]  # [B, 10]
+            r = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(tgt, MISS))
+            ranks[sl, j] = torch.where(ok, r, torch.full_like(r, -1)).cpu()
+    return ranks
+
+
+def path_rates(ranks: torch.Tensor, max_paths: int = 512) -> list[tuple[tuple[int, ...], float]]:
+    """Acceptance rate of every observed rank path, most frequent first (≤ max_paths)."""
+    m = ranks.shape[0]
+    counts: Counter[tuple[int, ...]] = Counter()
+    for row in ranks.tolist():
+        path: tuple[int, ...] = ()
+        for r in row:
+            if r < 0 or r >= MISS:
+                break
+            path = path + (r,)
+            counts[path] += 1
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))[:max_paths]
+    return [(p, c / m) for p, c in ordered]
+
+
+def expected_accepted(tree: Tree, rates: dict[tuple[int, ...], float]) -> float:
+    """Expected tokens per verify step: the bonus token plus each node's acceptance rate."""
+    return 1.0 + sum(rates.get(p, 0.0) for p in tree.paths)
+
+
+def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("medusa-64", "1-10-16-17")) -> dict[str, Any]:
+    """The calibration record written beside the heads (small JSON)."""
+    m, k = ranks.shape
+    topk = []
+    for j in range(k):
+        valid = ranks[:, j] >= 0
+        if heads_kind == "hydra" and j > 0:  # conditional on the parent being right
+            valid &= ranks[:, j - 1] == 0
+        r = ranks[valid, j]
+        topk.append([round(float((r < n).float().mean()) if r.numel() else 0.0, 5) for n in range(1, MAX_ARITY + 1)])
+    paths = path_rates(ranks)
+    rates = dict(paths)
+    record = {
+        "kind": heads_kind, "positions": m, "topk_accuracy": topk,
+        "paths": [[list(p), round(r, 6)] for p, r in paths],
+        "expected_accepted": {name: round(expected_accepted(load_tree(name), rates), 4) for name in trees},
+    }
+    for n in (8, 16, 32, 64):
+        record["expected_accepted"][f"calibrated-{n}"] = round(expected_accepted(tree_from_calibration(record, n), rates), 4)
+    return record
+
+
+def tree_from_calibration(record: dict[str, Any], nodes: int, max_depth: int | None = None) -> Tree:
+    """The tree of ``nodes`` nodes (root included) with the highest expected acceptance."""
+    chosen: list[tuple[int, ...]] = []
+    have = set()
+    for path, _rate in record["paths"]:
+        p = tuple(path)
+        if len(chosen) >= nodes - 1:
+            break
+        if max_depth is not None and len(p) > max_depth:
+            continue
+        if len(p) > 1 and p[:-1] not in have:  # only possible on exact ties; keep it a tree
+            continue
+        chosen.append(p)
+        have.add(p)
+    return Tree.from_paths(chosen, name=f"calibrated-{len(chosen) + 1}")
+
+
+def save_calibration(record: dict[str, Any], folder: Path) -> Path:
+    path = Path(folder) / CALIBRATION_NAME
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+def load_calibration(folder: Path) -> dict[str, Any] | None:
+    path = Path(folder) / CALIBRATION_NAME
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,153 @@
+"""``specmemo train-heads`` / ``calibrate`` end to end: data → features → heads → card.
+
+Every stage writes its result into the output folder and is skipped when that result is
+already there, so an interrupted run resumes where it stopped (training itself resumes
+from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..chat import end_of_turn_ids
+from ..datasets import load_prompt_file, sharegpt_conversations
+from ..heads import HeadsSpec, load_heads, save_heads
+from ..sources import LoadedModel, load_model
+from .calibrate import calibrate, head_ranks, save_calibration
+from .distill import Sequences, first_prompts, generate_replies
+from .features import build_features
+from .trainer import TrainConfig, train_heads
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    model: str = "default"
+    kind: str = "hydra"
+    num_heads: int = 4
+    num_layers: int = 1
+    train_prompts: int = 4000
+    heldout_prompts: int = 300
+    max_new_tokens: int = 256
+    gen_batch: int = 256
+    prompts_file: str | None = None  # JSONL (MT-Bench format); default: ShareGPT train split
+    heldout_file: str | None = None
+    train: TrainConfig = TrainConfig()
+
+
+def hf_model_from(loaded: LoadedModel, device: str, dtype: torch.dtype) -> Any:
+    """transformers' own model over the same weights (batched generation and features)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=dtype)
+    model.load_state_dict(loaded.state_dict, strict=False)
+    model.tie_weights()
+    return model.to(device).eval().requires_grad_(False)
+
+
+def frozen_io(hf: Any) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
+    """fp32 copies of the input embedding and LM head (heads train and score in fp32)."""
+    emb = hf.get_input_embeddings().weight.detach().float()
+    head = hf.get_output_embeddings().weight.detach().float()
+    lm_head = torch.nn.Linear(head.shape[1], head.shape[0], bias=False, device=head.device)
+    lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
+    return torch.nn.Embedding.from_pretrained(emb, freeze=True), lm_head
+
+
+def _prompts(cfg: PipelineConfig, held_out: bool) -> list[str]:
+    file = cfg.heldout_file if held_out else cfg.prompts_file
+    limit = cfg.heldout_prompts if held_out else cfg.train_prompts
+    if file:
+        return [turns[0] for turns in load_prompt_file(file)][:limit]
+    return first_prompts(sharegpt_conversations(), held_out)[:limit]
+
+
+def _sequences(path: Path, make: Callable[[], Sequences]) -> Sequences:
+    if path.exists():
+        return Sequences.from_dict({k: v.long() for k, v in load_file(str(path)).items()})
+    seqs = make()
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.to(torch.int32) for k, v in seqs.to_dict().items()}, str(tmp))
+    tmp.replace(path)
+    return seqs
+
+
+def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    loaded = load_model(cfg.model, progress=progress)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    hf = hf_model_from(loaded, device, dtype)
+    stops = sorted(end_of_turn_ids(loaded.tokenizer, loaded.config))
+
+    def distilled(held_out: bool) -> Sequences:
+        name = "heldout.safetensors" if held_out else "distill.safetensors"
+        return _sequences(out / name, lambda: generate_replies(
+            hf, loaded.tokenizer, _prompts(cfg, held_out), max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
+
+    t0 = time.perf_counter()
+    train_seqs = distilled(False)
+    log(f"distilled {len(train_seqs.starts)} replies, {train_seqs.reply_tokens} tokens ({time.perf_counter() - t0:.0f} s)")
+    t0 = time.perf_counter()
+    feats = build_features(hf, train_seqs, cfg.num_heads, progress=progress)
+    log(f"features: {feats.hidden.shape[0]} positions ({time.perf_counter() - t0:.0f} s)")
+    spec = HeadsSpec(cfg.kind, cfg.num_heads, cfg.num_layers, loaded.config.hidden_size, loaded.config.vocab_size,
+                     False, loaded.identity.name, loaded.identity.fingerprint)
+    embed, lm_head = frozen_io(hf)
+    t0 = time.perf_counter()
+    heads = train_heads(feats, spec, embed, lm_head, cfg.train, out, device, progress, log)
+    train_s = time.perf_counter() - t0
+    save_heads(heads.float(), out, dtype=torch.bfloat16)
+    del feats
+    record = run_calibration(out, loaded, hf, cfg, device, progress, distilled(True))
+    card = {
+        "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
+        "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers,
+        "data": f"ShareGPT V3 first prompts (train split), {len(train_seqs.starts)} replies, "
+                f"{train_seqs.reply_tokens} tokens self-distilled (greedy, ≤{cfg.max_new_tokens} new tokens)",
+        "train": asdict(cfg.train), "seed": cfg.train.seed, "train_seconds": round(train_s, 1),
+        "total_seconds": round(time.perf_counter() - t_start, 1),
+        "hardware": torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu",
+        "heldout_top1": [acc[0] for acc in record["topk_accuracy"]],
+        "expected_accepted": record["expected_accepted"],
+    }
+    (out / "card.json").write_text(json.dumps(card, indent=1))
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        ckpt.unlink()  # training finished: the heads file is the result
+    return card
+
+
+def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineConfig, device: str,
+                    progress: Progress | None, heldout: Sequences) -> dict[str, Any]:
+    heads = load_heads(folder, loaded.config.hidden_size, loaded.config.vocab_size, loaded.identity.fingerprint,
+                       device=device)
+    feats = build_features(hf, heldout, heads.num_heads, progress=progress)
+    embed, lm_head = frozen_io(hf)
+    ranks = head_ranks(heads, feats, embed, lm_head, device)
+    record = calibrate(ranks, heads.spec.kind)
+    save_calibration(record, folder)
+    return record
+
+
+def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: Progress | None = None) -> dict[str, Any]:
+    """``specmemo calibrate``: held-out replies (reused if present) → calibration.json."""
+    loaded = load_model(cfg.model, progress=progress)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    hf = hf_model_from(loaded, device, dtype)
+    stops = sorted(end_of_turn_ids(loaded.tokenizer, loaded.config))
+    heldout = _sequences(folder / "heldout.safetensors", lambda: generate_replies(
+        hf, loaded.tokenizer, _prompts(cfg, True), max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
+    return run_calibration(folder, loaded, hf, cfg, device, progress, heldout)

@@ -1,0 +1,122 @@
+"""Train draft heads on a frozen base model's features (self-distillation).
+
+Head k learns the base model's own next-token distribution k + 1 places past the
+current one: a soft-target cross-entropy against softmax(LM head(h_{g+k+1})), which for
+greedy-distilled replies peaks at the target token but also ranks the runners-up — the
+ranks a speculation tree spends its nodes on. Losses are weighted 0.8^k (as Medusa
+does) so the nearer, more useful heads dominate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..heads import DraftHeads, HeadsSpec, HydraHeads, new_heads
+from .features import IGNORE, Features
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 4000
+    batch_size: int = 2048
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup: int = 50
+    loss_decay: float = 0.8
+    seed: int = 0
+    checkpoint_every: int = 500
+    # True: match the base model's own distribution (self-distillation); False: the
+    # token in the data (for data the base model did not write itself).
+    soft_targets: bool = True
+
+
+def head_logits(heads: DraftHeads, k: int, h: torch.Tensor, parent: torch.Tensor,
+                embed: nn.Embedding, lm_head: nn.Linear) -> torch.Tensor:
+    """Head k's logits [B, V] at hidden h [B, D] (hydra heads also read the parent token [B])."""
+    if isinstance(heads, HydraHeads):
+        return heads.logits(k, h, embed(parent), lm_head)
+    hk = heads.blocks[k](h)
+    return heads.lm_heads[k](hk) if heads.lm_heads is not None else lm_head(hk)
+
+
+def _batch_indices(step: int, m: int, cfg: TrainConfig) -> torch.Tensor:
+    """Deterministic for (seed, step), so a resumed run sees the same batches."""
+    per_epoch = max(1, m // cfg.batch_size)
+    epoch, i = divmod(step, per_epoch)
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+    return perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_heads(
+    feats: Features, spec: HeadsSpec, embed: nn.Embedding, lm_head: nn.Linear, cfg: TrainConfig,
+    out_dir: Path | None = None, device: str | torch.device = "cpu",
+    progress: Callable[[str, float], None] | None = None, log: Callable[[str], None] | None = None,
+) -> DraftHeads:
+    """Train ``spec.num_heads`` heads; resumes from ``out_dir/checkpoint.pt`` if present."""
+    torch.manual_seed(cfg.seed)
+    heads = new_heads(spec).to(device).train()
+    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start = 0
+    ckpt = out_dir / CHECKPOINT_NAME if out_dir else None
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=True)
+        heads.load_state_dict(state["heads"])
+        opt.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+    hidden = feats.hidden.to(device)
+    targets, parents, teacher_rows = (t.to(device) for t in (feats.targets, feats.parents, feats.teacher_rows))
+    embed, lm_head = embed.to(device), lm_head.to(device)
+    weights = [cfg.loss_decay ** k for k in range(spec.num_heads)]
+    m = hidden.shape[0]
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if torch.device(device).type == "cuda" else None
+    t0 = time.perf_counter()
+    for step in range(start, cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg)
+        idx = _batch_indices(step, m, cfg).to(device)
+        h = hidden[idx].float()  # [B, D]
+        loss = torch.zeros((), device=device)
+        with autocast if autocast else torch.enable_grad():
+            for k in range(spec.num_heads):
+                ok = targets[idx, k] != IGNORE  # [B]
+                if not ok.any():
+                    continue
+                rows = idx[ok]
+                student = head_logits(heads, k, h[ok], parents[rows, k], embed, lm_head).float()  # [b, V]
+                if cfg.soft_targets:
+                    with torch.no_grad():
+                        teacher = F.softmax(lm_head(hidden[teacher_rows[rows, k]].float()).float(), dim=-1)  # [b, V]
+                    loss = loss + weights[k] * -(teacher * F.log_softmax(student, dim=-1)).sum(-1).mean()
+                else:
+                    loss = loss + weights[k] * F.cross_entropy(student, targets[rows, k])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        done = step + 1
+        if progress:
+            progress("training heads", done / cfg.steps)
+        if log and (done % 200 == 0 or done == cfg.steps):
+            log(f"step {done}/{cfg.steps} loss {loss.item():.4f} ({time.perf_counter() - t0:.0f} s)")
+        if ckpt is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"heads": heads.state_dict(), "optimizer": opt.state_dict(), "step": done}, tmp)
+            tmp.replace(ckpt)
+    return heads.eval().requires_grad_(False)

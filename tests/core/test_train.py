@@ -1,0 +1,139 @@
+"""Head training on tiny models: alignment, a real learning check, calibration, pipeline."""
+
+import json
+
+import pytest
+import torch
+
+from specmemo_core.heads import HeadsSpec, load_heads, random_heads, save_heads
+from specmemo_core.train.calibrate import calibrate, head_ranks, path_rates, tree_from_calibration
+from specmemo_core.train.distill import Sequences, is_held_out
+from specmemo_core.train.features import IGNORE, build_features
+from specmemo_core.train.pipeline import frozen_io
+from specmemo_core.train.trainer import TrainConfig, train_heads
+from tests.tiny import tiny_hf_model, tiny_tokenizer
+
+
+def test_targets_are_k_plus_2_ahead_and_parents_k_plus_1():
+    hf = tiny_hf_model(seed=0)
+    # two sequences: prompt [100..104] reply [200..209]; prompt [50, 51] reply [60, 61, 62]
+    seqs = Sequences.from_pairs([(list(range(100, 105)), list(range(200, 210))), ([50, 51], [60, 61, 62])])
+    f = build_features(hf, seqs, num_heads=3)
+    tokens = seqs.tokens
+    # training positions: last prompt token .. last token, per sequence
+    assert f.hidden.shape[0] == (10 + 1) + (3 + 1)
+    # first sequence, position of prompt token 104 (g=4): head 0 → 201 (t+2), head 2 → 203
+    assert f.targets[0].tolist() == [201, 202, 203]
+    assert f.parents[0].tolist() == [200, 201, 202]
+    # last positions of seq 1 run past the end: masked
+    assert f.targets[10].tolist() == [IGNORE] * 3
+    assert f.targets[8].tolist() == [209, IGNORE, IGNORE]
+    # second sequence starts at row 11 (token 51): head 0 → 61
+    assert f.targets[11].tolist() == [61, 62, IGNORE]
+    # the teacher row of head k is the training position g + k + 1
+    assert f.teacher_rows[0].tolist() == [1, 2, 3]
+    # hidden states are the base model's at those positions
+    with torch.no_grad():
+        ref = hf.model(tokens[None, :15]).last_hidden_state[0]
+    assert torch.allclose(f.hidden[0].float(), ref[4], atol=2e-2)
+
+
+def _pattern_features(hf, num_heads):
+    period = list(range(3, 12))
+    pairs = [([1, 2], (period * 8)[s:s + 40]) for s in range(9)]
+    return build_features(hf, Sequences.from_pairs(pairs), num_heads, store_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_heads_learn_a_repeating_pattern(kind):
+    """Untrained heads guess the base model's next token (wrong here); after a few
+    hundred steps on a periodic sequence they must predict 2..4 tokens ahead."""
+    hf = tiny_hf_model(seed=1)
+    feats = _pattern_features(hf, 3)
+    embed, lm_head = frozen_io(hf)
+    spec = HeadsSpec(kind, 3, 1, 64, 300, False)
+    untrained = head_ranks(random_heads(3, 64, 300, kind=kind, scale=0.0), feats, embed, lm_head)
+    heads = train_heads(feats, spec, embed, lm_head, TrainConfig(steps=150, batch_size=128, lr=3e-3, warmup=5,
+                                                                         soft_targets=False))
+    trained = head_ranks(heads, feats, embed, lm_head)
+    before = (untrained[:, 0] == 0).float().mean().item()
+    after = [(trained[trained[:, k] >= 0, k] == 0).float().mean().item() for k in range(3)]
+    assert before < 0.3
+    assert min(after) > 0.9, after
+
+
+def test_training_is_deterministic_and_resumes(tmp_path):
+    hf = tiny_hf_model(seed=2)
+    feats = _pattern_features(hf, 2)
+    embed, lm_head = frozen_io(hf)
+    spec = HeadsSpec("hydra", 2, 1, 64, 300, False)
+    cfg = TrainConfig(steps=20, batch_size=64, checkpoint_every=10)
+    a = train_heads(feats, spec, embed, lm_head, cfg)
+    b = train_heads(feats, spec, embed, lm_head, cfg)
+    for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+        assert torch.equal(x, y)
+    # stop at step 10, then resume from the checkpoint to step 20: same result
+    train_heads(feats, spec, embed, lm_head, TrainConfig(steps=10, batch_size=64, checkpoint_every=10,
+                                                         warmup=cfg.warmup), out_dir=tmp_path)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 10
+
+
+def test_hydra_heads_round_trip(tmp_path):
+    heads = random_heads(3, 64, 300, kind="hydra", num_layers=2, base_fingerprint="f")
+    save_heads(heads, tmp_path)
+    loaded = load_heads(tmp_path, 64, 300, "f")
+    assert loaded.spec.kind == "hydra" and loaded.spec.num_layers == 2
+    for x, y in zip(heads.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(x, y)
+
+
+def test_calibration_paths_and_trees():
+    ranks = torch.tensor([[0, 0, 1], [0, 1, -1], [0, 0, 0], [1, 0, 10], [10, 0, 0], [0, 0, 1]])
+    rates = dict(path_rates(ranks))
+    assert rates[(0,)] == pytest.approx(4 / 6)
+    assert rates[(0, 0)] == pytest.approx(3 / 6)
+    assert rates[(0, 0, 1)] == pytest.approx(2 / 6)
+    assert (10,) not in rates and (1, 0, 10) not in rates
+    record = calibrate(ranks, "medusa", trees=("chain-3",))
+    assert record["topk_accuracy"][0][0] == pytest.approx(4 / 6, abs=1e-4)
+    assert record["topk_accuracy"][0][1] == pytest.approx(5 / 6, abs=1e-4)
+    # chain-3 = paths (0,), (0,0), (0,0,0): 1 + 4/6 + 3/6 + 1/6
+    assert record["expected_accepted"]["chain-3"] == pytest.approx(1 + 8 / 6, abs=1e-4)
+    tree = tree_from_calibration(record, 4)
+    assert tree.paths == ((0,), (1,), (0, 0)) or tree.paths == ((0,), (0, 0), (0, 0, 1))
+    assert tree.num_nodes == 4
+
+
+def test_held_out_split_is_fixed_and_small():
+    held = [i for i in range(2000) if is_held_out(i)]
+    assert 40 < len(held) < 160
+    assert held == [i for i in range(2000) if is_held_out(i)]
+
+
+def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
+    """train-heads on a tiny HF folder model: heads, calibration and card are written,
+    and the engine decodes with them exactly as plain greedy."""
+    from specmemo_core.engine import Engine
+    from specmemo_core.train.pipeline import PipelineConfig, run_training
+
+    monkeypatch.setenv("SPECMEMO_DATA_DIR", str(tmp_path / "data"))
+    folder = tmp_path / "tiny-llama"
+    tiny_hf_model(seed=3).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [f"Hello number {i}, how are you?"]}) for i in range(12)))
+    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, train_prompts=10, heldout_prompts=4,
+                         max_new_tokens=24, gen_batch=4, prompts_file=str(prompts), heldout_file=str(prompts),
+                         train=TrainConfig(steps=30, batch_size=64))
+    out = tmp_path / "heads"
+    card = run_training(cfg, out, "cpu", log=lambda m: None)
+    assert (out / "heads.safetensors").exists() and (out / "calibration.json").exists()
+    assert card["kind"] == "hydra" and len(card["heldout_top1"]) == 3
+    assert not (out / "checkpoint.pt").exists()
+    engine = Engine.load(str(folder), heads=str(out), tree="calibrated-8")
+    assert engine.tree.num_nodes <= 8
+    plain = Engine.load(str(folder), heads="none")
+    a = "".join(p.text for p in engine.new_session(512).send("Hello number 3"))
+    b = "".join(p.text for p in plain.new_session(512).send("Hello number 3"))
+    assert a == b
