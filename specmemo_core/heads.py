@@ -12,11 +12,13 @@ Two kinds share the files and the tree decoder:
 
 * ``medusa``: head k sees only the hidden state, so all heads draft in one call and a
   node's token is ``topk(head[depth-1])[rank]`` whatever its parent is.
-* ``hydra``: head k also sees the embedding of the token at the node's parent (for
-  head 0 the root, i.e. the bonus token), ``u = h + SiLU(W [h; e(parent)] + b)``, then
-  ``num_layers - 1`` residual blocks. Drafting then goes level by level down the tree,
-  each node's children conditioned on that node's token, which makes deeper heads far
-  more accurate for a few extra small matmuls per step.
+* ``hydra``: heads form a small recurrent chain along each tree path. Every node n
+  gets a state ``s(n) = g_d(s(parent), e(token of n))`` where d is n's depth, the
+  root's parent state is the base hidden state h, and
+  ``g_d(s, e) = s + SiLU(W_d [s; e] + b_d)`` followed by ``num_layers - 1`` residual
+  blocks; n's children are the top-k of ``LM head(s(n))``. So head d sees the whole
+  drafted path, not just h (as Hydra's sequentially dependent heads do). Drafting goes
+  level by level down the tree: a few extra small matmuls per step.
 
 Files
 -----
@@ -119,7 +121,7 @@ class MedusaHeads(nn.Module):
 
 
 class HydraHeads(nn.Module):
-    """Heads that also read their parent node's token (see the module docstring)."""
+    """Heads chained along the drafted path (see the module docstring)."""
 
     def __init__(self, spec: HeadsSpec) -> None:
         super().__init__()
@@ -138,29 +140,39 @@ class HydraHeads(nn.Module):
     def num_heads(self) -> int:
         return self.spec.num_heads
 
-    def head_hidden(self, k: int, h: torch.Tensor, parent_emb: torch.Tensor) -> torch.Tensor:
-        """h, parent_emb: [..., D] → [..., D] for head k."""
-        u = h + nn.functional.silu(self.inputs[k](torch.cat((h, parent_emb), dim=-1)))
+    def step(self, k: int, state: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
+        """Head k's state for a node: parent state and the node's token embedding [..., D] → [..., D]."""
+        u = state + nn.functional.silu(self.inputs[k](torch.cat((state, token_emb), dim=-1)))
         return self.blocks[k](u)
 
-    def logits(self, k: int, h: torch.Tensor, parent_emb: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
-        return lm_head(self.head_hidden(k, h, parent_emb))  # [..., V]
+    def chain(self, h: torch.Tensor, path_emb: torch.Tensor) -> list[torch.Tensor]:
+        """Teacher-forced states along a path: h [B, D], path_emb [B, K, D] (embeddings of
+        the root token and the next K-1 true tokens) → K states [B, D]; state k predicts
+        the token k + 2 places past h's position."""
+        states, s = [], h
+        for k in range(self.spec.num_heads):
+            s = self.step(k, s, path_emb[:, k])
+            states.append(s)
+        return states
 
     def draft(self, hidden: torch.Tensor, root: int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:
-        """Fill the tree level by level: level d's tokens come from head d-1 applied to
-        every level-(d-1) node, conditioned on that node's token."""
+        """Fill the tree level by level: level d's states come from level d-1's states
+        and level d's own tokens; their LM-head top-k are level d+1's tokens."""
         n = tree.depths.shape[0]
         tokens = torch.empty(n, dtype=torch.long, device=hidden.device)  # [N]
         tokens[0] = root
         starts = tree.level_starts
-        for d in range(1, len(starts) - 1):
-            lo, hi = starts[d - 1], starts[d]  # the parents' level
-            parent_tokens = tokens[lo:hi]  # [P]
-            h = hidden.expand(hi - lo, -1)  # [P, D]
-            top = self.logits(d - 1, h, embed(parent_tokens), lm_head).topk(tree.topk_needed[d - 1], dim=-1).indices
-            level = slice(starts[d], starts[d + 1])
-            tokens[level] = top[tree.parents[level] - lo, tree.rank[level]]  # [P, k] → [n_d]
+        states = hidden[None, :]  # [1, D] parent state of the root
+        prev_lo = 0
+        for d in range(0, len(starts) - 2):
+            lo, hi = starts[d], starts[d + 1]  # this level's nodes
+            parent_state = states if d == 0 else states[tree.parents[lo:hi] - prev_lo]  # [P, D]
+            states = self.step(d, parent_state, embed(tokens[lo:hi]))  # [P, D]
+            top = lm_head(states).topk(tree.topk_needed[d], dim=-1).indices  # [P, k]
+            child = slice(starts[d + 1], starts[d + 2])
+            tokens[child] = top[tree.parents[child] - lo, tree.rank[child]]
+            prev_lo = lo
         return tokens
 
 

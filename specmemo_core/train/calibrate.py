@@ -24,7 +24,7 @@ from torch import nn
 from ..heads import DraftHeads
 from ..tree import MAX_ARITY, Tree, load_tree
 from .features import IGNORE, Features
-from .trainer import head_logits
+from .trainer import head_lm, head_states
 
 CALIBRATION_NAME = "calibration.json"
 MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY
@@ -40,10 +40,11 @@ def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head:
     for b in range(0, m, batch_size):
         sl = slice(b, b + batch_size)
         h = feats.hidden[sl].to(device).float()
+        states = head_states(heads, h, feats.parents[sl].to(device), embed)  # K x [B, D]
         for j in range(k):
             tgt = feats.targets[sl, j].to(device)
             ok = tgt != IGNORE
-            logits = head_logits(heads, j, h, feats.parents[sl, j].to(device), embed, lm_head).float()  # [B, V]
+            logits = head_lm(heads, j, lm_head)(states[j]).float()  # [B, V]
             top = logits.topk(MAX_ARITY, dim=-1).indices  # [B, 10]
             hit = top == tgt[:, None]  # [B, 10]
             r = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(tgt, MISS))

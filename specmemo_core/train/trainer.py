@@ -40,13 +40,16 @@ class TrainConfig:
     soft_targets: bool = True
 
 
-def head_logits(heads: DraftHeads, k: int, h: torch.Tensor, parent: torch.Tensor,
-                embed: nn.Embedding, lm_head: nn.Linear) -> torch.Tensor:
-    """Head k's logits [B, V] at hidden h [B, D] (hydra heads also read the parent token [B])."""
+def head_states(heads: DraftHeads, h: torch.Tensor, parents: torch.Tensor, embed: nn.Embedding) -> list[torch.Tensor]:
+    """Every head's final hidden state [B, D] at base hidden h [B, D]; ``parents`` [B, K]
+    are the true tokens along the path (the root's first), used by hydra heads."""
     if isinstance(heads, HydraHeads):
-        return heads.logits(k, h, embed(parent), lm_head)
-    hk = heads.blocks[k](h)
-    return heads.lm_heads[k](hk) if heads.lm_heads is not None else lm_head(hk)
+        return heads.chain(h, embed(parents))
+    return [blocks(h) for blocks in heads.blocks]
+
+
+def head_lm(heads: DraftHeads, k: int, lm_head: nn.Linear) -> nn.Linear:
+    return heads.lm_heads[k] if heads.lm_heads is not None else lm_head
 
 
 def _batch_indices(step: int, m: int, cfg: TrainConfig) -> torch.Tensor:
@@ -94,12 +97,13 @@ def train_heads(
         h = hidden[idx].float()  # [B, D]
         loss = torch.zeros((), device=device)
         with autocast if autocast else torch.enable_grad():
+            states = head_states(heads, h, parents[idx], embed)  # K x [B, D]
             for k in range(spec.num_heads):
                 ok = targets[idx, k] != IGNORE  # [B]
                 if not ok.any():
                     continue
                 rows = idx[ok]
-                student = head_logits(heads, k, h[ok], parents[rows, k], embed, lm_head).float()  # [b, V]
+                student = head_lm(heads, k, lm_head)(states[k][ok]).float()  # [b, V]
                 if cfg.soft_targets:
                     with torch.no_grad():
                         teacher = F.softmax(lm_head(hidden[teacher_rows[rows, k]].float()).float(), dim=-1)  # [b, V]

@@ -53,7 +53,7 @@ def test_heads_learn_a_repeating_pattern(kind):
     embed, lm_head = frozen_io(hf)
     spec = HeadsSpec(kind, 3, 1, 64, 300, False)
     untrained = head_ranks(random_heads(3, 64, 300, kind=kind, scale=0.0), feats, embed, lm_head)
-    heads = train_heads(feats, spec, embed, lm_head, TrainConfig(steps=150, batch_size=128, lr=3e-3, warmup=5,
+    heads = train_heads(feats, spec, embed, lm_head, TrainConfig(steps=300, batch_size=128, lr=3e-3, warmup=5,
                                                                          soft_targets=False))
     trained = head_ranks(heads, feats, embed, lm_head)
     before = (untrained[:, 0] == 0).float().mean().item()
