@@ -19,7 +19,6 @@ from .tree import Tree, load_tree
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TREE = "medusa-64"
 DEFAULT_CAPACITY = 4096
-CPU_TREE = "calibrated-16"
 
 
 def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
@@ -40,11 +39,15 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
     return load_tree(spec)
 
 
-def default_tree(device: str | torch.device, heads_folder: Path | None) -> str:
-    """NOTE: a fixed choice until the planner times the device: small trees pay on CPU,
-    wide ones on GPU (see the README's measurements)."""
+def default_tree(device: str | torch.device, heads_folder: Path | None) -> str | None:
+    """NOTE: a fixed choice until the planner times the device. On GPUs a 64-node tree
+    costs about one plain step; on these 2-core CPUs drafting and verifying even a
+    4-node tree costs more than the ~1.3–1.6 tokens it gains (README, "Speed"), so
+    CPUs decode plainly (None) until the draft step is cheaper."""
+    if torch.device(device).type == "cpu":
+        return None
     if heads_folder is not None and (heads_folder / "calibration.json").exists():
-        return "calibrated-64" if torch.device(device).type == "cuda" else CPU_TREE
+        return "calibrated-64"
     return DEFAULT_TREE
 
 
