@@ -130,19 +130,28 @@ def _write_stamp(path: Path, sha256: str) -> None:
 
 
 def _pip_download(requirement: str, into: Path, progress: Progress, hint: str) -> Path:
-    """Run pip of this interpreter: download only, no install, no dependencies, wheels only."""
+    """Run pip of this interpreter: download only, no install, no dependencies, wheels only.
+
+    pip ≥ 24.1 reports byte progress with ``--progress-bar raw``; older pips (such as
+    the one a fresh venv of Python 3.11 brings) reject it, and are run again without.
+    """
     into.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary", ":all:",
-           "--disable-pip-version-check", "--progress-bar", "raw", requirement, "-d", str(into)]
-    with (into.parent / "pip-stderr.txt").open("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-        for line in proc.stdout or ():
-            parts = line.split()  # "Progress <done> of <total>"
-            if len(parts) == 4 and parts[0] == "Progress" and parts[1].isdigit() and parts[3].isdigit():
-                progress("downloading", min(int(parts[1]) / max(int(parts[3]), 1), 1.0))
-        code = proc.wait()
-        err.seek(0)
-        tail = list(deque((ln.rstrip() for ln in err if ln.strip()), maxlen=6))
+    for bar in ("raw", "off"):
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary", ":all:",
+               "--disable-pip-version-check", "--progress-bar", bar, requirement, "-d", str(into)]
+        with (into.parent / "pip-stderr.txt").open("w+") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+            for line in proc.stdout or ():
+                parts = line.split()  # "Progress <done> of <total>"
+                if len(parts) == 4 and parts[0] == "Progress" and parts[1].isdigit() and parts[3].isdigit():
+                    progress("downloading", min(int(parts[1]) / max(int(parts[3]), 1), 1.0))
+            code = proc.wait()
+            err.seek(0)
+            text = err.read()
+        if "invalid choice: 'raw'" not in text:
+            break
+        progress("downloading", 0.0)
+    tail = list(deque((ln.rstrip() for ln in text.splitlines() if ln.strip()), maxlen=6))
     wheels = sorted(into.glob("*.whl"))
     if code != 0 or not wheels:
         details = "\n  ".join(tail) or f"pip exited with code {code}"
