@@ -240,6 +240,23 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .device import probe
+
+    report = probe()
+    if args.json:
+        print(json.dumps(report.as_dict()))
+        return 0
+    gib = 2**30
+    print(f"{'kind':<6}{'name':<36}{'free / total GiB':>18}  {'driver':<18}note")
+    for d in report.devices:
+        print(f"{d.kind:<6}{d.name[:35]:<36}{d.free_bytes / gib:>8.1f} / {d.total_bytes / gib:<7.1f}"
+              f"  {d.driver[:18]:<18}{d.note}")
+    for note in report.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specmemo", description="Local chat with memory-aware speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -293,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default=_device_default())
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval_acceptance)
+
+    dev = sub.add_parser("devices", help="list GPUs and the CPU with the memory free for the model")
+    dev.add_argument("--json", action="store_true", help="print one JSON object with devices and notes")
+    dev.set_defaults(func=cmd_devices)
     return parser
 
 
