@@ -1,0 +1,174 @@
+"""Memory model: bytes of every term of a chat on a device, from the model's real shapes.
+
+Notation: V vocabulary, D hidden size, I MLP size, L layers, H query heads, Hkv
+key/value heads, hd head dim, b bytes per element of the activation dtype (fp32 4,
+bf16/fp16 2), N tree nodes, S tokens in the KV cache, K heads.
+
+Two corrections to the SpecMemo paper are built in: the KV cache keeps ``hd`` numbers
+per head and token (its Eq. 1 drops head_dim), and a draft head is a few D×D blocks on
+the base model's own LM head, not a private 0.6 GB copy of it (its Eq. 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SpecMemoError
+
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+QUANT_SCALE_BYTES = 2  # scales / zero points are stored in 16 bits
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers memory depends on (a ``ModelSpec`` without the behaviour flags)."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    max_context: int
+
+    @classmethod
+    def from_spec(cls, spec: Any, name: str = "") -> "ModelShape":
+        return cls(name or spec.model_type, spec.vocab_size, spec.hidden_size, spec.intermediate_size,
+                   spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                   spec.tie_word_embeddings, spec.max_position_embeddings)
+
+    def layer_linear_params(self) -> list[tuple[int, int]]:
+        """(out, in) of every Linear in one decoder layer: q, k, v, o, gate, up, down."""
+        d, hd = self.hidden_size, self.head_dim
+        return [(self.num_heads * hd, d), (self.num_kv_heads * hd, d), (self.num_kv_heads * hd, d),
+                (d, self.num_heads * hd), (self.intermediate_size, d), (self.intermediate_size, d),
+                (d, self.intermediate_size)]
+
+    @property
+    def params(self) -> int:
+        linear = sum(o * i for o, i in self.layer_linear_params()) * self.num_layers
+        norms = (2 * self.num_layers + 1) * self.hidden_size
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return linear + norms + embed
+
+
+# Well-known shapes, so plans can be tried at scale without the weights.
+KNOWN_SHAPES = {
+    "smollm2-135m": ModelShape("smollm2-135m", 49152, 576, 1536, 30, 9, 3, 64, True, 8192),
+    "vicuna-7b": ModelShape("vicuna-7b", 32000, 4096, 11008, 32, 32, 32, 128, False, 2048),
+    "llama-2-7b": ModelShape("llama-2-7b", 32000, 4096, 11008, 32, 32, 32, 128, False, 4096),
+    "llama-3-8b": ModelShape("llama-3-8b", 128256, 4096, 14336, 32, 32, 8, 128, False, 8192),
+    "mistral-7b": ModelShape("mistral-7b", 32000, 4096, 14336, 32, 32, 8, 128, False, 32768),
+    "qwen2-7b": ModelShape("qwen2-7b", 152064, 3584, 18944, 28, 28, 4, 128, False, 32768),
+    "vicuna-13b": ModelShape("vicuna-13b", 32000, 5120, 13824, 40, 40, 40, 128, False, 2048),
+}
+
+
+def known_shape(name: str) -> ModelShape:
+    try:
+        return KNOWN_SHAPES[name.lower()]
+    except KeyError:
+        raise SpecMemoError(f"unknown model shape {name!r}; known: {', '.join(KNOWN_SHAPES)}") from None
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes of activations, KV cache and unquantized weights: int8/int4 keep bf16 there."""
+    if precision not in PRECISIONS:
+        raise SpecMemoError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return ACTIVATION_BYTES.get(precision, 2)
+
+
+def weight_bytes(shape: ModelShape, precision: str, group_size: int = 128) -> int:
+    """Weights.
+
+    16/32-bit: params × b.
+    int8 weight-only: each decoder Linear keeps 1 byte per weight plus one 16-bit scale
+      per output row (per-channel); embeddings, LM head and norms stay 16-bit.
+    int4 weight-only: ½ byte per weight plus a 16-bit scale and zero point per group of
+      ``group_size`` inputs of each output row; the rest as for int8.
+    """
+    b = activation_bytes(precision)
+    if precision in ACTIVATION_BYTES:
+        return shape.params * b
+    linears = shape.layer_linear_params()
+    if precision == "int8":
+        per_layer = sum(o * i + o * QUANT_SCALE_BYTES for o, i in linears)
+    else:
+        per_layer = sum(o * i // 2 + o * -(-i // group_size) * 2 * QUANT_SCALE_BYTES for o, i in linears)
+    unquantized = shape.params - sum(o * i for o, i in linears) * shape.num_layers
+    return per_layer * shape.num_layers + unquantized * b
+
+
+@dataclass(frozen=True)
+class HeadsShape:
+    kind: str  # "medusa" | "hydra"
+    num_heads: int
+    num_layers: int
+    own_lm_heads: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> "HeadsShape":
+        return cls(spec.kind, spec.num_heads, spec.num_layers, spec.own_lm_heads)
+
+
+def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str) -> int:
+    """Draft heads, from their real shapes (kept in the activation dtype).
+
+    medusa: K × layers × (D² + D) [+ K × V × D with private LM heads]
+    hydra:  K × ((2D² + D) + (layers − 1)(D² + D))
+    """
+    if heads is None:
+        return 0
+    d, b = shape.hidden_size, activation_bytes(precision)
+    if heads.kind == "hydra":
+        per_head = 2 * d * d + d + (heads.num_layers - 1) * (d * d + d)
+    else:
+        per_head = heads.num_layers * (d * d + d)
+    if heads.own_lm_heads:
+        per_head += shape.vocab_size * d
+    return heads.num_heads * per_head * b
+
+
+def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:
+    """KV cache = 2 (K and V) × L × Hkv × hd × S × b."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens * activation_bytes(precision)
+
+
+def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: str, depth: int = 4) -> int:
+    """What one verify step keeps besides the KV cache.
+
+    logits N × V × b (the verify step's full-vocabulary scores), draft logits
+    ``depth`` levels × ≤N × V × b, candidates and picks 2 × N × 8, retrieval indices
+    N × (depth + 1) × 8, the ancestor mask N × N and the attention mask N × (S + N)
+    (1 byte each), and the final hidden states N × D × b.
+    """
+    b = activation_bytes(precision)
+    if nodes <= 1:
+        return shape.vocab_size * b + shape.hidden_size * b + context + 1
+    return (nodes * shape.vocab_size * b * 2 + 2 * nodes * 8 + nodes * (depth + 1) * 8
+            + nodes * nodes + nodes * (context + nodes) + nodes * shape.hidden_size * b)
+
+
+def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precision: str) -> int:
+    """Peak temporaries of one forward over ``tokens`` new tokens seeing ``context`` slots.
+
+    Live at once inside a layer: the residual stream and its normed copy (2 × T × D),
+    q/k/v (T × (H + 2 Hkv) × hd), attention scores and their softmax in the unfused path
+    (2 × H × T × S), and the MLP's gate, up and product (3 × T × I); all × b.
+    """
+    b = activation_bytes(precision)
+    t = tokens
+    return b * (2 * t * shape.hidden_size + t * (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+                + 2 * shape.num_heads * t * context + 3 * t * shape.intermediate_size)
+
+
+def overhead_bytes(device_kind: str, planned_bytes: int) -> int:
+    """What the runtime holds besides our tensors: the CUDA/ROCm context and allocator
+    slack (~500 MiB + 3% of what we plan), or the CPU process (~300 MiB + 3%)."""
+    base = 500 * 2**20 if device_kind in ("cuda", "rocm") else 300 * 2**20
+    return base + int(0.03 * planned_bytes)

@@ -1,0 +1,266 @@
+"""The planner: fit the whole chat to the device before the first token.
+
+``plan(device, model, heads, request)`` is a pure function. It decides precision, tree
+and KV-cache size so that the requested turns fit the device's *free* memory (less a
+safety margin), and says what would fit when nothing does — before anything loads.
+
+Rules, in order:
+1. Tokens per turn = prompt estimate + chat-template overhead + max reply length; the
+   KV cache is capped at the model's context length (longer chats slide, app issue).
+2. Precision: the best-quality one (fp32/bf16 > int8 > int4) whose weights, heads, the
+   requested KV cache, a plain step's buffers, activations and overhead fit. A higher
+   precision is taken only if it costs no turns and no tree nodes against the next one
+   down, so more memory never gives fewer turns or a smaller tree.
+3. What memory is left after that is split by ``prefer`` (0 = turns, 1 = speed): the
+   speed share caps the tree's buffers, the rest extends the KV cache (more turns).
+4. Tree: among the candidate trees whose buffers fit the speed share, the one with the
+   highest predicted tokens/s = expected tokens per step (from the heads' calibration;
+   without it, SpecMemo's pruning prior) ÷ step time (from the device's start-up
+   timing when given; else the tree is the largest that fits, SpecMemo-style).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .errors import SpecMemoError
+from .memory import (
+    HeadsShape, ModelShape, activation_bytes, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
+    tree_buffer_bytes, weight_bytes,
+)
+
+QUALITY_ORDER = ("fp32", "bf16", "int8", "int4")  # best first; fp16 only when asked for
+TREE_SIZES = (64, 48, 32, 24, 16, 12, 8, 6, 4, 1)
+PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The memory the plan may use: free bytes of one device (what others hold is theirs)."""
+
+    kind: str  # "cuda" | "rocm" | "mps" | "cpu"
+    total_bytes: int
+    free_bytes: int
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.free_bytes <= 0 or self.total_bytes <= 0 or self.free_bytes > self.total_bytes:
+            raise SpecMemoError(f"device memory must be positive with free ≤ total, got {self.free_bytes} of "
+                                f"{self.total_bytes} bytes")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    turns: int = 20
+    prompt_tokens: int = 200  # expected user message length per turn
+    reply_tokens: int = 256  # max reply length
+    template_tokens: int = 12  # chat-template markers per turn (user + assistant)
+    system_tokens: int = 40
+    prefer: float = 0.5  # 0 = more turns, 1 = more speed
+    precision: str | None = None  # None: the planner chooses
+    safety_margin: float = 0.10  # of free memory, left unused
+    max_tree_nodes: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.turns, int) or self.turns < 1:
+            raise SpecMemoError(f"turns must be a whole number ≥ 1, got {self.turns!r}")
+        if not (0.0 <= self.prefer <= 1.0):
+            raise SpecMemoError(f"prefer must be between 0 (turns) and 1 (speed), got {self.prefer!r}")
+        if min(self.prompt_tokens, self.reply_tokens) < 1 or self.template_tokens < 0 or self.system_tokens < 0:
+            raise SpecMemoError("token counts per turn must be positive")
+        if not (0.0 <= self.safety_margin < 0.9):
+            raise SpecMemoError("safety margin must be between 0 and 0.9")
+
+    @property
+    def tokens_per_turn(self) -> int:
+        return self.prompt_tokens + self.template_tokens + self.reply_tokens
+
+
+@dataclass(frozen=True)
+class TreeOption:
+    """A candidate tree: its size, depth and expected tokens per verify step."""
+
+    name: str
+    nodes: int
+    depth: int
+    expected_accepted: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    fits: bool
+    device: str
+    precision: str
+    heads_used: int
+    tree: str | None  # None: plain decoding
+    tree_nodes: int
+    kv_tokens: int
+    turns: int  # whole turns the KV cache holds
+    predicted_bytes: dict[str, int] = field(default_factory=dict)
+    budget_bytes: int = 0
+    predicted_tokens_per_s: float | None = None
+    suggestions: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.predicted_bytes.values())
+
+
+StepTime = Callable[[int, int], float]  # (tree nodes, depth) -> seconds per verify step
+
+
+def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, kind: str,
+                 kv_tokens: int, nodes: int, depth: int) -> dict[str, int]:
+    chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
+    terms = {
+        "weights": weight_bytes(model, precision),
+        "heads": heads_bytes(heads, model, precision) if nodes > 1 else 0,
+        "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
+        "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth),
+        "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision),
+                           activation_peak_bytes(model, nodes, kv_tokens + nodes, precision)),
+    }
+    terms["overhead"] = overhead_bytes(kind, sum(terms.values()))
+    return terms
+
+
+def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], bool],
+                 step_time: StepTime | None) -> TreeOption | None:
+    fitting = [t for t in options if afford(t)]
+    if not fitting:
+        return None
+    if step_time is None:
+        return max(fitting, key=lambda t: (t.nodes, t.expected_accepted))
+    plain = 1.0 / step_time(1, 0)
+    best = max(fitting, key=lambda t: (t.expected_accepted / step_time(t.nodes, t.depth), -t.nodes))
+    return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
+
+
+def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
+            trees: Sequence[TreeOption], precision: str, step_time: StepTime | None) -> Plan:
+    """The plan at one precision (fits=False if even a plain step with the turns does not fit)."""
+    usable = int(budget.free_bytes * (1.0 - request.safety_margin))
+    want_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
+    base = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, 1, 0)
+    if sum(base.values()) > usable:
+        return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable)
+    spare = usable - sum(base.values())
+    speed_share = spare * request.prefer
+    options = [t for t in trees if t.nodes <= request.max_tree_nodes] if heads is not None else []
+
+    def afford(t: TreeOption) -> bool:
+        extra = sum(_fixed_bytes(model, heads, precision, budget.kind, want_tokens, t.nodes, t.depth).values())
+        return extra - sum(base.values()) <= max(speed_share, 0)
+
+    tree = _choose_tree(options, afford, step_time)
+    nodes, depth = (tree.nodes, tree.depth) if tree else (1, 0)
+    terms = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, nodes, depth)
+    # What is left (the turns share) extends the KV cache, up to the model's context.
+    per_token = kv_bytes(model, 1, precision) * 1.04  # overhead grows with it
+    extra_tokens = int((usable - sum(terms.values())) // per_token)
+    kv_tokens = min(model.max_context, want_tokens + max(extra_tokens, 0))
+    terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth)
+    while sum(terms.values()) > usable and kv_tokens > want_tokens:  # rounding of the 3% term
+        kv_tokens = max(want_tokens, kv_tokens - 64)
+        terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth)
+    turns = max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn)
+    speed = None
+    if step_time is not None:
+        speed = (tree.expected_accepted if tree else 1.0) / step_time(nodes, depth)
+    notes = ()
+    if request.system_tokens + request.turns * request.tokens_per_turn > model.max_context:
+        notes = (f"{request.turns} turns of {request.tokens_per_turn} tokens exceed the model's "
+                 f"{model.max_context}-token context: older turns will leave the context",)
+    return Plan(True, budget.kind, precision, heads_count(heads, depth) if tree else 0,
+                tree.name if tree else None, nodes, kv_tokens, turns, terms, usable, speed, (), notes)
+
+
+def heads_count(heads: HeadsShape | None, depth: int) -> int:
+    return min(heads.num_heads, depth) if heads is not None else 0
+
+
+def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
+         trees: Sequence[TreeOption] = (), step_time: StepTime | None = None) -> Plan:
+    """Choose precision, tree and KV size for ``request`` on ``budget`` (pure; see module doc)."""
+    precisions = (request.precision,) if request.precision else (
+        QUALITY_ORDER if budget.kind == "cpu" else QUALITY_ORDER[1:])
+    candidates = [_layout(budget, model, heads, request, trees, p, step_time) for p in precisions]
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        return _refusal(budget, model, heads, request, candidates[-1])
+    chosen = fitting[-1]  # lowest quality that fits; raise it while that costs nothing
+    for better in reversed(fitting[:-1]):
+        if better.turns >= chosen.turns and better.tree_nodes >= chosen.tree_nodes:
+            chosen = better
+        else:
+            break
+    return chosen
+
+
+def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
+             smallest: Plan) -> Plan:
+    """Nothing fits: say what would, before anything is loaded."""
+    usable = int(budget.free_bytes * (1.0 - request.safety_margin))
+    precision = smallest.precision
+    fixed = _fixed_bytes(model, heads, precision, budget.kind, 0, 1, 0)
+    per_turn = kv_bytes(model, request.tokens_per_turn, precision)
+    suggestions = []
+    room = usable - sum(fixed.values())
+    if room > per_turn:
+        turns = int(room // (per_turn * 1.04))
+        suggestions.append(f"ask for at most {turns} turns (of {request.tokens_per_turn} tokens) at {precision}")
+    if request.precision and request.precision != "int4":
+        suggestions.append("let the planner choose the precision (int8 / int4 weights)")
+    need = sum(smallest.predicted_bytes.values())
+    suggestions.append(f"free memory: the plan needs {_gib(need)} but {_gib(usable)} is usable "
+                       f"({_gib(budget.free_bytes)} free, {int(request.safety_margin * 100)}% kept back)")
+    suggestions.append("use a smaller model")
+    return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, smallest.predicted_bytes, usable, None,
+                tuple(suggestions))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0) -> StepTime:
+    """Step time from a start-up timing: a forward of 1 and of ``big`` tokens, linear in
+    between, plus ``draft_level`` seconds per tree level drafted."""
+    slope = (t_big - t1) / max(big - 1, 1)
+    return lambda nodes, depth: t1 + slope * (nodes - 1) + draft_level * depth
+
+
+def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:
+    """Trees without calibration: SpecMemo's pruned tree cut to each size.
+
+    NOTE: their acceptance is a prior, not a measurement: head j (0-based) right at rank
+    r with probability 0.35 × 0.85^j / (r + 1), roughly plain Medusa heads' held-out
+    accuracy. Calibrated heads replace it with measured path rates.
+    """
+    from .tree import specmemo_pruned_tree
+
+    options: dict[str, TreeOption] = {}
+    for n in TREE_SIZES:
+        if n == 1:
+            continue
+        t = specmemo_pruned_tree(levels=max_depth, node_budget=n)
+        accepted = 1.0 + sum(math.prod(0.35 * 0.85 ** j / (r + 1) for j, r in enumerate(p)) for p in t.paths)
+        options.setdefault(t.name, TreeOption(t.name, t.num_nodes, t.depth, accepted))
+    return list(options.values())
+
+
+def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[TreeOption]:
+    """Trees of each size built from the heads' calibration (their measured acceptance)."""
+    from .train.calibrate import expected_accepted, tree_from_calibration
+
+    rates = {tuple(p): r for p, r in record["paths"]}
+    options = []
+    for n in sizes:
+        if n <= 1:
+            continue
+        t = tree_from_calibration(record, n)
+        options.append(TreeOption(f"calibrated-{n}", t.num_nodes, t.depth, expected_accepted(t, rates)))
+    return options

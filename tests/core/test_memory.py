@@ -1,0 +1,72 @@
+"""Memory arithmetic against hand-computed values and against real tensors."""
+
+import pytest
+import torch
+
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.heads import random_heads
+from specmemo_core.memory import (
+    HeadsShape, ModelShape, heads_bytes, known_shape, kv_bytes, tree_buffer_bytes, weight_bytes,
+)
+from specmemo_core.model import ModelSpec
+from tests.tiny import tiny_config, tiny_model
+
+
+def test_smollm2_by_hand():
+    s = known_shape("smollm2-135m")
+    per_layer = 2 * 576 * 576 + 2 * 192 * 576 + 3 * 1536 * 576  # q,o + k,v + gate,up,down
+    assert per_layer == 3_538_944
+    assert s.params == 30 * per_layer + 61 * 576 + 49152 * 576 == 134_515_008
+    assert weight_bytes(s, "fp32") == 538_060_032
+    # KV per token: 2 x 30 layers x 3 kv heads x 64 dims x 4 bytes (not without head_dim)
+    assert kv_bytes(s, 1, "fp32") == 46_080
+    assert kv_bytes(s, 4096, "bf16") == 4096 * 23_040
+
+
+def test_vicuna_7b_by_hand():
+    s = known_shape("vicuna-7b")
+    assert s.params == 6_738_415_616  # LLaMA-7B's published count
+    assert weight_bytes(s, "bf16") == 2 * 6_738_415_616
+    assert kv_bytes(s, 1, "bf16") == 2 * 32 * 32 * 128 * 2 == 524_288  # 0.5 MiB per token
+    linear = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    scales_int8 = 32 * 2 * (4 * 4096 + 2 * 11008 + 4096)
+    rest = (6_738_415_616 - linear) * 2
+    assert weight_bytes(s, "int8") == linear + scales_int8 + rest
+    groups = 32 * (4 * 4096 * 4096 // 128 + 2 * 11008 * 4096 // 128 + 4096 * 11008 // 128)
+    assert weight_bytes(s, "int4") == linear // 2 + groups * 4 + rest
+    # a hydra head is 2 D^2 + D parameters, not SpecMemo's 0.6 GB
+    assert heads_bytes(HeadsShape("hydra", 4, 1), s, "bf16") == 4 * (2 * 4096 * 4096 + 4096) * 2
+
+
+def test_model_shape_matches_real_parameters():
+    cfg = tiny_config(vocab_size=300)
+    model = tiny_model(vocab_size=300)
+    shape = ModelShape.from_spec(ModelSpec.from_config(cfg))
+    real = sum(p.numel() for p in model.parameters())
+    assert shape.params == real
+    assert weight_bytes(shape, "fp32") == sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_kv_and_heads_match_real_allocations():
+    model = tiny_model(vocab_size=300)
+    shape = ModelShape.from_spec(model.spec)
+    cache = model.new_cache(1000)
+    assert cache.nbytes == kv_bytes(shape, 1000, "fp32")
+    for kind, layers in (("medusa", 1), ("medusa", 2), ("hydra", 1), ("hydra", 3)):
+        heads = random_heads(4, 64, 300, kind=kind, num_layers=layers)
+        real = sum(p.numel() * p.element_size() for p in heads.parameters())
+        assert heads_bytes(HeadsShape(kind, 4, layers), shape, "fp32") == real, (kind, layers)
+
+
+def test_tree_buffers_grow_with_nodes():
+    s = known_shape("smollm2-135m")
+    small, big = tree_buffer_bytes(s, 16, 1000, "fp32"), tree_buffer_bytes(s, 64, 1000, "fp32")
+    assert big > 3.5 * small
+    assert tree_buffer_bytes(s, 64, 1000, "fp32") >= 64 * 49152 * 4  # the verify logits alone
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(SpecMemoError, match="unknown model shape"):
+        known_shape("gpt-9")
+    with pytest.raises(SpecMemoError, match="unknown precision"):
+        weight_bytes(known_shape("vicuna-7b"), "int3")

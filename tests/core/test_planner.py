@@ -1,0 +1,97 @@
+"""Planner: fits what it promises, refuses what cannot fit, monotone in memory and turns."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.memory import HeadsShape, known_shape
+from specmemo_core.planner import (
+    Budget, PlanRequest, calibrated_options, linear_step_time, plan, specmemo_prior_options,
+)
+
+GiB = 2**30
+CALIBRATION = Path(__file__).resolve().parents[2] / "assets/heads/SmolLM2-135M-Instruct/calibration.json"
+VICUNA = known_shape("vicuna-7b")
+HYDRA = HeadsShape("hydra", 4, 1)
+
+
+def _gpu(gb, free=0.95):
+    return Budget("cuda", int(gb * GiB), int(gb * GiB * free))
+
+
+@pytest.mark.parametrize("gb", [8, 12, 16, 24])
+def test_plan_fits_the_budget(gb):
+    p = plan(_gpu(gb), VICUNA, HYDRA, PlanRequest(turns=20), specmemo_prior_options())
+    assert p.fits
+    assert p.total_bytes <= p.budget_bytes <= 0.9 * gb * GiB
+    assert p.kv_tokens <= VICUNA.max_context
+
+
+def test_more_memory_never_gives_fewer_turns_or_a_smaller_tree():
+    timing = linear_step_time(0.006, 0.008, 64, 0.0003)
+    for trees, step in ((specmemo_prior_options(), None), (specmemo_prior_options(), timing)):
+        last = None
+        for gb in [x / 2 for x in range(10, 160)]:
+            p = plan(_gpu(gb), VICUNA, HYDRA, PlanRequest(turns=20, prefer=0.5), trees, step)
+            if not p.fits:
+                assert last is None
+                continue
+            if last is not None:
+                assert p.turns >= last.turns and p.tree_nodes >= last.tree_nodes, (gb, p, last)
+            last = p
+        assert last is not None and last.precision == "bf16"
+
+
+def test_more_turns_never_give_a_bigger_tree():
+    smol = known_shape("smollm2-135m")
+    trees = calibrated_options(json.loads(CALIBRATION.read_text()))
+    for budget in (Budget("cuda", 2 * GiB, int(1.2 * GiB)), _gpu(8)):
+        last = None
+        for turns in range(1, 60, 3):
+            p = plan(budget, smol, HYDRA, PlanRequest(turns=turns, prefer=0.7), trees)
+            if last is not None and p.fits:
+                assert p.tree_nodes <= last.tree_nodes
+            last = p
+
+
+def test_prefer_speed_gives_a_bigger_tree_and_prefer_turns_more_tokens():
+    smol = known_shape("smollm2-135m")
+    trees = calibrated_options(json.loads(CALIBRATION.read_text()))
+    tight = Budget("cuda", 2 * GiB, int(0.95 * GiB))
+    fast = plan(tight, smol, HYDRA, PlanRequest(turns=2, prefer=1.0), trees)
+    long = plan(tight, smol, HYDRA, PlanRequest(turns=2, prefer=0.0), trees)
+    assert fast.tree_nodes >= long.tree_nodes and long.kv_tokens >= fast.kv_tokens
+
+
+def test_a_request_that_cannot_fit_is_refused_with_what_would():
+    p = plan(_gpu(4), VICUNA, HYDRA, PlanRequest(turns=20, precision="bf16"), specmemo_prior_options())
+    assert not p.fits
+    assert any("precision" in s for s in p.suggestions)
+    p = plan(Budget("cuda", 2 * GiB, 2 * GiB), VICUNA, HYDRA, PlanRequest(turns=20), specmemo_prior_options())
+    assert not p.fits and any("smaller model" in s for s in p.suggestions)
+
+
+def test_timing_decides_where_a_tree_stops_paying():
+    smol = known_shape("smollm2-135m")
+    trees = calibrated_options(json.loads(CALIBRATION.read_text()))
+    budget = Budget("cpu", 24 * GiB, 20 * GiB)
+    # GPU-like: a 64-node step costs 1.3x a plain one -> a big tree
+    gpu_like = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.002, 0.0026, 64, 0.0001))
+    assert gpu_like.tree_nodes >= 32
+    # 2-core CPU as measured (45 ms plain, 146 ms at 64 tokens, ~12 ms per drafted level): plain
+    cpu = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.045, 0.146, 64, 0.012))
+    assert cpu.tree is None and cpu.tree_nodes == 1
+
+
+@pytest.mark.parametrize("bad", [dict(turns=-1), dict(turns=0), dict(prefer=1.5), dict(prefer=float("nan")),
+                                 dict(reply_tokens=0), dict(safety_margin=0.95)])
+def test_nonsense_requests_are_refused(bad):
+    with pytest.raises(SpecMemoError):
+        PlanRequest(**bad)
+
+
+def test_nonsense_budgets_are_refused():
+    with pytest.raises(SpecMemoError):
+        Budget("cuda", GiB, 2 * GiB)
