@@ -257,6 +257,95 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prefer(text: str) -> float:
+    named = {"turns": 0.0, "speed": 1.0, "balanced": 0.5}
+    if text in named:
+        return named[text]
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecMemoError(f"--prefer takes turns, speed or a number from 0 to 1, not {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise SpecMemoError(f"--prefer takes turns, speed or a number from 0 to 1, not {text!r}")
+    return value
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from .device import parse_size, probe
+    from .memory import HeadsShape, ModelShape, known_shape
+    from .model import ModelSpec
+    from .planner import Budget, PlanRequest, calibrated_options, plan, specmemo_prior_options
+
+    request = PlanRequest(turns=args.turns, prefer=_prefer(args.prefer), precision=args.precision,
+                          prompt_tokens=args.prompt_tokens, reply_tokens=args.reply_tokens)
+    best = probe().best()
+    kind = args.device or ("cuda" if args.vram != "auto" and best.kind == "cpu" else best.kind)
+    if args.vram == "auto":
+        budget = Budget(best.kind, best.total_bytes, best.free_bytes, best.name)
+    else:
+        size = parse_size(args.vram)
+        budget = Budget(kind, size, size, f"{args.vram} {kind}")
+    engine = None
+    if args.model.startswith("shape:"):
+        shape, heads, trees = known_shape(args.model[6:]), HeadsShape("hydra", 4, 1), specmemo_prior_options()
+    else:
+        from .engine import Engine, shipped_heads_dir
+        from .train.calibrate import load_calibration
+
+        engine = Engine.load(args.model, heads="auto", tree=None, progress=StageProgress())
+        shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
+        heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
+        folder = shipped_heads_dir(engine.identity)
+        record = load_calibration(folder) if folder else None
+        trees = calibrated_options(record) if record else specmemo_prior_options()
+    step_time = None
+    if engine is not None and budget.kind == best.kind:
+        from .plan_check import time_forward
+
+        step_time = time_forward(engine.model, engine.heads)
+    result = plan(budget, shape, heads, request, trees, step_time)
+    out = asdict(result)
+    if args.verify:
+        if engine is None:
+            raise SpecMemoError("--verify runs the real model: give --model default or a model path")
+        from .engine import resolve_tree, shipped_heads_dir
+        from .plan_check import verify
+
+        tree = resolve_tree(result.tree, shipped_heads_dir(engine.identity)) if result.tree else None
+        check = verify(result, engine.model, engine.heads, tree, request.prompt_tokens, request.reply_tokens,
+                       request.turns)
+        out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
+                   measured_terms=check.measured_terms, fits=result.fits and check.fits)
+    if args.json:
+        print(json.dumps(out))
+        return 0 if result.fits else 3
+    gib = lambda n: f"{n / 2**30:8.3f} GiB"  # noqa: E731
+    print(f"device   {budget.kind} {budget.name}: {gib(budget.free_bytes)} free, {gib(result.budget_bytes)} usable")
+    print(f"model    {shape.name}   turns wanted {request.turns} x {request.tokens_per_turn} tokens")
+    if not result.fits:
+        print("does not fit. What would:")
+        for s in result.suggestions:
+            print(f"  - {s}")
+        return 3
+    print(f"plan     precision {result.precision}, tree {result.tree or 'none (plain decoding)'} "
+          f"({result.tree_nodes} nodes, {result.heads_used} heads), KV cache {result.kv_tokens} tokens "
+          f"= {result.turns} turns")
+    if result.predicted_tokens_per_s:
+        print(f"speed    {result.predicted_tokens_per_s:.1f} tokens/s predicted")
+    for term, n in result.predicted_bytes.items():
+        print(f"  {term:<14}{gib(n)}")
+    print(f"  {'total':<14}{gib(result.total_bytes)}")
+    for note in result.notes:
+        print(f"note: {note}")
+    if args.verify:
+        print(f"verify   predicted {gib(out['predicted_bytes_total'])}, measured peak {gib(out['measured_peak_bytes'])}")
+        for term, n in out["measured_terms"].items():
+            print(f"  measured {term:<10}{gib(n)}  (predicted {gib(result.predicted_bytes[term])})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specmemo", description="Local chat with memory-aware speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -310,6 +399,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default=_device_default())
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval_acceptance)
+
+    pl = sub.add_parser("plan", help="fit the chat to the device: precision, tree, KV cache; before loading")
+    pl.add_argument("--model", default="default", help="'default', a model path, or shape:NAME (e.g. shape:vicuna-7b)")
+    pl.add_argument("--vram", default="auto", help="'auto' (probe the device) or a size such as 8GB")
+    pl.add_argument("--device", choices=["cpu", "cuda", "rocm", "mps"], default=None)
+    pl.add_argument("--turns", type=int, default=20)
+    pl.add_argument("--prefer", default="balanced", help="turns, speed, balanced or 0..1")
+    pl.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "int4"], default=None)
+    pl.add_argument("--prompt-tokens", type=int, default=200)
+    pl.add_argument("--reply-tokens", type=int, default=256)
+    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--verify", action="store_true", help="run the plan with synthetic text and measure memory")
+    pl.set_defaults(func=cmd_plan)
 
     dev = sub.add_parser("devices", help="list GPUs and the CPU with the memory free for the model")
     dev.add_argument("--json", action="store_true", help="print one JSON object with devices and notes")

@@ -95,3 +95,22 @@ def test_nonsense_requests_are_refused(bad):
 def test_nonsense_budgets_are_refused():
     with pytest.raises(SpecMemoError):
         Budget("cuda", GiB, 2 * GiB)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "specmemo_core.cli", "plan", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_plan_command_for_a_known_shape():
+    ok = _cli("--model", "shape:vicuna-7b", "--vram", "8GiB", "--turns", "20", "--json")
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert result["fits"] and result["precision"] in ("int8", "int4")
+    assert sum(result["predicted_bytes"].values()) <= result["budget_bytes"]
+    refused = _cli("--model", "shape:vicuna-7b", "--vram", "3GB")
+    assert refused.returncode == 3 and "does not fit" in refused.stdout and "smaller model" in refused.stdout
+    bad = _cli("--vram", "banana")
+    assert bad.returncode == 2 and "could not read size 'banana'" in bad.stderr
