@@ -1,0 +1,211 @@
+"""Weight-only quantization of our ``CausalLM`` (int8 and 4-bit), through torchao.
+
+Why weight-only: decoding one token at a time is bound by reading the weights, so
+storing them in 8 or 4 bits cuts the bytes read (and the memory the planner must find)
+while activations, the KV cache and the attention math stay in the activation dtype.
+
+Why torchao: it is PyTorch's own quantization library; its ``quantize_`` swaps each
+``nn.Linear.weight`` for a tensor subclass in place, so our forward (``self.q_proj(x)``
+…) runs unchanged and no module of ours is replaced.
+
+Which kernels run (torchao 0.18):
+
+- int8, CPU and CUDA: ``Int8WeightOnlyConfig`` — symmetric per output row (one scale a
+  row; ``group_size`` is not used). The matmul casts the int8 rows to the activation
+  dtype on the fly, so it saves memory, not time, on CPU.
+- int4, CPU: torchao's *prototype* ``PrototypeInt4WeightOnlyConfig`` (``Int4OpaqueTensor``,
+  ATen's ``_weight_int4pack_mm_for_cpu``). NOTE: the stable ``Int4WeightOnlyConfig`` of
+  0.18 has no CPU path (its packings need mslk or CUDA's tinygemm), so the CPU path may
+  move in a later torchao; we pin the minor version.
+- int4, CUDA: stable ``Int4WeightOnlyConfig`` with the tinygemm packing
+  (``TILE_PACKED_TO_4D``), which takes bf16 activations only: a float32/float16 model is
+  cast to bf16 first. It pads each layer's input width to a multiple of 1024, so narrow
+  models save less than 4x over bf16 (SmolLM2-135M: 576 -> 1024); ``weight_bytes`` counts
+  the padding.
+
+The embedding and, by default, ``lm_head`` keep the activation dtype: small models (the
+default SmolLM2-135M) tie ``lm_head`` to the embedding, so quantizing ``lm_head`` would
+*add* a quantized copy next to the full-precision embedding the forward still needs.
+Draft heads also read ``lm_head`` and the embedding directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from .errors import SpecMemoError
+from .model import CausalLM
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)  # what both int4 kernels (CPU and CUDA tinygemm) take
+_FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How to store the model's weights.
+
+    ``group_size``: input features sharing one int4 scale/zero point (smaller = more
+    accurate, more scale bytes); it must divide every decoder layer's input width. 64,
+    not 128, by default: the default SmolLM2-135M is 576 = 9 x 64 wide.
+    ``quantize_lm_head``: also quantize the LM head (see the module docstring for why
+    this is off by default).
+    """
+
+    precision: str
+    group_size: int = 64
+    quantize_lm_head: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise SpecMemoError(
+                f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
+            )
+        if self.group_size not in INT4_GROUP_SIZES:
+            raise SpecMemoError(
+                f"int4 group size {self.group_size} is not supported; choose one of "
+                f"{', '.join(map(str, INT4_GROUP_SIZES))}"
+            )
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in ("int8", "int4")
+
+
+@contextmanager
+def _quiet_import() -> Iterator[None]:
+    """torchao logs a warning for every CUDA-only extension it cannot load on a CPU-only
+    torch; those are expected here and would only alarm the user."""
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _torchao():
+    with _quiet_import():
+        try:
+            import torchao.quantization as aoq
+        except ImportError as e:
+            raise SpecMemoError(
+                "int8/int4 weights need the torchao package: run 'pip install torchao==0.18.*' "
+                "in the app's Python environment, or choose fp32/bf16/fp16"
+            ) from e
+    return aoq
+
+
+def _cast(model: CausalLM, dtype: torch.dtype) -> None:
+    """Cast weights only: ``inv_freq`` stays float32, because bf16 keeps 8 significant
+    bits, which would put a RoPE angle at position p off by up to about p/512 radians."""
+    inv_freq = model.inv_freq
+    model.to(dtype)
+    model.inv_freq = inv_freq
+
+
+def _check_int4_shapes(spec: QuantSpec, targets: dict[str, nn.Linear]) -> None:
+    """The int4 kernels need the group size to divide each layer's input width and the
+    output width to be a multiple of 16 (CPU packing); say so before torchao asserts."""
+    def fits(g: int) -> list[str]:
+        return sorted(n for n, m in targets.items() if m.in_features % g or m.out_features % 16)
+
+    bad = fits(spec.group_size)
+    if bad:
+        ok = [g for g in INT4_GROUP_SIZES if not fits(g)]
+        fix = f"use group size {' or '.join(map(str, ok))}" if ok else "use int8"
+        raise SpecMemoError(
+            f"int4 with group size {spec.group_size} does not fit layer(s) {', '.join(bad[:3])} (input "
+            f"width must divide by the group size, output width by 16): {fix}"
+        )
+
+
+def _int4_config(aoq, device: torch.device, group_size: int):
+    if device.type == "cpu":
+        with _quiet_import():
+            from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        return PrototypeInt4WeightOnlyConfig(group_size=group_size, set_inductor_config=False)
+    if device.type == "cuda":
+        from torchao.quantization.quantize_.workflows.int4.int4_packing_format import Int4PackingFormat
+
+        return aoq.Int4WeightOnlyConfig(
+            group_size=group_size, int4_packing_format=Int4PackingFormat.TILE_PACKED_TO_4D,
+            set_inductor_config=False,
+        )
+    raise SpecMemoError(
+        f"int4 weights run on CPU and NVIDIA GPUs only, not on {device.type}; use int8 or bf16 there"
+    )
+
+
+def quantize_model(model: CausalLM, spec: QuantSpec) -> CausalLM:
+    """Store ``model``'s weights as ``spec`` says, in place, and return it.
+
+    fp32/bf16/fp16 cast every weight; int8/int4 quantize every decoder ``nn.Linear``
+    (and ``lm_head`` when asked) and keep the rest in the model's current dtype. Run it
+    once, on a freshly loaded model, on the device it will run on.
+    """
+    if spec.precision in _FLOAT_DTYPES:
+        _cast(model, _FLOAT_DTYPES[spec.precision])
+        return model
+    if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
+        raise SpecMemoError("this model is already quantized; load it again to quantize it differently")
+    aoq = _torchao()
+    device = model.device
+    if spec.precision == "int4" and device.type == "cuda" and model.dtype != torch.bfloat16:
+        _cast(model, torch.bfloat16)  # tinygemm takes bf16 activations only
+    targets = {f"model.layers.{name}": m for name, m in model.model.layers.named_modules()
+               if isinstance(m, nn.Linear)}
+    if spec.quantize_lm_head:
+        if model.spec.tie_word_embeddings:
+            model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
+        targets["lm_head"] = model.lm_head
+    if spec.precision == "int8":
+        config = aoq.Int8WeightOnlyConfig(set_inductor_config=False)
+    else:
+        _check_int4_shapes(spec, targets)
+        config = _int4_config(aoq, device, spec.group_size)
+    chosen = set(targets.values())
+    with _quiet_import():
+        aoq.quantize_(model, config, filter_fn=lambda m, _name: m in chosen)
+    return model
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s own data; a torchao subclass is the sum of its inner tensors
+    (packed values, scales, zero points), found through the subclass protocol."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ctx = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes held by the parameters and buffers, measured from the tensors themselves.
+
+    A tied weight (``lm_head`` = embedding) counts once.
+    """
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        total += _tensor_bytes(t)
+    return total
+
+
+def linear_weight_bytes(model: CausalLM) -> int:
+    """Bytes of the decoder layers' ``nn.Linear`` weights alone (what int8/int4 shrink)."""
+    return sum(
+        _tensor_bytes(m.weight) for m in model.model.layers.modules() if isinstance(m, nn.Linear)
+    )
