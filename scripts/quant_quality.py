@@ -1,16 +1,18 @@
 """What weight quantization costs in quality, and what it saves, on CPU with the default model.
 
-For fp32 (the reference), bf16, int8 and int4 (weight-only, torchao):
+Rows: fp32 (the reference), bf16, int8 and int4 (weight-only, torchao, activations fp32),
+and int4-bf16 (int4 weights, bf16 activations: cast to bf16 first, then quantize):
   (a) greedy agreement with fp32: 64 greedy tokens for each of the first user turns of
       MT-Bench questions 1-8 (no stop tokens, so every run has 64 positions); the share
       of positions before the first divergence, and of all positions, that equal fp32's;
   (b) perplexity of ~4,000 tokens of plain English: all 160 MT-Bench user turns joined,
       scored in one prefill with our own forward;
-  (c) weight bytes (measured from the tensors) and plain greedy tokens/s: 64 tokens on
-      prompt 1 after a warm-up, decode steps only (prefill excluded), the precisions
-      interleaved for 3 rounds so that other load on the machine hits all alike; median.
-Writes docs/results/quantization_cpu.json. Usage:
-    SPECMEMO_DATA_DIR=... python scripts/quant_quality.py [--group-size 64] [--out PATH]
+  (c) weight bytes (measured from the tensors) and plain greedy tokens/s: one run of 64
+      tokens on prompt 1 after a warm-up, decode steps only (prefill excluded).
+Runs on one thread by default: on a small shared CPU, OpenMP regions of 2 threads stalled
+~8 ms each while another job held a core, which swamped every kernel's own cost.
+Writes docs/results/quantization_cpu.json after each row. Usage:
+    SPECMEMO_DATA_DIR=... python scripts/quant_quality.py [--group-size 64] [--threads 1]
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import argparse
 import json
 import math
 import platform
-import statistics
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -34,11 +35,11 @@ from specmemo_core.model import CausalLM, causal_mask
 from specmemo_core.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
 from specmemo_core.sources import load_model
 
-PRECISIONS = ("fp32", "bf16", "int8", "int4")
+ROWS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8",), "int4": ("int4",),
+        "int4-bf16": ("bf16", "int4")}  # row -> quantize_model steps
 NEW_TOKENS = 64
 PPL_TOKENS = 4096
 SPEED_TOKENS = 64
-SPEED_ROUNDS = 3
 
 
 def greedy(model: CausalLM, prompt: list[int], n: int) -> tuple[list[int], float]:
@@ -80,8 +81,10 @@ def agreement(ref: list[list[int]], out: list[list[int]]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--group-size", type=int, default=QuantSpec("int4").group_size)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="docs/results/quantization_cpu.json")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     src = load_model("default")
     tok = src.tokenizer
     questions = mtbench_questions()
@@ -91,36 +94,32 @@ def main() -> None:
     ppl_ids = all_ids[:PPL_TOKENS]
 
     rows: dict[str, dict] = {}
-    models: dict[str, CausalLM] = {}
     reference: list[list[int]] = []
-    for precision in PRECISIONS:
+    for row, steps in ROWS.items():
         model = CausalLM.from_state_dict(src.config, src.state_dict)
         t0 = time.perf_counter()
-        quantize_model(model, QuantSpec(precision, group_size=args.group_size))
+        for precision in steps:
+            quantize_model(model, QuantSpec(precision, group_size=args.group_size))
         quantize_s = time.perf_counter() - t0
         outs = [greedy(model, p, NEW_TOKENS)[0] for p in prompts]
-        if precision == "fp32":
+        if row == "fp32":
             reference = outs
-        models[precision] = model
-        rows[precision] = {
+        greedy(model, prompts[0], 8)  # warm-up
+        speed_tokens, decode_s = greedy(model, prompts[0], SPEED_TOKENS)
+        rows[row] = {
             "greedy_agreement": agreement(reference, outs),
             "perplexity": round(perplexity(model, ppl_ids), 3),
             "weight_bytes": weight_bytes(model),
             "decoder_linear_weight_bytes": linear_weight_bytes(model),
+            "decode_tokens_per_s": round((len(speed_tokens) - 1) / decode_s, 1),
             "quantize_s": round(quantize_s, 2),
         }
-        print(precision, json.dumps(rows[precision]), flush=True)
-    speeds: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-    for p in PRECISIONS:
-        greedy(models[p], prompts[0], 8)  # warm-up
-    for _ in range(SPEED_ROUNDS):
-        for p in PRECISIONS:
-            tokens, decode_s = greedy(models[p], prompts[0], SPEED_TOKENS)
-            speeds[p].append((len(tokens) - 1) / decode_s)
-    for p in PRECISIONS:
-        rows[p]["decode_tokens_per_s"] = {"median": round(statistics.median(speeds[p]), 1),
-                                          "min": round(min(speeds[p]), 1), "max": round(max(speeds[p]), 1)}
+        print(row, json.dumps(rows[row]), flush=True)
+        write(args.out, src, args, len(ppl_ids), len(all_ids), rows)
+    print(Path(args.out).read_text())
 
+
+def write(out: str, src, args: argparse.Namespace, ppl_tokens: int, available: int, rows: dict) -> None:
     result = {
         "model": src.identity.name,
         "source": src.source.name,
@@ -131,25 +130,24 @@ def main() -> None:
         "greedy": {"prompts": "MT-Bench questions 1-8, first user turn, chat template",
                    "new_tokens": NEW_TOKENS, "stop_tokens": "none"},
         "perplexity_text": {"what": "all 160 MT-Bench user turns joined by blank lines",
-                            "tokens": len(ppl_ids), "of_available": len(all_ids)},
-        "speed": {"what": "plain greedy decode steps, prefill excluded, prompt 1, precisions interleaved",
-                  "tokens": SPEED_TOKENS, "rounds": SPEED_ROUNDS},
+                            "tokens": ppl_tokens, "of_available": available},
+        "speed": {"what": "plain greedy decode steps, prefill excluded, prompt 1, after a warm-up",
+                  "tokens": SPEED_TOKENS, "runs": 1},
         "notes": [
             "int8: torchao Int8WeightOnlyConfig, per-row scales; int4: torchao prototype "
             "PrototypeInt4WeightOnlyConfig (Int4OpaqueTensor, ATen _weight_int4pack_mm_for_cpu), "
-            "asymmetric, group size as above. Activations stay fp32 for int8/int4.",
+            "asymmetric, group size as above. Activations stay fp32 for int8/int4, bf16 for int4-bf16.",
             "embedding and lm_head (tied in this model) stay fp32/bf16: they are ~28M of the 135M "
             "parameters, so whole-model bytes shrink less than the decoder linears.",
             "the default model ships as a Q4_1 GGUF, dequantized to fp32 at load: fp32 here is the "
             "dequantized Q4_1 weights, not the original bf16 checkpoint.",
-            "tokens/s: 3 interleaved rounds on a 2-core machine that other jobs were using "
-            "at the same time: compare the precisions with each other, not with other tables.",
+            "tokens/s: one run each, one thread, on a 2-core machine that other jobs were using "
+            "at the same time: a rough comparison between rows, not a benchmark.",
         ],
         "results": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
