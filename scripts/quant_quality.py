@@ -12,7 +12,7 @@ and int4-bf16 (int4 weights, bf16 activations: cast to bf16 first, then quantize
 Runs on one thread by default: on a small shared CPU, OpenMP regions of 2 threads stalled
 ~8 ms each while another job held a core, which swamped every kernel's own cost.
 Writes docs/results/quantization_cpu.json after each row. Usage:
-    SPECMEMO_DATA_DIR=... python scripts/quant_quality.py [--group-size 64] [--threads 1]
+    SPECMEMO_DATA_DIR=... python scripts/quant_quality.py [--group-size 32] [--threads 1]
 """
 
 from __future__ import annotations
