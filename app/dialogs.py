@@ -1,0 +1,23 @@
+"""Questions and notices as dialogs. The window calls them through one object so tests can answer."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+
+class Dialogs:
+    """``ask`` returns the chosen button's text (None if closed); ``tell`` just informs."""
+
+    def __init__(self, parent: QWidget) -> None:
+        self.parent = parent
+
+    def ask(self, title: str, text: str, choices: list[str]) -> str | None:
+        box = QMessageBox(QMessageBox.Icon.Warning, title, text, parent=self.parent)
+        buttons = {box.addButton(c, QMessageBox.ButtonRole.AcceptRole if i == 0 else
+                                 QMessageBox.ButtonRole.RejectRole if c == "Cancel" else
+                                 QMessageBox.ButtonRole.ActionRole): c for i, c in enumerate(choices)}
+        box.exec()
+        return buttons.get(box.clickedButton())
+
+    def tell(self, title: str, text: str) -> None:
+        QMessageBox.warning(self.parent, title, text)

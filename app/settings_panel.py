@@ -1,0 +1,207 @@
+"""The settings dialog: turns ↔ speed slider with a live plan and memory chart, reply and model options."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
+    QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSlider, QSpinBox, QVBoxLayout, QWidget,
+)
+
+from specmemo_core.planner import Plan
+
+from .memory_chart import MemoryChart, gib
+from .planning import PlanInputs, make_plan
+from .settings import PRECISION_CHOICES, ChatSettings, heads_path_problem, model_path_problem
+
+AUTO = "auto (planner)"
+
+
+def describe_plan(plan: Plan, settings: ChatSettings) -> str:
+    if not plan.fits:
+        return "Does not fit: " + "; ".join(plan.suggestions)
+    tree = (settings.tree or plan.tree) if settings.speculate else None
+    speed = f"{plan.predicted_tokens_per_s:.1f} tokens/s predicted" if plan.predicted_tokens_per_s else \
+        "speed not measured"
+    mode = f"tree {tree} ({plan.tree_nodes} nodes)" if tree else "plain decoding"
+    return (f"<b>{plan.turns} turns fit</b> ({plan.kv_tokens} tokens of context) · {speed}<br>"
+            f"{mode} · {plan.precision} · {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} usable")
+
+
+class SettingsDialog(QDialog):
+    """Edits a ChatSettings; ``inputs`` (None before a model is loaded) lets it re-plan live."""
+
+    def __init__(self, settings: ChatSettings, inputs: PlanInputs | None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("SpecMemo Chat — Settings")
+        self.inputs = inputs
+        self.original = settings
+        self.plan: Plan | None = None
+        layout = QVBoxLayout(self)
+        layout.addWidget(self._plan_group(settings))
+        layout.addWidget(self._reply_group(settings))
+        layout.addWidget(self._model_group(settings))
+        layout.addWidget(self._advanced_group(settings))
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+        self.replan()
+
+    # -- groups ----------------------------------------------------------------
+    def _plan_group(self, s: ChatSettings) -> QGroupBox:
+        box = QGroupBox("Memory plan")
+        v = QVBoxLayout(box)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("More turns"))
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setRange(0, 100)
+        self.slider.setValue(round(s.prefer * 100))
+        self.slider.valueChanged.connect(self.replan)
+        row.addWidget(self.slider, 1)
+        row.addWidget(QLabel("More speed"))
+        v.addLayout(row)
+        form = QFormLayout()
+        self.turns = QSpinBox()
+        self.turns.setRange(1, 1000)
+        self.turns.setValue(s.turns)
+        self.turns.valueChanged.connect(self.replan)
+        form.addRow("Turns wanted", self.turns)
+        v.addLayout(form)
+        self.plan_label = QLabel()
+        self.plan_label.setWordWrap(True)
+        v.addWidget(self.plan_label)
+        self.chart = MemoryChart()
+        v.addWidget(self.chart)
+        return box
+
+    def _reply_group(self, s: ChatSettings) -> QGroupBox:
+        box = QGroupBox("Replies")
+        form = QFormLayout(box)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setValue(s.temperature)
+        form.addRow("Temperature", self.temperature)
+        self.max_reply = QSpinBox()
+        self.max_reply.setRange(1, 8192)
+        self.max_reply.setValue(s.max_reply_tokens)
+        self.max_reply.valueChanged.connect(self.replan)
+        form.addRow("Max reply length (tokens)", self.max_reply)
+        self.system_prompt = QPlainTextEdit(s.system_prompt)
+        self.system_prompt.setPlaceholderText("Optional: how the assistant should behave")
+        self.system_prompt.setFixedHeight(60)
+        form.addRow("System prompt", self.system_prompt)
+        return box
+
+    def _model_group(self, s: ChatSettings) -> QGroupBox:
+        box = QGroupBox("Model")
+        v = QVBoxLayout(box)
+        row = QHBoxLayout()
+        self.model = QLineEdit(s.model)
+        self.model.setReadOnly(True)
+        row.addWidget(self.model, 1)
+        for text, slot in (("Default", lambda: self.choose_model("default")), ("GGUF file…", self._browse_file),
+                           ("Folder…", self._browse_folder)):
+            button = QPushButton(text)
+            button.clicked.connect(slot)
+            row.addWidget(button)
+        v.addLayout(row)
+        self.model_error = QLabel()
+        self.model_error.setWordWrap(True)
+        self.model_error.setStyleSheet("color: #b00020")
+        v.addWidget(self.model_error)
+        self.speculate = QCheckBox("Speculative decoding (draft heads + tree)")
+        self.speculate.setChecked(s.speculate)
+        self.speculate.toggled.connect(self.replan)
+        v.addWidget(self.speculate)
+        return box
+
+    def _advanced_group(self, s: ChatSettings) -> QGroupBox:
+        box = QGroupBox("Advanced overrides")
+        form = QFormLayout(box)
+        self.tree = QComboBox()
+        self.tree.addItem(AUTO)
+        for option in (self.inputs.trees if self.inputs else ()):
+            self.tree.addItem(option.name)
+        if s.tree and self.tree.findText(s.tree) < 0:
+            self.tree.addItem(s.tree)
+        self.tree.setCurrentText(s.tree or AUTO)
+        self.tree.currentTextChanged.connect(self.replan)
+        form.addRow("Tree", self.tree)
+        row = QHBoxLayout()
+        self.heads = QLineEdit(s.heads)
+        self.heads.setToolTip("auto (the heads shipped for this model), none, or a heads folder")
+        row.addWidget(self.heads, 1)
+        browse = QPushButton("Folder…")
+        browse.clicked.connect(self._browse_heads)
+        row.addWidget(browse)
+        form.addRow("Heads", row)
+        self.heads_error = QLabel()
+        self.heads_error.setStyleSheet("color: #b00020")
+        self.heads_error.setWordWrap(True)
+        form.addRow("", self.heads_error)
+        self.precision = QComboBox()
+        for p in PRECISION_CHOICES:
+            self.precision.addItem(p or AUTO)
+        self.precision.setCurrentText(s.precision or AUTO)
+        self.precision.currentTextChanged.connect(self.replan)
+        form.addRow("Precision", self.precision)
+        return box
+
+    # -- behaviour -------------------------------------------------------------
+    def choose_model(self, path: str) -> bool:
+        """Take ``path`` as the model if it can be one; else say why and keep the previous choice."""
+        problem = model_path_problem(path)
+        if problem:
+            self.model_error.setText(problem + " The previous model stays.")
+            return False
+        self.model_error.clear()
+        self.model.setText(path)
+        return True
+
+    def choose_heads(self, path: str) -> bool:
+        problem = heads_path_problem(path)
+        if problem:
+            self.heads_error.setText(problem)
+            return False
+        self.heads_error.clear()
+        self.heads.setText(path)
+        return True
+
+    def _browse_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.choose_model(path)
+
+    def _browse_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder")
+        if path:
+            self.choose_model(path)
+
+    def _browse_heads(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a heads folder")
+        if path:
+            self.choose_heads(path)
+
+    def settings(self) -> ChatSettings:
+        tree = self.tree.currentText()
+        precision = self.precision.currentText()
+        heads = self.heads.text().strip() or "auto"
+        return self.original.with_(
+            prefer=self.slider.value() / 100, turns=self.turns.value(), temperature=self.temperature.value(),
+            max_reply_tokens=self.max_reply.value(), system_prompt=self.system_prompt.toPlainText().strip(),
+            model=self.model.text(), speculate=self.speculate.isChecked(),
+            tree=None if tree == AUTO else tree, heads=heads if heads_path_problem(heads) is None else
+            self.original.heads, precision=None if precision == AUTO else precision)
+
+    def replan(self) -> None:
+        """Re-run the (pure, fast) planner for the settings on screen."""
+        if self.inputs is None:
+            self.plan = None
+            self.plan_label.setText("Load a model to see the plan.")
+            return
+        settings = self.settings()
+        self.plan = make_plan(self.inputs, settings)
+        self.plan_label.setText(describe_plan(self.plan, settings))
+        self.chart.set_plan(self.plan.predicted_bytes, self.plan.budget_bytes)
