@@ -270,6 +270,68 @@ def _prefer(text: str) -> float:
     return value
 
 
+def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engine):
+    """Run the plan on the device with synthetic text. ``--vram SIZE`` on a CUDA GPU caps
+    this process at SIZE first, so the run proves the plan fits a GPU of that size."""
+    from .plan_check import cap_device, random_model, verify
+
+    device = "cuda" if budget.kind == "cuda" else "cpu"
+    if device == "cuda" and not torch_cuda_available():
+        raise SpecMemoError("--verify on a CUDA plan needs a CUDA GPU and a CUDA build of torch")
+    if device == "cuda" and args.vram != "auto":
+        cap_device(device, budget.total_bytes)
+    tree = None
+    if engine is None:  # shape:NAME: random weights of that shape, random hydra heads
+        from .heads import random_heads
+        from .tree import load_tree
+
+        model = random_model(shape, result.precision, device)
+        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=device, dtype=model.dtype)
+                 if result.tree else None)
+        tree = _tree_for(result.tree, None) if result.tree else None
+    else:
+        from .quantize import QuantSpec, quantize_model
+
+        model = engine.model.to(device)
+        if result.precision in ("int8", "int4"):  # weight-only: activations in bf16, as planned
+            quantize_model(model, QuantSpec("bf16"))
+        quantize_model(model, QuantSpec(result.precision))
+        heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
+        from .engine import shipped_heads_dir
+
+        tree = _tree_for(result.tree, shipped_heads_dir(engine.identity)) if result.tree else None
+    return verify(result, model, heads, tree, request.prompt_tokens, request.reply_tokens, request.turns)
+
+
+def _tree_for(name: str, heads_folder):
+    from .engine import resolve_tree
+
+    return resolve_tree(name, heads_folder)
+
+
+def _tree_option(name: str, options, record, heads_folder):
+    """``--tree``: plan with this tree only (its acceptance from the calibration, else the prior)."""
+    from .planner import TreeOption, prior_expected_accepted
+
+    for option in options:
+        if option.name == name:
+            return option
+    tree = _tree_for(name, heads_folder)
+    if record is not None:
+        from .train.calibrate import expected_accepted
+
+        accepted = expected_accepted(tree, {tuple(p): r for p, r in record["paths"]})
+    else:
+        accepted = prior_expected_accepted(tree)
+    return TreeOption(name, tree.num_nodes, tree.depth, accepted)
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -288,18 +350,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
         size = parse_size(args.vram)
         budget = Budget(kind, size, size, f"{args.vram} {kind}")
     engine = None
+    record = None
+    folder = None
     if args.model.startswith("shape:"):
         shape, heads, trees = known_shape(args.model[6:]), HeadsShape("hydra", 4, 1), specmemo_prior_options()
     else:
         from .engine import Engine, shipped_heads_dir
         from .train.calibrate import load_calibration
 
-        engine = Engine.load(args.model, heads="auto", tree=None, progress=StageProgress())
+        on = "cuda" if budget.kind == "cuda" and torch_cuda_available() else "cpu"
+        engine = Engine.load(args.model, heads="auto", tree=None, device=on, progress=StageProgress())
         shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
         heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
         folder = shipped_heads_dir(engine.identity)
         record = load_calibration(folder) if folder else None
         trees = calibrated_options(record) if record else specmemo_prior_options()
+    if args.tree:
+        trees = [_tree_option(args.tree, trees, record, folder)]
     step_time = None
     if engine is not None and budget.kind == best.kind:
         from .plan_check import time_forward
@@ -307,17 +374,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         step_time = time_forward(engine.model, engine.heads)
     result = plan(budget, shape, heads, request, trees, step_time)
     out = asdict(result)
-    if args.verify:
-        if engine is None:
-            raise SpecMemoError("--verify runs the real model: give --model default or a model path")
-        from .engine import resolve_tree, shipped_heads_dir
-        from .plan_check import verify
-
-        tree = resolve_tree(result.tree, shipped_heads_dir(engine.identity)) if result.tree else None
-        check = verify(result, engine.model, engine.heads, tree, request.prompt_tokens, request.reply_tokens,
-                       request.turns)
+    if args.verify and result.fits:
+        check = _verify_plan(args, result, request, budget, shape, engine)
         out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
-                   measured_terms=check.measured_terms, fits=result.fits and check.fits)
+                   measured_terms=check.measured_terms, fits=result.fits and check.fits,
+                   turns_run=check.turns_run, context_resets=check.context_resets)
     if args.json:
         print(json.dumps(out))
         return 0 if result.fits else 3
@@ -409,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "int4"], default=None)
     pl.add_argument("--prompt-tokens", type=int, default=200)
     pl.add_argument("--reply-tokens", type=int, default=256)
+    pl.add_argument("--tree", default=None, help="plan with this tree only (e.g. medusa-64, 1-10-16-17)")
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--verify", action="store_true", help="run the plan with synthetic text and measure memory")
     pl.set_defaults(func=cmd_plan)

@@ -18,7 +18,11 @@ from .errors import SpecMemoError
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
-QUANT_SCALE_BYTES = 2  # scales / zero points are stored in 16 bits
+QUANT_SCALE_BYTES = 2  # int4 scales / zero points are stored in 16 bits
+INT8_ROW_BYTES = 5  # torchao's int8 rows: a float32 scale and an int8 zero point each
+INT4_GROUP_SIZE = 32  # inputs per int4 scale/zero point (GGUF Q4's block size; quantize.py)
+INT4_CUDA_IN_MULTIPLE = 1024  # tinygemm pads each Linear's input width to this
+INT4_CUDA_OUT_MULTIPLE = 8  # ... and its output width to this
 
 
 @dataclass(frozen=True)
@@ -83,24 +87,31 @@ def activation_bytes(precision: str) -> int:
     return ACTIVATION_BYTES.get(precision, 2)
 
 
-def weight_bytes(shape: ModelShape, precision: str, group_size: int = 128) -> int:
+def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP_SIZE,
+                 device_kind: str = "cuda") -> int:
     """Weights.
 
     16/32-bit: params × b.
-    int8 weight-only: each decoder Linear keeps 1 byte per weight plus one 16-bit scale
-      per output row (per-channel); embeddings, LM head and norms stay 16-bit.
+    int8 weight-only: each decoder Linear keeps 1 byte per weight plus, per output row,
+      a float32 scale and an int8 zero point (5 bytes, as torchao 0.18 stores them);
+      embeddings, LM head and norms stay 16-bit.
     int4 weight-only: ½ byte per weight plus a 16-bit scale and zero point per group of
-      ``group_size`` inputs of each output row; the rest as for int8.
+      ``group_size`` inputs of each output row; the rest as for int8. On CUDA the
+      tinygemm kernel pads each Linear to in' = ⌈in/1024⌉·1024, out' = ⌈out/8⌉·8 first
+      (a 576-wide model stores 1024 columns), so there the sizes are the padded ones.
     """
     b = activation_bytes(precision)
     if precision in ACTIVATION_BYTES:
         return shape.params * b
     linears = shape.layer_linear_params()
     if precision == "int8":
-        per_layer = sum(o * i + o * QUANT_SCALE_BYTES for o, i in linears)
+        per_layer = sum(o * i + o * INT8_ROW_BYTES for o, i in linears)
     else:
+        if device_kind == "cuda":
+            linears = [(-(-o // INT4_CUDA_OUT_MULTIPLE) * INT4_CUDA_OUT_MULTIPLE,
+                        -(-i // INT4_CUDA_IN_MULTIPLE) * INT4_CUDA_IN_MULTIPLE) for o, i in linears]
         per_layer = sum(o * i // 2 + o * -(-i // group_size) * 2 * QUANT_SCALE_BYTES for o, i in linears)
-    unquantized = shape.params - sum(o * i for o, i in linears) * shape.num_layers
+    unquantized = shape.params - sum(o * i for o, i in shape.layer_linear_params()) * shape.num_layers
     return per_layer * shape.num_layers + unquantized * b
 
 

@@ -98,6 +98,13 @@ class Verification:
     measured_peak_bytes: int
     measured_terms: dict[str, int]
     fits: bool
+    turns_run: int = 0
+    context_resets: int = 0  # times the oldest turns left the context (a sliding chat)
+
+    @property
+    def error(self) -> float:
+        """(predicted − measured) / measured: + over-predicts, − under-predicts."""
+        return (self.predicted_bytes - self.measured_peak_bytes) / max(self.measured_peak_bytes, 1)
 
 
 def peak_bytes(device: torch.device) -> int:
@@ -106,9 +113,80 @@ def peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def cap_device(device: str | torch.device, cap_bytes: int) -> None:
+    """Make a big GPU behave like a small one: the caching allocator refuses (with an
+    out-of-memory error) anything past ``cap_bytes`` for this process."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise SpecMemoError("a memory cap can only be set on a CUDA GPU")
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+
+
+def shape_config(shape: Any) -> Any:
+    """A transformers Llama config with ``shape``'s numbers (for random-weight models)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+        tie_word_embeddings=shape.tie_word_embeddings, max_position_embeddings=shape.max_context,
+        rms_norm_eps=1e-5,
+    )
+
+
+def random_model(shape: Any, precision: str, device: str | torch.device, seed: int = 0) -> CausalLM:
+    """A model of ``shape``'s architecture with random weights, built a layer at a time on
+    ``device`` and quantized as it goes, so a 7B model in int4 never needs its bf16 size.
+
+    Weights ~ N(0, 0.02²), norms 1: activations stay finite, and memory is all a plan
+    check needs from it."""
+    from .model import ModelSpec, rope_inverse_frequencies
+    from .quantize import QuantSpec, quantize_layer
+
+    device = torch.device(device)
+    config = shape_config(shape)
+    spec = ModelSpec.from_config(config)
+    quant = QuantSpec(precision)
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(precision, torch.bfloat16)
+    with torch.device("meta"):
+        model = CausalLM(spec, (torch.empty(spec.head_dim // 2), 1.0))
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def materialize(module: torch.nn.Module) -> None:
+        module.to_empty(device=device, recurse=False)
+        for name, p in module.named_parameters(recurse=False):
+            data = (torch.ones(p.shape, dtype=dtype, device=device) if "norm" in type(module).__name__.lower()
+                    else torch.randn(p.shape, generator=gen, dtype=torch.float32, device=device).mul_(0.02).to(dtype))
+            setattr(module, name, torch.nn.Parameter(data, requires_grad=False))
+
+    for module in (model.model.embed_tokens, model.model.norm, model.lm_head):
+        materialize(module)
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for layer in model.model.layers:
+        for module in layer.modules():
+            materialize(module)
+        if quant.quantized:
+            quantize_layer(layer, quant)
+    inv_freq, scale = rope_inverse_frequencies(config)
+    model.inv_freq = inv_freq.to(device)
+    model.rope_scale = scale
+    return model.eval().requires_grad_(False)
+
+
 def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: int, reply_tokens: int,
-           turns: int) -> Verification:
+           turns: int, seed: int = 0) -> Verification:
     """Run the planned chat with synthetic text (prefill + ``turns`` turns) and measure.
+
+    The prefill is a synthetic document that fills the planned KV cache but for one
+    turn, so the worst case the plan allows (a prefill chunk and tree steps at full
+    context) is measured, not just the first few thousand tokens. Then each turn adds
+    ``prompt_tokens`` random tokens and generates ``reply_tokens``; when the next turn
+    would not fit the cache, the oldest turns (the document first) leave the context
+    and the rest is prefilled again, as the app does in a long chat, so every requested
+    turn runs.
 
     CUDA: ``torch.cuda.max_memory_allocated`` against the predicted total less the
     runtime overhead term (which the allocator does not count). CPU: the process's peak
@@ -118,22 +196,44 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: in
 
     device = model.device
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     cache = model.new_cache(plan.kv_tokens + plan.tree_nodes)
     decoder = Decoder(model, cache, heads if plan.tree else None, tree if plan.tree else None)
-    gen = torch.Generator().manual_seed(0)
-    history: list[int] = []
+    gen = torch.Generator().manual_seed(seed)
+    kept: list[list[int]] = []  # the turns in the context, each prompt + reply
+    document = plan.kv_tokens - plan.tree_nodes - prompt_tokens - reply_tokens - 1
+    if document > 0:
+        kept.append(torch.randint(0, model.spec.vocab_size, (document,), generator=gen).tolist())
+    resets = 0
+    config = GenerationConfig(max_new_tokens=reply_tokens)
     for _ in range(turns):
-        history += torch.randint(0, model.spec.vocab_size, (prompt_tokens,), generator=gen).tolist()
-        if len(history) + reply_tokens + plan.tree_nodes > plan.kv_tokens:
-            break
-        for step in decoder.generate(history, GenerationConfig(max_new_tokens=reply_tokens)):
-            history += list(step.token_ids)
+        prompt = torch.randint(0, model.spec.vocab_size, (prompt_tokens,), generator=gen).tolist()
+        while kept and sum(map(len, kept)) + prompt_tokens + reply_tokens + plan.tree_nodes > plan.kv_tokens:
+            kept.pop(0)
+            resets += 1
+        if prompt_tokens + reply_tokens + plan.tree_nodes > plan.kv_tokens:
+            raise SpecMemoError(f"one turn of {prompt_tokens + reply_tokens} tokens does not fit the planned "
+                                f"{plan.kv_tokens}-token KV cache")
+        turn = list(prompt)
+        history = [t for k in kept for t in k] + turn
+        for step in decoder.generate(history, config):
+            turn += list(step.token_ids)
+        kept.append(turn)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     measured = {
-        "weights": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "heads": sum(p.numel() * p.element_size() for p in heads.parameters()) if (heads and plan.tree) else 0,
+        "weights": _module_bytes(model),
+        "heads": _module_bytes(heads) if (heads is not None and plan.tree) else 0,
         "kv_cache": cache.nbytes,
     }
     peak = peak_bytes(device)
     predicted = plan.total_bytes - (plan.predicted_bytes.get("overhead", 0) if device.type == "cuda" else 0)
-    return Verification(predicted, peak, measured, peak <= plan.budget_bytes)
+    return Verification(predicted, peak, measured, peak <= plan.budget_bytes, turns, resets)
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    from .quantize import weight_bytes
+
+    return weight_bytes(module)

@@ -116,7 +116,7 @@ def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, ki
                  kv_tokens: int, nodes: int, depth: int) -> dict[str, int]:
     chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
     terms = {
-        "weights": weight_bytes(model, precision),
+        "weights": weight_bytes(model, precision, device_kind=kind),
         "heads": heads_bytes(heads, model, precision) if nodes > 1 else 0,
         "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
         "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth),
@@ -247,9 +247,13 @@ def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:
         if n == 1:
             continue
         t = specmemo_pruned_tree(levels=max_depth, node_budget=n)
-        accepted = 1.0 + sum(math.prod(0.35 * 0.85 ** j / (r + 1) for j, r in enumerate(p)) for p in t.paths)
-        options.setdefault(t.name, TreeOption(t.name, t.num_nodes, t.depth, accepted))
+        options.setdefault(t.name, TreeOption(t.name, t.num_nodes, t.depth, prior_expected_accepted(t)))
     return list(options.values())
+
+
+def prior_expected_accepted(tree) -> float:
+    """Expected tokens per step of ``tree`` under the uncalibrated prior (see above)."""
+    return 1.0 + sum(math.prod(0.35 * 0.85 ** j / (r + 1) for j, r in enumerate(p)) for p in tree.paths)
 
 
 def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[TreeOption]:

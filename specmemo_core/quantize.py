@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .errors import SpecMemoError
+from .memory import INT4_GROUP_SIZE
 from .model import CausalLM
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
@@ -62,7 +63,7 @@ class QuantSpec:
     """
 
     precision: str
-    group_size: int = 32
+    group_size: int = INT4_GROUP_SIZE
     quantize_lm_head: bool = False
 
     def __post_init__(self) -> None:
@@ -161,7 +162,6 @@ def quantize_model(model: CausalLM, spec: QuantSpec) -> CausalLM:
         return model
     if any(is_traceable_wrapper_subclass(p) for p in model.parameters()):
         raise SpecMemoError("this model is already quantized; load it again to quantize it differently")
-    aoq = _torchao()
     device = model.device
     if spec.precision == "int4" and device.type == "cuda" and model.dtype != torch.bfloat16:
         _cast(model, torch.bfloat16)  # tinygemm takes bf16 activations only
@@ -171,6 +171,27 @@ def quantize_model(model: CausalLM, spec: QuantSpec) -> CausalLM:
         if model.spec.tie_word_embeddings:
             model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone(), requires_grad=False)
         targets["lm_head"] = model.lm_head
+    _quantize_linears(model, targets, spec, device)
+    return model
+
+
+def quantize_layer(layer: nn.Module, spec: QuantSpec) -> nn.Module:
+    """Quantize one decoder layer's ``nn.Linear`` weights in place (``spec`` int8/int4).
+
+    For building a large model a layer at a time (``plan_check.random_model``): the
+    whole model never sits in 16 bits at once, so a 7B model can be built in int4 on a
+    GPU that could not hold it in bf16."""
+    if not spec.quantized:
+        raise SpecMemoError(f"quantize_layer takes int8 or int4, not {spec.precision}")
+    targets = {name: m for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    device = next(layer.parameters()).device
+    _quantize_linears(layer, targets, spec, device)
+    return layer
+
+
+def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: QuantSpec,
+                      device: torch.device) -> None:
+    aoq = _torchao()
     if spec.precision == "int8":
         config = aoq.Int8WeightOnlyConfig(set_inductor_config=False)
     else:
@@ -178,8 +199,7 @@ def quantize_model(model: CausalLM, spec: QuantSpec) -> CausalLM:
         config = _int4_config(aoq, device, spec.group_size)
     chosen = set(targets.values())
     with _quiet_import():
-        aoq.quantize_(model, config, filter_fn=lambda m, _name: m in chosen)
-    return model
+        aoq.quantize_(root, config, filter_fn=lambda m, _name: m in chosen)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:

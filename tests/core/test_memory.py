@@ -29,13 +29,23 @@ def test_vicuna_7b_by_hand():
     assert weight_bytes(s, "bf16") == 2 * 6_738_415_616
     assert kv_bytes(s, 1, "bf16") == 2 * 32 * 32 * 128 * 2 == 524_288  # 0.5 MiB per token
     linear = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
-    scales_int8 = 32 * 2 * (4 * 4096 + 2 * 11008 + 4096)
+    scales_int8 = 32 * 5 * (4 * 4096 + 2 * 11008 + 4096)
     rest = (6_738_415_616 - linear) * 2
     assert weight_bytes(s, "int8") == linear + scales_int8 + rest
     groups = 32 * (4 * 4096 * 4096 // 128 + 2 * 11008 * 4096 // 128 + 4096 * 11008 // 128)
-    assert weight_bytes(s, "int4") == linear // 2 + groups * 4 + rest
+    assert weight_bytes(s, "int4", group_size=128, device_kind="cpu") == linear // 2 + groups * 4 + rest
+    assert weight_bytes(s, "int4", device_kind="cpu") == linear // 2 + groups * 4 * 4 + rest  # group 32
     # a hydra head is 2 D^2 + D parameters, not SpecMemo's 0.6 GB
     assert heads_bytes(HeadsShape("hydra", 4, 1), s, "bf16") == 4 * (2 * 4096 * 4096 + 4096) * 2
+
+
+def test_int4_on_cuda_counts_tinygemm_padding():
+    s = known_shape("smollm2-135m")  # D 576, I 1536: inputs pad to 1024 / 2048
+    padded = [(576, 1024), (192, 1024), (192, 1024), (576, 1024), (1536, 1024), (1536, 1024), (576, 2048)]
+    per_layer = sum(o * i // 2 + o * (i // 32) * 4 for o, i in padded)
+    linear = sum(o * i for o, i in s.layer_linear_params()) * 30
+    assert weight_bytes(s, "int4", device_kind="cuda") == 30 * per_layer + (s.params - linear) * 2
+    assert weight_bytes(s, "int4", device_kind="cpu") < weight_bytes(s, "int4", device_kind="cuda")
 
 
 def test_model_shape_matches_real_parameters():
