@@ -119,8 +119,9 @@ def cap_device(device: str | torch.device, cap_bytes: int) -> None:
     device = torch.device(device)
     if device.type != "cuda":
         raise SpecMemoError("a memory cap can only be set on a CUDA GPU")
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), index)
 
 
 def shape_config(shape: Any) -> Any:
