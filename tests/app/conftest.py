@@ -1,0 +1,51 @@
+"""App tests run offscreen with a scripted engine; the real default model where marked."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the machine's other core is busy: 1 thread is ~5x faster
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from specmemo_core.chatstore import ChatStore  # noqa: E402
+
+from .scripted import fake_runtime  # noqa: E402
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An isolated data folder (settings, timing cache, history) for one test."""
+    path = tmp_path / "data"
+    path.mkdir()
+    monkeypatch.setenv("SPECMEMO_DATA_DIR", str(path))
+    return path
+
+
+@pytest.fixture
+def make_window(qtbot, folder: Path):
+    """make_window(runtime=fake, loader=None) → a shown MainWindow on ``folder``/history.sqlite3."""
+    from app.main_window import MainWindow
+    from app.settings import ChatSettings
+
+    windows = []
+
+    def make(runtime=None, loader=None, settings: ChatSettings | None = None, start: bool = True):
+        store = ChatStore(folder / "history.sqlite3")
+        settings = settings or (runtime.settings if runtime else ChatSettings())
+        kwargs = {"loader": loader} if loader is not None else {}
+        window = MainWindow(store, settings, folder, **kwargs)
+        qtbot.addWidget(window)
+        window.show()
+        if start and runtime is not None:
+            window.start(fake_runtime() if runtime == "fake" else runtime)
+        windows.append((window, store))
+        return window
+
+    yield make
+    for window, store in windows:
+        window.close()
+        store.close()

@@ -1,0 +1,67 @@
+"""The settings dialog: live re-planning, the memory chart, model and heads choices."""
+
+from __future__ import annotations
+
+from app.settings import ChatSettings, load_settings
+from app.settings_panel import SettingsDialog
+
+from .scripted import fake_inputs, fake_runtime
+
+
+def test_slider_replans_live(qtbot):
+    dialog = SettingsDialog(ChatSettings(prefer=0.0), fake_inputs())
+    qtbot.addWidget(dialog)
+    turns_end = dialog.plan
+    text_turns = dialog.plan_label.text()
+    assert turns_end.fits and turns_end.tree is None and "plain decoding" in text_turns
+    dialog.slider.setValue(100)  # "more speed"
+    speed_end = dialog.plan
+    assert speed_end.tree is not None and speed_end.predicted_tokens_per_s > turns_end.predicted_tokens_per_s
+    assert dialog.plan_label.text() != text_turns and f"{speed_end.turns} turns fit" in dialog.plan_label.text()
+    assert dialog.chart.terms == speed_end.predicted_bytes and dialog.chart.terms["tree_buffers"] > 0
+    dialog.turns.setValue(2)
+    dialog.precision.setCurrentText("int4")
+    assert dialog.plan.precision == "int4"
+    assert dialog.settings().prefer == 1.0 and dialog.settings().precision == "int4"
+
+
+def test_plan_says_what_fits(qtbot):
+    small = SettingsDialog(ChatSettings(), fake_inputs(free=2**30))
+    qtbot.addWidget(small)
+    assert small.plan.fits and small.plan.precision != "fp32"  # the planner steps precision down
+    small.precision.setCurrentText("fp32")
+    assert not small.plan.fits and "Does not fit" in small.plan_label.text()
+
+
+def test_non_model_file_is_refused_and_previous_model_stays(qtbot, tmp_path):
+    dialog = SettingsDialog(ChatSettings(model="default"), fake_inputs())
+    qtbot.addWidget(dialog)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    fake_gguf = tmp_path / "fake.gguf"
+    fake_gguf.write_text("not a model either")
+    assert not dialog.choose_model(str(notes))
+    assert "not a model" in dialog.model_error.text() and "previous model stays" in dialog.model_error.text()
+    assert not dialog.choose_model(str(fake_gguf))
+    assert not dialog.choose_model(str(tmp_path))  # a folder without config.json
+    assert dialog.settings().model == "default"
+    assert dialog.choose_model("default") and dialog.model_error.text() == ""
+
+
+def test_bad_heads_path_is_refused(qtbot, tmp_path):
+    dialog = SettingsDialog(ChatSettings(), fake_inputs())
+    qtbot.addWidget(dialog)
+    assert not dialog.choose_heads(str(tmp_path))
+    assert "heads" in dialog.heads_error.text() and dialog.settings().heads == "auto"
+
+
+def test_settings_apply_replans_and_persist(qtbot, make_window, folder):
+    window = make_window(fake_runtime(settings=ChatSettings(prefer=0.0)))
+    assert window.runtime.tree is None
+    window.apply_settings(window.settings.with_(prefer=1.0, temperature=0.7, system_prompt="Be brief."))
+    assert window.runtime.tree is not None and window.runtime.settings.temperature == 0.7
+    assert "tree" in window.status.plan.text()
+    assert load_settings(folder).system_prompt == "Be brief."
+    dialog = window.settings_dialog()
+    qtbot.addWidget(dialog)
+    assert dialog.slider.value() == 100 and dialog.system_prompt.toPlainText() == "Be brief."
