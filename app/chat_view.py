@@ -13,6 +13,12 @@ ROLE_TITLES = {"user": "You", "assistant": "Assistant", "notice": "Note"}
 CODE_BACKGROUND = QColor("#f2f4f7")
 
 
+def close_fences(text: str) -> str:
+    """Close a code fence the text left open (a reply cut short), so later messages stay prose."""
+    fences = sum(1 for line in text.splitlines() if line.lstrip().startswith(("```", "~~~")))
+    return text + "\n```" if fences % 2 else text
+
+
 @dataclass
 class Entry:
     role: str  # "user" | "assistant" | "notice"
@@ -69,7 +75,7 @@ class ChatView(QTextBrowser):
         parts = []
         for e in self.entries:
             title = ROLE_TITLES.get(e.role, e.role)
-            body = e.text if e.text else "…"
+            body = close_fences(e.text) if e.text else "…"
             if e.role == "notice":
                 parts.append(f"> *{body}*")
             else:

@@ -29,6 +29,8 @@ class ConversationList(QWidget):
         self.search.textChanged.connect(self.refresh)
         v.addWidget(self.search)
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.currentItemChanged.connect(self._current_changed)
         v.addWidget(self.list, 1)
         row = QHBoxLayout()

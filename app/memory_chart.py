@@ -21,7 +21,8 @@ def gib(n: float) -> str:
 
 
 class MemoryChart(QWidget):
-    """Paints ``terms`` (bytes by plan term) as one bar scaled to ``budget`` bytes, with a legend."""
+    """Paints ``terms`` (bytes by plan term) as one full-width bar with a legend; when the plan
+    exceeds ``budget`` the bar spans both and a dashed line marks where the budget ends."""
 
     BAR_HEIGHT = 26
 
@@ -45,7 +46,7 @@ class MemoryChart(QWidget):
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         width = self.width() - 2
-        total = max(sum(self.terms.values()), self.budget, 1)
+        total = max(sum(self.terms.values()), 1)
         p.setPen(QPen(QColor("#c8c8c8")))
         p.setBrush(QColor("#f7f7f7"))
         p.drawRect(QRectF(1, 1, width, self.BAR_HEIGHT))
@@ -55,7 +56,7 @@ class MemoryChart(QWidget):
             if w > 0:
                 p.fillRect(QRectF(x, 1, w, self.BAR_HEIGHT), QColor(colour))
                 x += w
-        if self.budget:
+        if 0 < self.budget < total:
             bx = 1 + width * self.budget / total
             p.setPen(QPen(QColor("#202020"), 2, Qt.PenStyle.DashLine))
             p.drawLine(int(bx), 0, int(bx), self.BAR_HEIGHT + 2)

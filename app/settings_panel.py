@@ -89,7 +89,7 @@ class SettingsDialog(QDialog):
         self.max_reply.valueChanged.connect(self.replan)
         form.addRow("Max reply length (tokens)", self.max_reply)
         self.system_prompt = QPlainTextEdit(s.system_prompt)
-        self.system_prompt.setPlaceholderText("Optional: how the assistant should behave")
+        self.system_prompt.setPlaceholderText("Optional: how the assistant should behave (applies to new chats)")
         self.system_prompt.setFixedHeight(60)
         form.addRow("System prompt", self.system_prompt)
         return box

@@ -28,6 +28,7 @@ class ReplyStats:
     text: str = ""
     tokens: int = 0
     seconds: float = 0.0
+    prefill_s: float = 0.0  # reading the prompt, before the first token
     steps: int = 0  # verify steps after the prefill
     drafted: int = 0  # tokens those steps emitted
     stopped: bool = False
@@ -35,7 +36,9 @@ class ReplyStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Decoding speed: tokens after the first over the time after the prefill."""
+        decoding = self.seconds - self.prefill_s
+        return (self.tokens - 1) / decoding if self.steps and decoding > 0 else 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -129,7 +132,9 @@ class ChatWorker(QObject):
             for piece in session.send(job.user_text, job.config, self.cancel):
                 step = piece.step
                 stats.tokens += len(step.token_ids)
-                if step.accepted and not step.prefill:
+                if step.prefill:
+                    stats.prefill_s = time.perf_counter() - start
+                elif step.accepted:
                     stats.steps += 1
                     stats.drafted += step.accepted
                 if piece.text:
