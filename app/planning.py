@@ -70,8 +70,8 @@ def smaller_settings(settings: ChatSettings) -> ChatSettings:
     return settings.with_(turns=max(1, settings.turns // 2), prefer=0.0)
 
 
-def timing_key(fingerprint: str, device_name: str, threads: int) -> str:
-    return f"{fingerprint}|{device_name}|{threads}"
+def timing_key(fingerprint: str, device_name: str, threads: int, precision: str | None) -> str:
+    return f"{fingerprint}|{device_name}|{threads}|{precision or 'fp32'}"
 
 
 def cached_timing(folder: Path, key: str) -> StepTiming | None:

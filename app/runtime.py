@@ -170,7 +170,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
         folder = folder.parent
     record = load_calibration(folder) if folder is not None and engine.heads is not None else None
     trees = calibrated_options(record) if record else specmemo_prior_options()
-    key = timing_key(engine.identity.fingerprint, device.name, torch.get_num_threads())
+    key = timing_key(engine.identity.fingerprint, device.name, torch.get_num_threads(), settings.precision)
     timing = cached_timing(data_folder, key)
     if timing is None:
         report("timing the device (once)", 0.0)

@@ -132,6 +132,7 @@ class SettingsDialog(QDialog):
         row = QHBoxLayout()
         self.heads = QLineEdit(s.heads)
         self.heads.setToolTip("auto (the heads shipped for this model), none, or a heads folder")
+        self.heads.editingFinished.connect(lambda: self.choose_heads(self.heads.text().strip() or "auto"))
         row.addWidget(self.heads, 1)
         browse = QPushButton("Folder…")
         browse.clicked.connect(self._browse_heads)
@@ -161,9 +162,11 @@ class SettingsDialog(QDialog):
         return True
 
     def choose_heads(self, path: str) -> bool:
+        """Take ``path`` as the heads if it can be; else say why and keep the previous choice."""
         problem = heads_path_problem(path)
         if problem:
-            self.heads_error.setText(problem)
+            self.heads_error.setText(problem + f" Keeping {self.original.heads}.")
+            self.heads.setText(self.original.heads)
             return False
         self.heads_error.clear()
         self.heads.setText(path)

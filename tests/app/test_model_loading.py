@@ -81,3 +81,28 @@ def test_download_failure_offers_retry_and_cancel_is_quiet(qtbot, make_window):
     qtbot.waitUntil(lambda: len(loader.calls) == 2 and not window.models.busy, timeout=10000)
     assert window.dialogs.asked[0][0] == "Download failed"
     assert window.runtime is None and "cancelled" in window.hint.text()
+
+
+def test_cancel_in_the_progress_dialog_stops_a_download(qtbot, make_window):
+    def downloading(settings, folder, progress, cancel):
+        import time
+
+        from app.runtime import LoadCancelled
+
+        for i in range(1000):
+            if cancel.is_set():
+                raise LoadCancelled()
+            progress("downloading", i / 1000)
+            time.sleep(0.01)
+        raise AssertionError("the download was not cancelled")
+
+    window = make_window(loader=downloading)
+    window.start()
+    qtbot.waitUntil(lambda: window._progress is not None and window._progress.value() > 0, timeout=10000)
+    assert window._progress.labelText() == "downloading"
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QPushButton
+
+    qtbot.mouseClick(window._progress.findChild(QPushButton), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.models.busy, timeout=10000)
+    assert window.runtime is None and "cancelled" in window.hint.text() and window._progress is None
