@@ -159,7 +159,11 @@ class MainWindow(QMainWindow):
             self.say(f"Loading: {stage} …")
         if self._progress is not None:
             self._progress.setLabelText(stage)
-            self._progress.setValue(int(100 * fraction))
+            if 0.0 < fraction < 1.0:
+                self._progress.setRange(0, 100)
+                self._progress.setValue(int(100 * fraction))
+            else:  # a stage that reports no fraction: a busy bar, so a slow step never looks like a hang
+                self._progress.setRange(0, 0)
 
     def _close_progress(self) -> None:
         if self._progress is not None:

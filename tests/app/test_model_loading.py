@@ -99,6 +99,7 @@ def test_cancel_in_the_progress_dialog_stops_a_download(qtbot, make_window):
     window = make_window(loader=downloading)
     window.start()
     qtbot.waitUntil(lambda: window._progress is not None and window._progress.value() > 0, timeout=10000)
+    assert window._progress.maximum() == 100
     assert window._progress.labelText() == "downloading"
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QPushButton

@@ -42,10 +42,13 @@ def real_window(qtbot, shared_data_dir, tmp_path):
 def test_real_model_replies_through_the_worker(qtbot, real_window, tmp_path):
     window = real_window
     assert window.runtime.backend.name == "SmolLM2-135M-Instruct"
+    pieces = []
+    window.chat.worker.token_ready.connect(pieces.append)  # direct: in the worker's order
     type_and_send(qtbot, window, "Write a Python function that adds two numbers.")
     wait_reply(qtbot, window)
     reply = window.history[-1][2]
     assert window.history[-1][1] == "assistant" and reply.strip()
+    assert len(pieces) > 1 and "".join(pieces) == reply  # streamed piece by piece, nothing lost
     assert window.view.reply_text == reply
     type_and_send(qtbot, window, "Now make it subtract.")  # a second turn re-uses the session's cache
     wait_reply(qtbot, window)

@@ -98,3 +98,4 @@ def test_no_model_yet(qtbot, chat):
     chat.generate(Job(1, [], "hello"))
     qtbot.waitUntil(lambda: bool(failures), timeout=10000)
     assert failures[0][0] == "no_model"
+
