@@ -313,7 +313,11 @@ class MainWindow(QMainWindow):
         if last is None:
             return
         msg_id, _, text = self.history[last]
-        self.store.delete_messages_after(self.conversation_id, msg_id)
+        try:
+            self.store.delete_messages_after(self.conversation_id, msg_id)
+        except ChatStoreError as exc:
+            self.dialogs.tell("Cannot regenerate", str(exc))
+            return
         self.history = self.history[:last + 1]
         self.view.set_messages([(role, content) for _, role, content in self.history])
         self._regenerating = True
@@ -383,7 +387,8 @@ class MainWindow(QMainWindow):
         elif kind == "no_model":
             self.say(message)
         else:
-            self.dialogs.tell("The reply failed", message + " Your message is kept: press Regenerate to try again.")
+            self.dialogs.tell("The reply failed", message + " Your message is kept; try again with Regenerate "
+                              "(or Send, if it is still in the box).")
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         self._memory_timer.stop()

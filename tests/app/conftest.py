@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # the machine's other core is busy: 1 thread is ~5x faster
 
 from pathlib import Path  # noqa: E402
 
@@ -14,6 +13,18 @@ import pytest  # noqa: E402
 from specmemo_core.chatstore import ChatStore  # noqa: E402
 
 from .scripted import fake_runtime  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """NOTE: one torch thread for these tests (restored after each): on the 2-core test machine another
+    process holds a core, and two contending threads run the model about 5x slower than one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture
