@@ -6,6 +6,7 @@ model manager (model_manager.py), history from ChatStore, plans from planning.py
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
@@ -31,6 +32,7 @@ from .status_bar import ChatStatusBar
 from .worker import ChatThread, Job, ReplyStats
 
 TITLE_WORDS = 8
+SAVE_EVERY_S = 2.0  # a streaming reply is saved (as incomplete) this often, so a crash keeps most of it
 
 
 def title_from(text: str) -> str:
@@ -51,13 +53,15 @@ class MainWindow(QMainWindow):
         self.history: list[tuple[int, str, str]] = []  # (message id, role, content) of the open chat
         self.generating = False
         self._regenerating = False
+        self._reply_id: int | None = None  # the streaming reply's row in the store
+        self._reply_saved = 0.0
         self._progress: QProgressDialog | None = None
         self._build()
         self.chat = ChatThread(self)
         w = self.chat.worker
         w.accepted.connect(self._on_accepted)
         w.context_trimmed.connect(self._on_trimmed)
-        w.token_ready.connect(self.view.append_text)
+        w.token_ready.connect(self._on_token)
         w.stats_updated.connect(self.status.show_speed)
         w.finished.connect(self._on_finished)
         w.failed.connect(self._on_failed)
@@ -350,6 +354,20 @@ class MainWindow(QMainWindow):
                 self.sidebar.refresh()
             self.view.add("user", text)
         self.view.begin_reply()
+        try:
+            self._reply_id = self.store.add_message(self.conversation_id, "assistant", "", complete=False).id
+        except ChatStoreError:
+            self._reply_id = None  # saved whole when it finishes
+        self._reply_saved = time.monotonic()
+
+    def _on_token(self, text: str) -> None:
+        self.view.append_text(text)
+        if self._reply_id is not None and time.monotonic() - self._reply_saved > SAVE_EVERY_S:
+            self._reply_saved = time.monotonic()
+            try:
+                self.store.update_message(self._reply_id, self.view.reply_text, complete=False)
+            except ChatStoreError:
+                pass  # waits in the store's pending list; the final save retries it
 
     def _on_trimmed(self, turns: int) -> None:
         notice = (f"The conversation is longer than the model's context: the oldest {turns} turn(s) are no "
@@ -360,9 +378,13 @@ class MainWindow(QMainWindow):
     def _on_finished(self, stats: ReplyStats) -> None:
         self.generating = False
         self.view.render()
+        reply_id, self._reply_id = self._reply_id, None
         try:
-            msg = self.store.add_message(self.conversation_id, "assistant", stats.text, complete=not stats.stopped,
-                                         stats=stats.as_dict())
+            if reply_id is not None:
+                msg = self.store.update_message(reply_id, stats.text, not stats.stopped, stats.as_dict())
+            else:
+                msg = self.store.add_message(self.conversation_id, "assistant", stats.text,
+                                             complete=not stats.stopped, stats=stats.as_dict())
             self.history.append((msg.id, "assistant", stats.text))
         except ChatStoreError as exc:
             self.history.append((0, "assistant", stats.text))
@@ -375,6 +397,12 @@ class MainWindow(QMainWindow):
     def _on_failed(self, kind: str, message: str, user_text: str) -> None:
         self.generating = False
         self.view.drop_last("assistant")
+        reply_id, self._reply_id = self._reply_id, None
+        if reply_id is not None and self.history and self.history[-1][1] == "user":
+            try:  # the reply's placeholder goes; the user's message stays
+                self.store.delete_messages_after(self.conversation_id, self.history[-1][0])
+            except ChatStoreError as exc:
+                self.say(str(exc))
         self._update_buttons()
         if kind == "too_long":
             self.say(message)  # the text was never taken out of the input box

@@ -201,7 +201,7 @@ def test_out_of_memory_replans_smaller_and_retries(qtbot, make_window):
     assert window.history[-1][1] == "assistant" and "w11" in window.history[-1][2]
 
 
-def test_reply_error_keeps_the_message(qtbot, make_window):
+def test_reply_error_keeps_the_message(qtbot, make_window, folder):
     from specmemo_core.errors import SpecMemoError
 
     backend = ScriptedBackend(fail_next=SpecMemoError("the engine broke"))
@@ -212,3 +212,25 @@ def test_reply_error_keeps_the_message(qtbot, make_window):
     assert "the engine broke" in window.dialogs.told[0][1]
     assert window.view.entries == [Entry("user", "hello")]
     assert window.regenerate_button.isEnabled()
+    store = ChatStore(folder / "history.sqlite3")
+    assert [(m.role, m.content) for m in store.messages(window.conversation_id)] == [("user", "hello")]
+    store.close()
+
+
+def test_a_streaming_reply_is_saved_as_it_grows(qtbot, make_window, folder, monkeypatch):
+    monkeypatch.setattr("app.main_window.SAVE_EVERY_S", 0.0)
+    backend = ScriptedBackend(delay=0.05, script=lambda text: [f"t{i} " for i in range(300)])
+    window = make_window(fake_runtime(backend))
+    type_and_send(qtbot, window, "go on")
+    reader = ChatStore(folder / "history.sqlite3")  # as a restarted app after a crash would see it
+
+    def partial_saved() -> bool:
+        msgs = reader.messages(window.conversation_id)
+        return len(msgs) == 2 and not msgs[1].complete and msgs[1].content.startswith("t0 t1 t2")
+
+    qtbot.waitUntil(partial_saved, timeout=10000)
+    window.stop()
+    wait_reply(qtbot, window)
+    (user, reply) = reader.messages(window.conversation_id)
+    assert reply.content == window.history[-1][2] and json.loads(reply.stats_json)["stopped"]
+    reader.close()
