@@ -372,7 +372,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from .plan_check import time_forward
 
         step_time = time_forward(engine.model, engine.heads)
-    result = plan(budget, shape, heads, request, trees, step_time)
+    # --tree is the user's choice: use it when it fits, even where the timing says plain is faster
+    result = plan(budget, shape, heads, request, trees, None if args.tree else step_time)
     out = asdict(result)
     if args.verify and result.fits:
         check = _verify_plan(args, result, request, budget, shape, engine)

@@ -120,8 +120,8 @@ def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, ki
         "heads": heads_bytes(heads, model, precision) if nodes > 1 else 0,
         "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
         "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth),
-        "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision),
-                           activation_peak_bytes(model, nodes, kv_tokens + nodes, precision)),
+        "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),
+                           activation_peak_bytes(model, nodes, kv_tokens + nodes, precision, kind)),
     }
     terms["overhead"] = overhead_bytes(kind, sum(terms.values()))
     return terms
