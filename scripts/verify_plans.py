@@ -7,7 +7,7 @@ ends, so a run cut short keeps what it measured. Usage (on a CUDA machine):
     python scripts/verify_plans.py --out DIR matrix --model default --model shape:vicuna-7b \\
         --precision bf16 --precision int8 --precision int4 --tree medusa-64 --tree 1-10-16-17
     python scripts/verify_plans.py --out DIR caps --model shape:vicuna-7b --vram 8GB --vram 12GB ...
-    python scripts/verify_plans.py --out DIR table          # Markdown table of verify.jsonl
+    python scripts/verify_plans.py --out DIR table [--recompute]   # Markdown table of verify.jsonl
 """
 
 from __future__ import annotations
@@ -50,17 +50,36 @@ def run(out: Path, label: dict, cli_args: list[str], timeout: int) -> dict:
     return record
 
 
-def table(out: Path) -> str:
-    rows = ["| model | precision | tree | KV tokens | turns run | predicted GiB | measured GiB | error |",
+def predicted_now(r: dict) -> int:
+    """The recorded plan's peak as the current memory model predicts it (CUDA: without the
+    runtime-overhead term, which the allocator does not count). Measured bytes do not
+    depend on the formula, so old runs can be re-scored after a formula changes."""
+    from specmemo_core.memory import HeadsShape, known_shape
+    from specmemo_core.planner import _fixed_bytes
+    from specmemo_core.tree import load_tree
+
+    p = r["plan"]
+    model = r["model"]
+    shape = known_shape(model[6:] if model.startswith("shape:") else "smollm2-135m")
+    nodes, depth = (p["tree_nodes"], load_tree(p["tree"]).depth) if p["tree"] else (1, 0)
+    terms = _fixed_bytes(shape, HeadsShape("hydra", 4, 1), p["precision"], "cuda", p["kv_tokens"], nodes, depth)
+    return sum(terms.values()) - terms["overhead"]
+
+
+def table(out: Path, recompute: bool = False) -> str:
+    head = "predicted now GiB" if recompute else "predicted GiB"
+    rows = [f"| model | precision | tree | KV tokens | turns run | {head} | measured GiB | error |",
             "|---|---|---|---|---|---|---|---|"]
     for line in (out / "verify.jsonl").read_text().splitlines():
         r = json.loads(line)
-        if "measured_peak_bytes" not in r:
+        if "measured_peak_bytes" not in r or (recompute and r.get("superseded")):
             continue
         p = r["plan"]
+        predicted = predicted_now(r) if recompute else r["predicted_bytes_total"]
+        error = (predicted - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
         rows.append(f"| {r['model']} {r.get('vram', '')} | {p['precision']} | {p['tree']} | {p['kv_tokens']} | "
-                    f"{r['turns_run']} | {r['predicted_bytes_total'] / 2**30:.3f} | "
-                    f"{r['measured_peak_bytes'] / 2**30:.3f} | {100 * r['error']:+.1f}% |")
+                    f"{r['turns_run']} | {predicted / 2**30:.3f} | "
+                    f"{r['measured_peak_bytes'] / 2**30:.3f} | {100 * error:+.1f}% |")
     return "\n".join(rows)
 
 
@@ -81,11 +100,12 @@ def main() -> int:
         p.add_argument("--prompt-tokens", default="200")
         p.add_argument("--reply-tokens", default="64")
         p.add_argument("--timeout", type=int, default=300)
-    sub.add_parser("table")
+    t = sub.add_parser("table")
+    t.add_argument("--recompute", action="store_true", help="score with the current memory model")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "table":
-        print(table(args.out))
+        print(table(args.out, args.recompute))
         return 0
     common = ["--turns", args.turns, "--prompt-tokens", args.prompt_tokens, "--reply-tokens", args.reply_tokens,
               "--verify"]

@@ -167,21 +167,26 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
 
 def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precision: str,
                           device_kind: str = "cuda") -> int:
-    """Peak temporaries of one forward over ``tokens`` new tokens seeing ``context`` slots.
+    """Peak temporaries of one forward over ``tokens`` (T) new tokens seeing ``context``
+    (S) slots, all × b.
 
-    Live at once inside a layer: the residual stream and its normed copy (2 × T × D),
-    q/k/v (T × (H + 2 Hkv) × hd), the attention scores (c × H × T × S) and the MLP's
-    gate, up and product (3 × T × I); all × b. c = 1 on CUDA — measured on an H200:
-    with a boolean mask SDPA keeps one H × T × S score tensor at the peak (a 512-token
-    prefill chunk at 8,192 tokens of context of the default model: 73 MiB measured
-    against 76 MiB for the scores) — and c = 2 elsewhere (scores and their softmax, the
-    unfused path), which is an upper bound.
+    Every device: the residual stream and its normed copy (2 × T × D) and q/k/v
+    (T × (H + 2 Hkv) × hd). CUDA, as measured on an H200 (torch 2.11): SDPA with a
+    boolean mask runs a fused kernel that never holds the H × T × S scores; what it does
+    hold is the mask as an additive bias (T × S) and, for grouped-query models, the keys
+    and values repeated to H heads (2 × H × S × hd); the MLP holds gate, SiLU(gate), up
+    and their product (4 × T × I); int8 weight-only matmuls dequantize one weight at a
+    time (the largest, out × in). Elsewhere (CPU, MPS) the unfused bound: scores and
+    their softmax (2 × H × T × S) and the MLP's 3 × T × I.
     """
     b = activation_bytes(precision)
-    t = tokens
-    c = 1 if device_kind == "cuda" else 2
-    return b * (2 * t * shape.hidden_size + t * (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-                + c * shape.num_heads * t * context + 3 * t * shape.intermediate_size)
+    t, s, d = tokens, context, shape.hidden_size
+    common = 2 * t * d + t * (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    if device_kind != "cuda":
+        return b * (common + 2 * shape.num_heads * t * s + 3 * t * shape.intermediate_size)
+    gqa = 2 * shape.num_heads * s * shape.head_dim if shape.num_kv_heads < shape.num_heads else 0
+    dequant = max(o * i for o, i in shape.layer_linear_params()) if precision == "int8" else 0
+    return b * (common + t * s + gqa + 4 * t * shape.intermediate_size + dequant)
 
 
 def overhead_bytes(device_kind: str, planned_bytes: int) -> int:

@@ -1,0 +1,47 @@
+"""Plan checks on CPU: random-weight models match the memory model's weight bytes, and a
+verified chat runs every requested turn, sliding old turns out of a full context."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from specmemo_core.heads import random_heads
+from specmemo_core.memory import ModelShape, weight_bytes
+from specmemo_core.plan_check import random_model, verify
+from specmemo_core.planner import Budget, PlanRequest, plan
+from specmemo_core.quantize import weight_bytes as measured_weight_bytes
+from specmemo_core.tree import load_tree
+
+SHAPE = ModelShape("tiny", 512, 256, 512, 2, 4, 2, 64, False, 1024)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
+def test_random_model_weights_match_the_memory_model(precision):
+    torch.set_num_threads(1)
+    model = random_model(SHAPE, precision, "cpu")
+    inv_freq = model.inv_freq.numel() * model.inv_freq.element_size()  # RoPE table, not a weight
+    assert measured_weight_bytes(model) - inv_freq == weight_bytes(SHAPE, precision, device_kind="cpu")
+
+
+def test_random_model_is_deterministic_and_finite():
+    a, b = random_model(SHAPE, "fp32", "cpu", seed=3), random_model(SHAPE, "fp32", "cpu", seed=3)
+    ids = torch.arange(8)
+    from specmemo_core.model import causal_mask
+
+    ha = a(ids, ids, causal_mask(0, 8), a.new_cache(8))
+    hb = b(ids, ids, causal_mask(0, 8), b.new_cache(8))
+    assert torch.equal(ha, hb) and torch.isfinite(ha).all()
+
+
+def test_verify_runs_every_turn_and_slides_a_full_context():
+    torch.set_num_threads(1)
+    model = random_model(SHAPE, "fp32", "cpu")
+    tree = load_tree("1-3-2")
+    p = plan(Budget("cpu", 2**30, 2**30), SHAPE, None, PlanRequest(turns=6, prompt_tokens=50, reply_tokens=20))
+    p = dataclasses.replace(p, kv_tokens=300, tree="1-3-2", tree_nodes=tree.num_nodes)
+    heads = random_heads(4, SHAPE.hidden_size, SHAPE.vocab_size, kind="hydra")
+    check = verify(p, model, heads, tree, prompt_tokens=50, reply_tokens=20, turns=10)
+    assert check.turns_run == 10
+    assert check.context_resets >= 5  # 300 tokens hold the document or ~3 turns of 70
+    assert check.measured_terms["kv_cache"] == 2 * 2 * 2 * 64 * (300 + tree.num_nodes) * 4
