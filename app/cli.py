@@ -15,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="'default', a .gguf file or a model folder (overrides settings)")
     p.add_argument("--history", default=None, help="chat history file (default: in the user data folder)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the model (default: torch's)")
+    p.add_argument("--screenshot", default=None, metavar="PNG",
+                   help="save the window to PNG once the model is loaded (at most 300 s), then quit: installer checks")
     return p
 
 
@@ -65,9 +67,32 @@ def run_app(folder: Path, args: argparse.Namespace, error_type: type) -> int:
                    "was started.")
     window.show()
     window.start()
+    if args.screenshot:
+        _screenshot_when_ready(app, window, Path(args.screenshot), timeout_s=300.0)
     code = app.exec()
     store.close()
     return code
+
+
+def _screenshot_when_ready(app, window, path: Path, timeout_s: float) -> None:
+    """Grab the window once its runtime is loaded (or the time is up), save it and quit."""
+    import time
+
+    from PySide6.QtCore import QTimer
+
+    deadline = time.monotonic() + timeout_s
+    timer = QTimer(window)
+
+    def check() -> None:
+        if window.runtime is None and time.monotonic() < deadline:
+            return
+        timer.stop()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        window.grab().save(str(path))
+        app.quit()
+
+    timer.timeout.connect(check)
+    timer.start(500)
 
 
 if __name__ == "__main__":

