@@ -66,7 +66,8 @@ class Step:
 @dataclass
 class _State:
     root: int  # emitted, not yet in the cache
-    hidden: torch.Tensor  # [D] hidden state that produced ``root`` (heads read it)
+    hidden: torch.Tensor  # [D] what the heads read: the hidden state that produced ``root``
+    # (after the heads' context layer, when they have one)
 
 
 @dataclass
@@ -93,6 +94,11 @@ class Decoder:
                     f"{self.heads.num_heads}; choose a shallower tree"
                 )
         self._buffers = self.tree.buffers.to(self.model.device) if self.speculative else None
+        # The heads' context layer (if any) keeps its own one-layer cache in lock-step
+        # with ``cache``: allocated here, once, at the same capacity.
+        self._context = getattr(self.heads, "context", None) if self.speculative else None
+        self._context_cache = (self._context.new_cache(self.cache.capacity, self.model.dtype, self.model.device)
+                               if self._context is not None else None)
 
     @property
     def speculative(self) -> bool:
@@ -100,7 +106,20 @@ class Decoder:
 
     def reset(self) -> None:
         self.cache.reset()
+        if self._context_cache is not None:
+            self._context_cache.reset()
         self.history.clear()
+
+    def _contextualize(self, hidden: torch.Tensor, past: int) -> torch.Tensor:
+        """Draft states [T, D] for T tokens just committed at positions past…past+T-1:
+        the heads' context layer over them (committing its own cache), or ``hidden``."""
+        if self._context is None:
+            return hidden
+        t, device = hidden.shape[0], hidden.device
+        cos, sin = self.model.rope(past + torch.arange(t, device=device))
+        out = self._context(hidden, cos, sin, causal_mask(past, t, device), self._context_cache)
+        self._context_cache.commit_prefix(t)
+        return out
 
     # -- prefill ---------------------------------------------------------------
     def _reuse_prefix(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -112,22 +131,26 @@ class Decoder:
             common += 1
         common = min(common, len(prompt_ids) - 1)  # at least one token must run
         self.cache.truncate(common)
+        if self._context_cache is not None:
+            self._context_cache.truncate(common)
         del self.history[common:]
         return list(prompt_ids[common:])
 
     @torch.inference_mode()
-    def _prefill(self, new_ids: list[int]) -> torch.Tensor:
+    def _prefill(self, new_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the new prompt tokens; return the last one's hidden state and draft state."""
         self.cache.ensure_room(len(new_ids))
         device = self.model.device
-        hidden = None
+        hidden = draft = None
         for start in range(0, len(new_ids), PREFILL_CHUNK):
             chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)
             past = self.cache.length
             positions = torch.arange(past, past + chunk.numel(), device=device)
             hidden = self.model(chunk, positions, causal_mask(past, chunk.numel(), device), self.cache)
             self.cache.commit_prefix(chunk.numel())
+            draft = self._contextualize(hidden, past)
             self.history.extend(new_ids[start:start + PREFILL_CHUNK])
-        return hidden[-1]  # [D]
+        return hidden[-1], draft[-1]  # [D], [D]
 
     # -- generation ------------------------------------------------------------
     def generate(
@@ -143,9 +166,9 @@ class Decoder:
         gen = torch.Generator(device="cpu").manual_seed(config.seed)
         new_ids = self._reuse_prefix(prompt_ids)
         t0 = time.perf_counter()
-        last_hidden = self._prefill(new_ids)
+        last_hidden, draft_state = self._prefill(new_ids)
         first = self._pick(self.model.logits(last_hidden)[None], config, gen)[0]
-        state = _State(root=int(first), hidden=last_hidden)
+        state = _State(root=int(first), hidden=draft_state)
         emitted = 1
         stop = first in config.stop_token_ids
         yield Step((first,) if not stop else (), 1, time.perf_counter() - t0, len(new_ids), prefill=True)
@@ -188,7 +211,8 @@ class Decoder:
         bonus = int(picks[path_list[-1]])
         emitted = [token_list[i] for i in path_list[1:]] + [bonus]
         self._nodes_used = n
-        return emitted, _State(root=bonus, hidden=hidden[path_list[-1]])
+        draft = self._contextualize(hidden[path], past)  # the path's nodes sit at past, past+1, …
+        return emitted, _State(root=bonus, hidden=draft[-1])
 
     def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
         device = self.model.device
@@ -199,7 +223,7 @@ class Decoder:
         self.history.append(state.root)
         nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])
         self._nodes_used = 1
-        return [nxt], _State(root=nxt, hidden=hidden[0])
+        return [nxt], _State(root=nxt, hidden=self._contextualize(hidden, past)[0])
 
     _nodes_used: int = 1
 

@@ -20,6 +20,17 @@ Two kinds share the files and the tree decoder:
   drafted path, not just h (as Hydra's sequentially dependent heads do). Drafting goes
   level by level down the tree: a few extra small matmuls per step.
 
+Context layer (optional, hydra only)
+------------------------------------
+Both kinds above read one hidden state, h_t. A ``context`` layer — one small Llama
+decoder layer (attention over every committed position, then a SiLU MLP) with its own
+KV cache — turns the base model's hidden states into h'_t = h_t + layer(h_≤t), and the
+heads read h'_t instead (Hydra++'s "prefix attention"): a head then sees which tokens
+came before, not only the last state. Its output projections start at zero, so an
+untrained context layer passes h through unchanged. The decoder runs it on every
+committed token (prefill chunks and each step's accepted path), in lock-step with the
+base model's cache; it never touches what is emitted, only what is proposed.
+
 Files
 -----
 Own format: one ``heads.safetensors`` whose metadata records the kind, the shapes and
@@ -42,6 +53,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .errors import HeadsError
+from .kv_cache import KVCache
+from .model import DecoderLayer, ModelSpec, apply_rope
 from .tree import TreeBuffers
 
 FORMAT_NAME = "specmemo-heads"
@@ -59,6 +72,12 @@ class HeadsSpec:
     own_lm_heads: bool
     base_name: str = ""
     base_fingerprint: str = ""  # empty: unknown (Medusa-format checkpoints)
+    # context layer (0: none): its attention shape copies the base model's; its MLP is
+    # ``context_mlp`` wide (the hidden size by default: ~1.9 M parameters at D = 576)
+    context_mlp: int = 0
+    context_heads: int = 0
+    context_kv_heads: int = 0
+    context_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -67,6 +86,18 @@ class HeadsSpec:
             raise HeadsError("hydra heads use the base model's LM head")
         if self.num_heads < 1 or self.num_layers < 1:
             raise HeadsError("heads need at least one head and one layer")
+        if self.context_mlp and (self.kind != "hydra" or min(self.context_heads, self.context_kv_heads,
+                                                               self.context_head_dim) < 1):
+            raise HeadsError("a context layer needs hydra heads and the base model's attention shape")
+
+    @property
+    def has_context(self) -> bool:
+        return self.context_mlp > 0
+
+    def context_model_spec(self):
+        """The context layer's shape as a one-layer ``ModelSpec`` (so it reuses model.py)."""
+        return ModelSpec("llama", self.vocab_size, self.hidden_size, self.context_mlp, 1, self.context_heads,
+                         self.context_kv_heads, self.context_head_dim, 1e-5, False, False, False, False, 0)
 
 
 class ResBlock(nn.Module):
@@ -80,6 +111,41 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + nn.functional.silu(self.linear(x))
+
+
+class ContextLayer(nn.Module):
+    """One decoder layer over the base model's hidden states (see the module docstring)."""
+
+    def __init__(self, spec: HeadsSpec) -> None:
+        super().__init__()
+        self.mspec = spec.context_model_spec()
+        self.layer = DecoderLayer(self.mspec, 0)
+        nn.init.zeros_(self.layer.self_attn.o_proj.weight)
+        nn.init.zeros_(self.layer.mlp.down_proj.weight)
+
+    def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device | str) -> KVCache:
+        m = self.mspec
+        return KVCache(1, m.num_kv_heads, m.head_dim, capacity, dtype, device)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache) -> torch.Tensor:
+        """hidden [T, D] at scratch slots ``cache.length + i`` → h' [T, D] (caller commits)."""
+        cache.ensure_room(hidden.shape[0])
+        return self.layer(hidden, cos, sin, mask, cache)
+
+    def forward_batch(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Training: hidden [B, T, D], causal within each row (right padding is harmless:
+        padded positions come after every real one), cos/sin [T, hd] → h' [B, T, D]."""
+        att, m = self.layer.self_attn, self.mspec
+        b, t, _ = hidden.shape
+        x = self.layer.input_layernorm(hidden)
+        q = att.q_proj(x).view(b, t, m.num_heads, m.head_dim).transpose(1, 2)
+        k = att.k_proj(x).view(b, t, m.num_kv_heads, m.head_dim).transpose(1, 2)
+        v = att.v_proj(x).view(b, t, m.num_kv_heads, m.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        h = hidden + att.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return h + self.layer.mlp(self.layer.post_attention_layernorm(h))
 
 
 class MedusaHeads(nn.Module):
@@ -135,6 +201,7 @@ class HydraHeads(nn.Module):
             nn.Sequential(*[ResBlock(d) for _ in range(spec.num_layers - 1)]) for _ in range(spec.num_heads)
         )
         self.lm_heads = None
+        self.context = ContextLayer(spec) if spec.has_context else None
 
     @property
     def num_heads(self) -> int:
@@ -186,10 +253,13 @@ def new_heads(spec: HeadsSpec) -> DraftHeads:
 def random_heads(
     num_heads: int, hidden_size: int, vocab_size: int, seed: int = 0, scale: float = 0.02,
     base_name: str = "", base_fingerprint: str = "", kind: str = "medusa", num_layers: int = 1,
+    context: tuple[int, int, int, int] | None = None,
 ) -> DraftHeads:
-    """Heads with random weights: the decoder's output must not depend on them (tests)."""
+    """Heads with random weights: the decoder's output must not depend on them (tests).
+    ``context``: (mlp width, heads, kv heads, head dim) of a context layer, hydra only."""
+    ctx = dict(zip(("context_mlp", "context_heads", "context_kv_heads", "context_head_dim"), context or (0,) * 4))
     heads = new_heads(HeadsSpec(kind, num_heads, num_layers, hidden_size, vocab_size, False, base_name,
-                                base_fingerprint))
+                                base_fingerprint, **ctx))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -210,6 +280,8 @@ def save_heads(heads: DraftHeads, path: Path, dtype: torch.dtype | None = None) 
         "hidden_size": str(s.hidden_size), "vocab_size": str(s.vocab_size),
         "own_lm_heads": "1" if s.own_lm_heads else "0",
         "base_name": s.base_name, "base_fingerprint": s.base_fingerprint,
+        "context_mlp": str(s.context_mlp), "context_heads": str(s.context_heads),
+        "context_kv_heads": str(s.context_kv_heads), "context_head_dim": str(s.context_head_dim),
     }
     tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
     tmp = path.with_suffix(".tmp")
@@ -267,6 +339,8 @@ def _load_own(path: Path) -> DraftHeads:
             hidden_size=int(meta["hidden_size"]), vocab_size=int(meta["vocab_size"]),
             own_lm_heads=meta.get("own_lm_heads") == "1", base_name=meta.get("base_name", ""),
             base_fingerprint=meta.get("base_fingerprint", ""),
+            **{k: int(meta.get(k, "0")) for k in ("context_mlp", "context_heads", "context_kv_heads",
+                                                   "context_head_dim")},
         )
     except (KeyError, ValueError) as exc:
         raise HeadsError(f"{path}: heads metadata is incomplete ({exc}).") from exc

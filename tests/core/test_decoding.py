@@ -164,3 +164,60 @@ def test_hydra_drafts_children_from_their_parent_token():
     b = heads.draft(h, 6, buf, model.model.embed_tokens, model.lm_head)
     assert a[0] == 5 and b[0] == 6
     assert not torch.equal(a[1:11], b[1:11])
+
+
+CONTEXT = (64, 4, 2, 16)  # the tiny model's attention shape, MLP as wide as the hidden size
+
+
+@pytest.mark.parametrize("tree_name", ["medusa-64", "1-10-16-17"])
+def test_greedy_with_a_context_layer_equals_plain_greedy_and_keeps_its_cache_in_step(tree_name):
+    model = tiny_model(seed=11, vocab_size=16)
+    tree = load_tree(tree_name)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=CONTEXT)
+    prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = _greedy_tokens(_decoder(model), prompt, 100)
+    dec = _decoder(model, tree, heads)
+    steps = list(dec.generate(prompt, GenerationConfig(max_new_tokens=100)))
+    assert [t for s in steps for t in s.token_ids] == plain
+    assert max(s.accepted for s in steps) > 1  # drafts were accepted, not only rejected
+    assert dec._context_cache.length == dec.cache.length
+    # a second turn reuses the shared prefix in both caches
+    more = prompt + plain + [3, 4, 5]
+    list(dec.generate(more, GenerationConfig(max_new_tokens=10)))
+    assert dec._context_cache.length == dec.cache.length
+
+
+def test_context_layer_state_equals_a_full_recompute():
+    """The incremental context cache (prefill chunks + accepted paths) must give the draft
+    state a one-shot run of the context layer over all committed hidden states gives."""
+    from specmemo_core.model import causal_mask
+
+    model = tiny_model(seed=2, vocab_size=300)
+    heads = random_heads(3, 64, 300, seed=1, scale=0.3, kind="hydra", context=CONTEXT)
+    dec = _decoder(model, load_tree("1-3-2"), heads)
+    prompt = list(range(10, 40))
+    out = [t for s in dec.generate(prompt, GenerationConfig(max_new_tokens=30)) for t in s.token_ids]
+    ids = torch.tensor(dec.history)
+    n = ids.numel()
+    cache = model.new_cache(n)
+    with torch.inference_mode():
+        hidden = model(ids, torch.arange(n), causal_mask(0, n), cache)
+        cos, sin = model.rope(torch.arange(n))
+        ctx_cache = heads.context.new_cache(n, model.dtype, "cpu")
+        full = heads.context(hidden, cos, sin, causal_mask(0, n), ctx_cache)
+        batch = heads.context.forward_batch(hidden[None], cos, sin)[0]
+        incremental = dec._context_cache.k[0, :, :n]
+    assert out and torch.allclose(ctx_cache.k[0, :, :n], incremental, atol=1e-5)
+    assert torch.allclose(full, batch, atol=1e-5)  # the training path computes the same layer
+
+
+def test_untrained_context_layer_passes_hidden_through():
+    from specmemo_core.heads import HeadsSpec, HydraHeads
+    from specmemo_core.model import causal_mask
+
+    heads = HydraHeads(HeadsSpec("hydra", 2, 1, 64, 300, False, context_mlp=64, context_heads=4,
+                                 context_kv_heads=2, context_head_dim=16))
+    h = torch.randn(5, 64)
+    cos, sin = torch.ones(5, 16), torch.zeros(5, 16)
+    out = heads.context(h, cos, sin, causal_mask(0, 5), heads.context.new_cache(5, torch.float32, "cpu"))
+    assert torch.equal(out, h)

@@ -80,3 +80,19 @@ def test_not_a_heads_file(tmp_path):
         load_heads(tmp_path, 16, 50)
     with pytest.raises(HeadsError, match="heads not found"):
         load_heads(tmp_path / "missing", 16, 50)
+
+
+def test_context_layer_round_trip(tmp_path):
+    heads = random_heads(2, 16, 50, seed=4, kind="hydra", context=(16, 2, 1, 8), base_fingerprint="abc")
+    loaded = load_heads(save_heads(heads, tmp_path / "h"), 16, 50, base_fingerprint="abc")
+    assert loaded.spec == heads.spec and loaded.context is not None
+    for (name, a), (_, b) in zip(heads.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_context_layer_needs_hydra_and_an_attention_shape():
+    with pytest.raises(HeadsError, match="context layer"):
+        HeadsSpec("medusa", 2, 1, 16, 50, False, context_mlp=16, context_heads=2, context_kv_heads=1,
+                  context_head_dim=8)
+    with pytest.raises(HeadsError, match="context layer"):
+        HeadsSpec("hydra", 2, 1, 16, 50, False, context_mlp=16)
