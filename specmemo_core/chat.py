@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .decoding import Decoder, GenerationConfig, Step
-from .errors import SpecMemoError
+from .errors import ContextFullError, SpecMemoError
+from .text import encodable
 
 _PLACEHOLDER = "\x00SPECMEMO{}\x00"
 FLUSH = Step(token_ids=(), accepted=0, forward_s=0.0, tree_nodes=0)
@@ -132,8 +133,16 @@ class ChatSession:
             raise SpecMemoError("the message is empty: type something first")
         config = config or GenerationConfig()
         config = GenerationConfig(**{**config.__dict__, "stop_token_ids": config.stop_token_ids | self.stop_token_ids})
-        self.messages.append({"role": "user", "content": user_text})
+        self.messages.append({"role": "user", "content": encodable(user_text)})
         prompt = encode_conversation(self.tokenizer, self.messages, self.reply_ids)
+        capacity = self.decoder.cache.capacity
+        if len(prompt) >= capacity:  # refused before the cache is touched: the conversation stays usable
+            self.messages.pop()
+            raise ContextFullError(
+                f"This message is too long for the conversation's context: with it the prompt needs "
+                f"{len(prompt)} tokens plus the reply, but the context holds {capacity}. Shorten it, or "
+                f"start a new chat; the conversation so far is unchanged."
+            )
         stream = TextStream(self.tokenizer, config.stop_strings)
         reply = ""
         try:

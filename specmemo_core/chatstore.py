@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.text import encodable
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ class ChatStore:
 
     def create(self, title: str = "New chat", system_prompt: str = "",
                settings: dict[str, object] | None = None) -> Conversation:
-        now, title, settings_json = time.time(), title.strip() or "New chat", _dump(settings)
+        now, title, settings_json = time.time(), encodable(title.strip()) or "New chat", _dump(settings)
+        system_prompt = encodable(system_prompt)
         with self._writing("create the conversation") as conn:
             cur = conn.execute("INSERT INTO conversations (title, created, updated, system_prompt, settings_json)"
                                " VALUES (?, ?, ?, ?, ?)", (title, now, now, system_prompt, settings_json))
@@ -233,7 +235,7 @@ class ChatStore:
     def rename(self, conversation_id: int, title: str) -> None:
         with self._writing("rename the conversation") as conn:
             if conn.execute("UPDATE conversations SET title = ? WHERE id = ?",
-                            (title.strip() or "New chat", conversation_id)).rowcount == 0:
+                            (encodable(title.strip()) or "New chat", conversation_id)).rowcount == 0:
                 raise ChatStoreError(f"Conversation {conversation_id} no longer exists; reload the list.")
 
     def delete(self, conversation_id: int) -> None:
@@ -264,11 +266,12 @@ class ChatStore:
     def add_message(self, conversation_id: int, role: str, content: str, complete: bool = True,
                     stats: dict[str, object] | None = None) -> Message:
         """Save a turn now; a streaming reply is added once as incomplete and completed by update_message()."""
-        return self._save("add_message", (conversation_id, role, content, bool(complete), _dump(stats), time.time()))
+        return self._save("add_message", (conversation_id, role, encodable(content), bool(complete), _dump(stats),
+                                          time.time()))
 
     def update_message(self, message_id: int, content: str, complete: bool,
                        stats: dict[str, object] | None = None) -> Message:
-        return self._save("update_message", (message_id, content, bool(complete), _dump(stats)))
+        return self._save("update_message", (message_id, encodable(content), bool(complete), _dump(stats)))
 
     def flush_pending(self) -> list[Message]:
         """Retry failed message writes in order (the GUI calls this later); stops at the first failure, keeping

@@ -114,10 +114,20 @@ def _engine(args: argparse.Namespace):
         progress.close()
 
 
+def _generation_config(args: argparse.Namespace) -> GenerationConfig:
+    """Checked before the model loads, so a typo costs no loading time."""
+    if args.context < 2:
+        raise SpecMemoError(f"--context must be at least 2 tokens, got {args.context}")
+    if args.max_new_tokens >= args.context:
+        raise SpecMemoError(f"--max-new-tokens {args.max_new_tokens} cannot fit a context of {args.context} "
+                            f"tokens (the prompt needs room too); ask for fewer, or raise --context")
+    return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    config = _generation_config(args)
     engine = _engine(args)
     session = engine.new_session(args.context, args.system, speculate=not args.no_spec)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     echo = None if args.json else (lambda s: print(s, end="", flush=True))
     stats = stream_reply(session, args.prompt, config, echo)
     if args.json:
@@ -129,9 +139,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    config = _generation_config(args)
     engine = _engine(args)
     session = engine.new_session(args.context, args.system, speculate=not args.no_spec)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     mode = f"speculative, tree {engine.tree.name}" if engine.speculative and not args.no_spec else "plain decoding"
     print(f"SpecMemo chat — {engine.identity.name} ({mode}). Empty line or Ctrl-D quits; Ctrl-C stops a reply.",
           file=sys.stderr)
@@ -170,7 +180,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
     cfg = PipelineConfig(
         model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
-        train_prompts=args.prompts, heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
+        context=args.context_layer, train_prompts=args.prompts, heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
         gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
     )
@@ -365,6 +375,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         folder = shipped_heads_dir(engine.identity)
         record = load_calibration(folder) if folder else None
         trees = calibrated_options(record) if record else specmemo_prior_options()
+    if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
+        raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
+                            f"{request.reply_tokens}) does not fit the {shape.max_context}-token context of "
+                            f"{shape.name}; ask for fewer --prompt-tokens/--reply-tokens")
     if args.tree:
         trees = [_tree_option(args.tree, trees, record, folder)]
     step_time = None
@@ -426,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--kind", choices=["medusa", "hydra"], default="hydra")
     train.add_argument("--heads", type=int, default=4)
     train.add_argument("--layers", type=int, default=1)
+    train.add_argument("--context-layer", action="store_true",
+                       help="hydra heads read the base states through one attention layer of their own")
     train.add_argument("--steps", type=int, default=4000)
     train.add_argument("--batch-size", type=int, default=2048)
     train.add_argument("--lr", type=float, default=1e-3)
