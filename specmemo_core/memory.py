@@ -121,17 +121,22 @@ class HeadsShape:
     num_heads: int
     num_layers: int
     own_lm_heads: bool = False
+    context_mlp: int = 0  # width of the heads' context layer's MLP (0: no context layer)
 
     @classmethod
     def from_spec(cls, spec: Any) -> "HeadsShape":
-        return cls(spec.kind, spec.num_heads, spec.num_layers, spec.own_lm_heads)
+        return cls(spec.kind, spec.num_heads, spec.num_layers, spec.own_lm_heads,
+                   getattr(spec, "context_mlp", 0))
 
 
-def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str) -> int:
+def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tokens: int = 0) -> int:
     """Draft heads, from their real shapes (kept in the activation dtype).
 
     medusa: K × layers × (D² + D) [+ K × V × D with private LM heads]
     hydra:  K × ((2D² + D) + (layers − 1)(D² + D))
+    context layer (optional): the base model's attention shape, q and o (2 × D × H × hd),
+      k and v (2 × D × Hkv × hd), an MLP of width M (3 × D × M) and two norms (2D), plus
+      its own one-layer KV cache for ``tokens`` tokens (2 × Hkv × hd × tokens).
     """
     if heads is None:
         return 0
@@ -142,7 +147,12 @@ def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str) -> 
         per_head = heads.num_layers * (d * d + d)
     if heads.own_lm_heads:
         per_head += shape.vocab_size * d
-    return heads.num_heads * per_head * b
+    total = heads.num_heads * per_head
+    if heads.context_mlp:
+        hd = shape.head_dim
+        total += (2 * d * shape.num_heads * hd + 2 * d * shape.num_kv_heads * hd + 3 * d * heads.context_mlp + 2 * d
+                  + 2 * shape.num_kv_heads * hd * tokens)
+    return total * b
 
 
 def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:

@@ -95,6 +95,14 @@ def rope_inverse_frequencies(config: Any) -> tuple[torch.Tensor, float]:
     return inv.float(), float(scale)
 
 
+def rope_tables(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, hd] of rotary embeddings at ``positions`` [T]."""
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -233,9 +241,7 @@ class CausalLM(nn.Module):
         return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, self.dtype, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
-        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
+        return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
 
     def forward(
         self,

@@ -117,7 +117,7 @@ def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, ki
     chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
     terms = {
         "weights": weight_bytes(model, precision, device_kind=kind),
-        "heads": heads_bytes(heads, model, precision) if nodes > 1 else 0,
+        "heads": heads_bytes(heads, model, precision, kv_tokens + nodes) if nodes > 1 else 0,
         "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
         "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth),
         "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),

@@ -26,14 +26,28 @@ _CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
+# System CA bundles of the common Linux families; a frozen OpenSSL may not know where they are.
+_SYSTEM_CA_FILES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+
+
 def _ssl_context() -> ssl.SSLContext:
-    """certifi's CA bundle when it is bundled (the frozen app), else the system's."""
+    """Trust the system's CAs, certifi's (bundled with the app) and any named by SSL_CERT_FILE,
+    REQUESTS_CA_BUNDLE or PIP_CERT, so a TLS-inspecting company proxy works as it does for pip."""
+    context = ssl.create_default_context()
+    files = [os.environ.get(k) for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")]
     try:
         import certifi
 
-        return ssl.create_default_context(cafile=certifi.where())
-    except (ImportError, OSError):
-        return ssl.create_default_context()
+        files.append(certifi.where())
+    except ImportError:
+        pass
+    for path in (*files, *_SYSTEM_CA_FILES):
+        if path and os.path.isfile(path):
+            try:
+                context.load_verify_locations(cafile=path)
+            except (ssl.SSLError, OSError):
+                pass
+    return context
 
 
 def _open(url: str, accept: str | None = None):

@@ -24,7 +24,7 @@ from torch import nn
 from ..heads import DraftHeads
 from ..tree import MAX_ARITY, Tree, load_tree
 from .features import IGNORE, Features
-from .trainer import head_lm, head_states
+from .trainer import Rope, context_hidden, head_lm, head_states
 
 CALIBRATION_NAME = "calibration.json"
 MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY
@@ -32,14 +32,18 @@ MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_A
 
 @torch.inference_mode()
 def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear,
-               device: str | torch.device = "cpu", batch_size: int = 4096) -> torch.Tensor:
-    """[M, K] rank of the true token in each head's guesses (MISS if ≥ 10, -1 if no target)."""
+               device: str | torch.device = "cpu", batch_size: int = 4096, rope: Rope | None = None) -> torch.Tensor:
+    """[M, K] rank of the true token in each head's guesses (MISS if ≥ 10, -1 if no target).
+    Heads with a context layer need ``feats`` built with ``keep_all`` and ``rope``."""
     heads = heads.to(device)
     m, k = feats.targets.shape
+    hidden = feats.hidden
+    if getattr(heads, "context", None) is not None:
+        hidden = context_hidden(heads, feats, rope, device)
     ranks = torch.full((m, k), -1, dtype=torch.long)
     for b in range(0, m, batch_size):
         sl = slice(b, b + batch_size)
-        h = feats.hidden[sl].to(device).float()
+        h = hidden[sl].to(device).float()
         states = head_states(heads, h, feats.parents[sl].to(device), embed)  # K x [B, D]
         for j in range(k):
             tgt = feats.targets[sl, j].to(device)

@@ -26,6 +26,12 @@ class Features:
     parents: torch.Tensor  # [M, K] token at g + k + 1 (hydra input), 0 past the end
     teacher_rows: torch.Tensor  # [M, K] row of ``hidden`` at g + k + 1 (its LM-head
     # distribution is the base model's own for the target), -1 where not stored
+    # For heads with a context layer, which reads every position of a sequence (prompt
+    # included): the hidden state at every global index g, and per sequence its [start,
+    # end) in g and its [first, last + 1) training rows (rows are grouped by sequence).
+    all_hidden: torch.Tensor | None = None  # [G, D]
+    seq_bounds: torch.Tensor | None = None  # [S, 2]
+    row_bounds: torch.Tensor | None = None  # [S, 2]
 
     @property
     def num_heads(self) -> int:
@@ -40,14 +46,17 @@ def training_positions(seqs: Sequences) -> torch.Tensor:
 
 def build_features(
     hf_model: Any, seqs: Sequences, num_heads: int, store_dtype: torch.dtype = torch.bfloat16,
-    batch_size: int = 32, progress: Callable[[str, float], None] | None = None,
+    batch_size: int = 32, progress: Callable[[str, float], None] | None = None, keep_all: bool = False,
 ) -> Features:
     """Run the frozen base model (a transformers causal LM, batched, right-padded) once
-    over every sequence and keep the final-normed hidden states of training positions."""
+    over every sequence and keep the final-normed hidden states of training positions
+    (``keep_all``: of every position too, for heads with a context layer)."""
     positions = training_positions(seqs)  # [M]
     row_of = torch.full((seqs.tokens.numel(),), -1, dtype=torch.long)
     row_of[positions] = torch.arange(positions.numel())
     hidden = torch.empty(positions.numel(), hf_model.config.hidden_size, dtype=store_dtype)
+    all_hidden = (torch.zeros(seqs.tokens.numel(), hf_model.config.hidden_size, dtype=store_dtype)
+                  if keep_all else None)
     device = next(hf_model.parameters()).device
     spans = list(zip(seqs.starts.tolist(), seqs.reply_starts.tolist(), seqs.ends.tolist()))
     order = sorted(range(len(spans)), key=lambda i: spans[i][2] - spans[i][0])
@@ -64,6 +73,8 @@ def build_features(
             out = out.to(store_dtype).cpu()  # [B, W, D]
             for j, (s, r, e) in enumerate(batch):
                 hidden[row_of[r - 1]: row_of[e - 1] + 1] = out[j, r - 1 - s: e - s]
+                if all_hidden is not None:
+                    all_hidden[s:e] = out[j, : e - s]
             if progress:
                 progress("hidden states", min(1.0, (b + batch_size) / len(order)))
     seq_end = torch.repeat_interleave(seqs.ends, seqs.ends - seqs.reply_starts + 1)  # [M]
@@ -73,4 +84,10 @@ def build_features(
     targets = torch.where(valid, seqs.tokens[tgt_idx.clamp(max=seqs.tokens.numel() - 1)], IGNORE)
     parents = torch.where(valid, seqs.tokens[(tgt_idx - 1).clamp(max=seqs.tokens.numel() - 1)], 0)
     teacher_rows = torch.where(valid, row_of[(tgt_idx - 1).clamp(max=seqs.tokens.numel() - 1)], -1)
-    return Features(hidden, targets, parents, teacher_rows)
+    if not keep_all:
+        return Features(hidden, targets, parents, teacher_rows)
+    counts = seqs.ends - seqs.reply_starts + 1
+    row_end = torch.cumsum(counts, 0)
+    seq_bounds = torch.stack((seqs.starts, seqs.ends), 1)
+    row_bounds = torch.stack((row_end - counts, row_end), 1)
+    return Features(hidden, targets, parents, teacher_rows, all_hidden, seq_bounds, row_bounds)

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from ..chat import end_of_turn_ids
 from ..datasets import load_prompt_file, sharegpt_conversations
 from ..heads import HeadsSpec, load_heads, save_heads
+from ..model import ModelSpec, rope_inverse_frequencies, rope_tables
 from ..sources import LoadedModel, load_model
 from .calibrate import calibrate, head_ranks, save_calibration
 from .distill import Sequences, first_prompts, generate_replies
@@ -35,6 +36,7 @@ class PipelineConfig:
     kind: str = "hydra"
     num_heads: int = 4
     num_layers: int = 1
+    context: bool = False  # hydra heads with a context layer (heads.py)
     train_prompts: int = 4000
     heldout_prompts: int = 300
     max_new_tokens: int = 256
@@ -81,6 +83,21 @@ def _sequences(path: Path, make: Callable[[], Sequences]) -> Sequences:
     return seqs
 
 
+def _context_shape(cfg: PipelineConfig, config: Any) -> dict[str, int]:
+    """A context layer with the base model's attention shape and an MLP as wide as D."""
+    if not cfg.context:
+        return {}
+    spec = ModelSpec.from_config(config)
+    return {"context_mlp": spec.hidden_size, "context_heads": spec.num_heads,
+            "context_kv_heads": spec.num_kv_heads, "context_head_dim": spec.head_dim}
+
+
+def base_rope(config: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The base model's rotary tables as a function of positions (float32)."""
+    inv_freq, scale = rope_inverse_frequencies(config)
+    return lambda positions: rope_tables(inv_freq, scale, positions, torch.float32)
+
+
 def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress | None = None,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
@@ -100,20 +117,21 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     train_seqs = distilled(False)
     log(f"distilled {len(train_seqs.starts)} replies, {train_seqs.reply_tokens} tokens ({time.perf_counter() - t0:.0f} s)")
     t0 = time.perf_counter()
-    feats = build_features(hf, train_seqs, cfg.num_heads, progress=progress)
+    feats = build_features(hf, train_seqs, cfg.num_heads, progress=progress, keep_all=cfg.context)
     log(f"features: {feats.hidden.shape[0]} positions ({time.perf_counter() - t0:.0f} s)")
     spec = HeadsSpec(cfg.kind, cfg.num_heads, cfg.num_layers, loaded.config.hidden_size, loaded.config.vocab_size,
-                     False, loaded.identity.name, loaded.identity.fingerprint)
+                     False, loaded.identity.name, loaded.identity.fingerprint, **_context_shape(cfg, loaded.config))
     embed, lm_head = frozen_io(hf)
     t0 = time.perf_counter()
-    heads = train_heads(feats, spec, embed, lm_head, cfg.train, out, device, progress, log)
+    heads = train_heads(feats, spec, embed, lm_head, cfg.train, out, device, progress, log,
+                        rope=base_rope(loaded.config))
     train_s = time.perf_counter() - t0
     save_heads(heads.float(), out, dtype=torch.bfloat16)
     del feats
     record = run_calibration(out, loaded, hf, cfg, device, progress, distilled(True))
     card = {
         "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
-        "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers,
+        "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "context_layer": cfg.context,
         "data": f"ShareGPT V3 first prompts (train split), {len(train_seqs.starts)} replies, "
                 f"{train_seqs.reply_tokens} tokens self-distilled (greedy, ≤{cfg.max_new_tokens} new tokens)",
         "train": asdict(cfg.train), "seed": cfg.train.seed, "train_seconds": round(train_s, 1),
@@ -133,9 +151,9 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
                     progress: Progress | None, heldout: Sequences) -> dict[str, Any]:
     heads = load_heads(folder, loaded.config.hidden_size, loaded.config.vocab_size, loaded.identity.fingerprint,
                        device=device)
-    feats = build_features(hf, heldout, heads.num_heads, progress=progress)
+    feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
-    ranks = head_ranks(heads, feats, embed, lm_head, device)
+    ranks = head_ranks(heads, feats, embed, lm_head, device, rope=base_rope(loaded.config))
     record = calibrate(ranks, heads.spec.kind)
     save_calibration(record, folder)
     return record

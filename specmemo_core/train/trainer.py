@@ -48,6 +48,55 @@ def head_states(heads: DraftHeads, h: torch.Tensor, parents: torch.Tensor, embed
     return [blocks(h) for blocks in heads.blocks]
 
 
+Rope = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions [T] -> cos, sin [T, hd]
+
+
+def context_rows(heads: DraftHeads, feats: Features, rope: Rope, seq_ids: torch.Tensor,
+                 device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training rows of sequences ``seq_ids`` [n] and the context layer's output there [n, D].
+
+    Each sequence runs whole (prompt included) through the context layer, as the decoder
+    runs every committed token; a sequence's training rows are its last positions (the
+    last prompt token and the reply), so they are the tail of its output.
+    """
+    bounds, rbounds = feats.seq_bounds[seq_ids], feats.row_bounds[seq_ids]
+    lengths = (bounds[:, 1] - bounds[:, 0]).tolist()
+    width = max(lengths)
+    x = torch.zeros(len(lengths), width, feats.all_hidden.shape[1], device=device)
+    for j, (start, end) in enumerate(bounds.tolist()):
+        x[j, : end - start] = feats.all_hidden[start:end].to(device).float()
+    cos, sin = rope(torch.arange(width, device=device))
+    out = heads.context.forward_batch(x, cos.float(), sin.float())  # [B, W, D]
+    rows, states = [], []
+    for j, ((r0, r1), n) in enumerate(zip(rbounds.tolist(), lengths)):
+        rows.append(torch.arange(r0, r1))
+        states.append(out[j, n - (r1 - r0): n])
+    return torch.cat(rows).to(device), torch.cat(states)
+
+
+@torch.inference_mode()
+def context_hidden(heads: DraftHeads, feats: Features, rope: Rope, device: str | torch.device,
+                   seqs_per_batch: int = 32) -> torch.Tensor:
+    """The context layer's output at every training row [M, D] (for calibration)."""
+    out = torch.empty(feats.hidden.shape, dtype=torch.float32)
+    for b in range(0, feats.seq_bounds.shape[0], seqs_per_batch):
+        rows, states = context_rows(heads, feats, rope, torch.arange(b, min(b + seqs_per_batch,
+                                                                            feats.seq_bounds.shape[0])), device)
+        out[rows.cpu()] = states.float().cpu()
+    return out
+
+
+def _sequence_batch(step: int, feats: Features, cfg: TrainConfig) -> torch.Tensor:
+    """Sequences for one step, about ``batch_size`` training rows in all; deterministic."""
+    s = feats.seq_bounds.shape[0]
+    mean_rows = float((feats.row_bounds[:, 1] - feats.row_bounds[:, 0]).float().mean())
+    per_step = max(1, min(s, round(cfg.batch_size / max(mean_rows, 1.0))))
+    per_epoch = max(1, s // per_step)
+    epoch, i = divmod(step, per_epoch)
+    perm = torch.randperm(s, generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch))
+    return perm[i * per_step:(i + 1) * per_step]
+
+
 def head_lm(heads: DraftHeads, k: int, lm_head: nn.Linear) -> nn.Linear:
     return heads.lm_heads[k] if heads.lm_heads is not None else lm_head
 
@@ -71,8 +120,14 @@ def train_heads(
     feats: Features, spec: HeadsSpec, embed: nn.Embedding, lm_head: nn.Linear, cfg: TrainConfig,
     out_dir: Path | None = None, device: str | torch.device = "cpu",
     progress: Callable[[str, float], None] | None = None, log: Callable[[str], None] | None = None,
+    rope: Rope | None = None,
 ) -> DraftHeads:
-    """Train ``spec.num_heads`` heads; resumes from ``out_dir/checkpoint.pt`` if present."""
+    """Train ``spec.num_heads`` heads; resumes from ``out_dir/checkpoint.pt`` if present.
+
+    Heads with a context layer train on whole sequences (``feats`` built with
+    ``keep_all``; ``rope`` gives the base model's rotary tables), the rest on positions."""
+    if spec.has_context and (feats.all_hidden is None or rope is None):
+        raise ValueError("heads with a context layer need features built with keep_all=True and a rope")
     torch.manual_seed(cfg.seed)
     heads = new_heads(spec).to(device).train()
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -93,10 +148,13 @@ def train_heads(
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        idx = _batch_indices(step, m, cfg).to(device)
-        h = hidden[idx].float()  # [B, D]
         loss = torch.zeros((), device=device)
         with autocast if autocast else torch.enable_grad():
+            if spec.has_context:
+                idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device)
+            else:
+                idx = _batch_indices(step, m, cfg).to(device)
+                h = hidden[idx].float()  # [B, D]
             states = head_states(heads, h, parents[idx], embed)  # K x [B, D]
             for k in range(spec.num_heads):
                 ok = targets[idx, k] != IGNORE  # [B]

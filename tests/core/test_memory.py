@@ -80,3 +80,15 @@ def test_unknown_names_are_refused():
         known_shape("gpt-9")
     with pytest.raises(SpecMemoError, match="unknown precision"):
         weight_bytes(known_shape("vicuna-7b"), "int3")
+
+
+def test_heads_with_a_context_layer_match_real_parameters_and_cache():
+    from specmemo_core.heads import random_heads
+    from specmemo_core.memory import HeadsShape
+
+    cfg = tiny_config(vocab_size=300)
+    shape = ModelShape.from_spec(ModelSpec.from_config(cfg))
+    heads = random_heads(3, 64, 300, kind="hydra", context=(64, 4, 2, 16))
+    params = sum(p.numel() * p.element_size() for p in heads.parameters())
+    cache = heads.context.new_cache(100, torch.float32, "cpu")
+    assert heads_bytes(HeadsShape.from_spec(heads.spec), shape, "fp32", tokens=100) == params + cache.nbytes

@@ -38,24 +38,34 @@ def test_targets_are_k_plus_2_ahead_and_parents_k_plus_1():
     assert torch.allclose(f.hidden[0].float(), ref[4], atol=2e-2)
 
 
-def _pattern_features(hf, num_heads):
+def _pattern_features(hf, num_heads, keep_all=False):
     period = list(range(3, 12))
     pairs = [([1, 2], (period * 8)[s:s + 40]) for s in range(9)]
-    return build_features(hf, Sequences.from_pairs(pairs), num_heads, store_dtype=torch.float32)
+    return build_features(hf, Sequences.from_pairs(pairs), num_heads, store_dtype=torch.float32, keep_all=keep_all)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+CONTEXT = {"context_mlp": 64, "context_heads": 4, "context_kv_heads": 2, "context_head_dim": 16}
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra", "hydra+context"])
 def test_heads_learn_a_repeating_pattern(kind):
     """Untrained heads guess the base model's next token (wrong here); after a few
     hundred steps on a periodic sequence they must predict 2..4 tokens ahead."""
+    from specmemo_core.train.pipeline import base_rope
+
     hf = tiny_hf_model(seed=1)
-    feats = _pattern_features(hf, 3)
+    context = kind.endswith("+context")
+    kind = kind.split("+")[0]
+    feats = _pattern_features(hf, 3, keep_all=context)
     embed, lm_head = frozen_io(hf)
-    spec = HeadsSpec(kind, 3, 1, 64, 300, False)
+    spec = HeadsSpec(kind, 3, 1, 64, 300, False, **(CONTEXT if context else {}))
+    rope = base_rope(hf.config)
     untrained = head_ranks(random_heads(3, 64, 300, kind=kind, scale=0.0), feats, embed, lm_head)
     heads = train_heads(feats, spec, embed, lm_head, TrainConfig(steps=300, batch_size=128, lr=3e-3, warmup=5,
-                                                                         soft_targets=False))
-    trained = head_ranks(heads, feats, embed, lm_head)
+                                                                         soft_targets=False), rope=rope)
+    if context:
+        assert heads.context.layer.self_attn.o_proj.weight.abs().sum() > 0  # the context layer trained too
+    trained = head_ranks(heads, feats, embed, lm_head, rope=rope)
     before = (untrained[:, 0] == 0).float().mean().item()
     after = [(trained[trained[:, k] >= 0, k] == 0).float().mean().item() for k in range(3)]
     assert before < 0.3
