@@ -422,6 +422,58 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench import (ALL_METHODS, HF_METHODS, build_methods, first_queries, format_table, plot_png, report,
+                        run_bench, run_info)
+    from .datasets import load_prompt_file, mtbench_conversations
+    from .engine import Engine, shipped_heads_dir
+
+    names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
+    if not names or len(set(names)) != len(names):
+        raise SpecMemoError(f"--methods needs distinct names, e.g. {','.join(ALL_METHODS)}; got {args.methods!r}")
+    if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
+        raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
+             else mtbench_conversations(args.queries))
+    dtype = DTYPES[args.dtype]
+    progress = StageProgress()
+    try:
+        engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=dtype, device=args.device,
+                             progress=progress)
+        if args.heads == "auto":
+            folder = shipped_heads_dir(engine.identity)
+        elif args.heads in ("none", "random"):
+            folder = None
+        else:
+            folder = Path(args.heads) if Path(args.heads).is_dir() else Path(args.heads).parent
+        hf = None
+        if any(n in HF_METHODS for n in names):
+            from .sources import load_model
+            from .train.pipeline import hf_model_from
+
+            hf = hf_model_from(load_model(args.model), args.device, dtype)
+        methods = build_methods(names, engine, hf, folder, convs, args.max_new_tokens, args.dtype)
+        passes = run_bench(methods, args.repeats, device=args.device, progress=progress)
+    finally:
+        progress.close()
+    result = report(methods, passes)
+    result["_run"] = run_info(engine.identity.name, args.device, args.dtype, convs, args.max_new_tokens,
+                              args.repeats, names)
+    if args.plot:
+        plot_png(result, args.plot, f"specmemo bench, {engine.identity.name}, {args.device} {args.dtype}")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_table(result))
+        if args.plot:
+            print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specmemo", description="Local chat with memory-aware speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -495,6 +547,23 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("devices", help="list GPUs and the CPU with the memory free for the model")
     dev.add_argument("--json", action="store_true", help="print one JSON object with devices and notes")
     dev.set_defaults(func=cmd_devices)
+
+    bench = sub.add_parser("bench", help="tokens/s of transformers' generate and our decoders, side by side")
+    bench.add_argument("--model", default="default")
+    bench.add_argument("--heads", default="auto", help="'auto' (shipped heads), 'random', or a heads folder/file")
+    bench.add_argument("--prompts", default=None, help="JSONL with a 'turns' list per line (default: MT-Bench)")
+    bench.add_argument("--queries", type=int, default=20, help="the first N user turns (default 20)")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3, help="timed rounds after one untimed warm-up round")
+    bench.add_argument("--methods", default=None,
+                       help="comma list of hf, hf-pld, vanilla, plan and tree names (default: all of "
+                            "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan)")
+    bench.add_argument("--device", default=_device_default())
+    bench.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
+    bench.add_argument("--plot", default=None, help="write a PNG bar chart of tokens/s here")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -26,6 +26,7 @@ class RunResult:
     step_tokens: int  # tokens those steps emitted
     decode_seconds: float  # time in verify steps
     seconds: float  # wall time, prefills included
+    first_token_s: tuple[float, ...] = ()  # per reply: its prefill and first pick (time to first token)
 
     @property
     def mean_accepted(self) -> float:
@@ -48,6 +49,7 @@ def run_conversations(
     replies: list[list[int]] = []
     new_tokens = steps = step_tokens = 0
     decode_s = 0.0
+    first_token_s: list[float] = []
     start = time.perf_counter()
     for turns in conversations:
         cache.reset()
@@ -56,6 +58,8 @@ def run_conversations(
             ids: list[int] = []
             for piece in session.send(turn, gen):
                 ids.extend(piece.step.token_ids)
+                if piece.step.prefill:
+                    first_token_s.append(piece.step.forward_s)
                 if piece.step.accepted and not piece.step.prefill:
                     steps += 1
                     step_tokens += piece.step.accepted
@@ -64,7 +68,8 @@ def run_conversations(
             new_tokens += len(ids)
             if on_turn:
                 on_turn()
-    return RunResult(replies, new_tokens, steps, step_tokens, decode_s, time.perf_counter() - start)
+    return RunResult(replies, new_tokens, steps, step_tokens, decode_s, time.perf_counter() - start,
+                     tuple(first_token_s))
 
 
 def eval_acceptance(

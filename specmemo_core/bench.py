@@ -1,0 +1,438 @@
+"""``specmemo bench``: transformers' generate and our decoders side by side, in one process.
+
+Every method runs the same workload (multi-turn conversations, greedy): a warm-up round
+that is not timed, then ``repeats`` rounds with the methods interleaved (A B C … A B C …)
+so drift in the machine's speed hits all alike. A *pass* is one method over the whole
+workload; per method the report gives tokens/s over the passes (median, min, max), mean
+accepted tokens per verify step (prefills excluded), time to first token, the verify
+step's buffer bytes, peak memory, and how many replies are token-for-token the
+``vanilla`` (plain greedy) reply.
+
+Methods
+-------
+hf           transformers ``generate``, greedy, the same weights; each turn re-sends the
+             whole conversation (chat template, the model's earlier replies as token ids).
+hf-pld       the same with prompt-lookup decoding (``prompt_lookup_num_tokens=10``).
+vanilla      our plain decoding (one token per forward).
+plan         our decoder with the tree the planner picks after timing this device (it
+             may pick plain decoding; the report says which).
+<tree name>  our decoder with the loaded heads on that tree: medusa-64, 1-10-16-17,
+             calibrated-N, …
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .chat import encode_conversation
+from .errors import SpecMemoError
+from .evaluate import run_conversations
+from .text import encodable
+
+ALL_METHODS = ("hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan")
+HF_METHODS = ("hf", "hf-pld")
+PLD_TOKENS = 10
+BENCH_CONTEXT = 4096  # committed tokens each conversation's KV cache holds
+TREE_BUFFER_SOURCE = f"predicted: memory.tree_buffer_bytes at a {BENCH_CONTEXT}-token context"
+PREDICTED_PEAK_SOURCE = ("predicted: the planner's memory model (weights, heads, KV cache, tree buffers, "
+                         "activations, overhead); CPU peak RSS cannot be split by method in one process")
+CUDA_PEAK_SOURCE = "measured: torch.cuda.max_memory_allocated over the method's passes (both models resident)"
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> "Spread":
+        if not values:
+            raise SpecMemoError("no values to summarise")
+        return cls(statistics.median(values), min(values), max(values))
+
+    def as_dict(self, digits: int = 3) -> dict[str, float]:
+        return {"median": round(self.median, digits), "min": round(self.min, digits), "max": round(self.max, digits)}
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One method over the whole workload."""
+
+    replies: list[list[int]]  # token ids per query, stop token excluded
+    new_tokens: int
+    seconds: float  # wall time, prefills and templating included
+    steps: int  # forwards after each reply's first token
+    step_tokens: int  # tokens those forwards emitted
+    first_token_s: tuple[float, ...]  # per reply
+    peak_bytes: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.step_tokens / self.steps if self.steps else 0.0
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named way to run the workload, with what is known about it before it runs."""
+
+    name: str
+    run: Callable[[], Pass]
+    tree: str | None = None  # None: one token per forward
+    tree_nodes: int = 1
+    tree_buffer_bytes: int | None = None  # None: not modelled (transformers)
+    predicted_bytes: int | None = None
+    note: str = ""
+
+
+# -- workload -----------------------------------------------------------------
+def first_queries(conversations: Sequence[Sequence[str]], queries: int) -> list[list[str]]:
+    """The first ``queries`` user turns, conversations kept whole but for the last one."""
+    if queries < 1:
+        raise SpecMemoError(f"--queries must be at least 1, got {queries}")
+    picked: list[list[str]] = []
+    left = queries
+    for turns in conversations:
+        if left <= 0:
+            break
+        picked.append(list(turns[:left]))
+        left -= len(picked[-1])
+    return picked
+
+
+# -- runners ------------------------------------------------------------------
+def ours_runner(model: Any, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], heads: Any,
+                tree: Any, max_new_tokens: int) -> Callable[[], Pass]:
+    """Our decoder (plain when ``tree`` is None) over the conversations, via evaluate.run_conversations."""
+
+    def run() -> Pass:
+        r = run_conversations(model, tokenizer, config, conversations, heads if tree is not None else None, tree,
+                              max_new_tokens, capacity=BENCH_CONTEXT)
+        return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
+
+    return run
+
+
+class _StepClock:
+    """A generate() streamer that counts forwards: the first put is the prompt, the second
+    the first token (time to first token), every later one the tokens of one forward."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.puts = 0
+        self.first_token_s = 0.0
+        self.step_tokens = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first_token_s = time.perf_counter() - self.start
+        elif self.puts > 2:
+            self.step_tokens += value.numel()
+
+    def end(self) -> None:
+        pass
+
+    @property
+    def steps(self) -> int:
+        return max(self.puts - 2, 0)
+
+
+def hf_runner(hf: Any, tokenizer: Any, stop_ids: frozenset[int], conversations: Sequence[Sequence[str]],
+              max_new_tokens: int, prompt_lookup: int | None = None) -> Callable[[], Pass]:
+    """transformers' greedy ``generate``; each turn re-sends the conversation so far, the
+    model's earlier replies given as the token ids it produced (as our sessions do)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    clock_type = type("StepClock", (_StepClock, BaseStreamer), {})
+    stops = sorted(stop_ids)
+    extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
+    device = hf.device
+
+    def run() -> Pass:
+        replies: list[list[int]] = []
+        firsts: list[float] = []
+        steps = step_tokens = 0
+        start = time.perf_counter()
+        for turns in conversations:
+            messages: list[dict[str, str]] = []
+            known: dict[int, list[int]] = {}
+            for turn in turns:
+                messages.append({"role": "user", "content": encodable(turn)})
+                ids = torch.tensor([encode_conversation(tokenizer, messages, known)], device=device)  # [1, P]
+                clock = clock_type()
+                with torch.inference_mode():
+                    out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                      max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=stops[0],
+                                      streamer=clock, **extra)  # [1, P + new]
+                reply = out[0, ids.shape[1]:].tolist()
+                cut = next((i for i, t in enumerate(reply) if t in stop_ids), len(reply))
+                reply = reply[:cut]
+                replies.append(reply)
+                firsts.append(clock.first_token_s)
+                steps += clock.steps
+                step_tokens += clock.step_tokens
+                messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
+                known[len(messages) - 1] = reply
+        return Pass(replies, sum(map(len, replies)), time.perf_counter() - start, steps, step_tokens, tuple(firsts))
+
+    return run
+
+
+# -- the benchmark ------------------------------------------------------------
+def run_bench(methods: Sequence[Method], repeats: int, warmup: int = 1, device: str | torch.device = "cpu",
+              progress: Callable[[str, float], None] | None = None) -> dict[str, list[Pass]]:
+    """The timed passes of each method: ``warmup`` untimed rounds, then ``repeats`` rounds,
+    the methods interleaved within each round."""
+    if repeats < 1 or warmup < 0:
+        raise SpecMemoError(f"--repeats must be at least 1, got {repeats}")
+    device = torch.device(device)
+    passes: dict[str, list[Pass]] = {m.name: [] for m in methods}
+    rounds = warmup + repeats
+    for r in range(rounds):
+        for i, method in enumerate(methods):
+            if progress:
+                label = "warm-up" if r < warmup else f"repeat {r - warmup + 1}/{repeats}"
+                progress(f"bench {label}", (r * len(methods) + i) / (rounds * len(methods)))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            result = method.run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                result = replace(result, peak_bytes=torch.cuda.max_memory_allocated(device))
+            if r >= warmup:
+                passes[method.name].append(result)
+    return passes
+
+
+def identical_count(replies: Sequence[Sequence[int]], baseline: Sequence[Sequence[int]]) -> int:
+    """Replies equal token for token to the baseline's reply to the same query."""
+    if len(replies) != len(baseline):
+        raise SpecMemoError(f"{len(replies)} replies against {len(baseline)} baseline replies: not the same workload")
+    return sum(list(a) == list(b) for a, b in zip(replies, baseline))
+
+
+def summarize(method: Method, passes: Sequence[Pass], baseline: Sequence[Sequence[int]] | None) -> dict[str, Any]:
+    """One method's report entry. Replies are greedy, so every pass gives the same ones;
+    the identical count is taken over the last pass."""
+    speeds = Spread.of([p.tokens_per_s for p in passes])
+    last = passes[-1]
+    peaks = [p.peak_bytes for p in passes if p.peak_bytes is not None]
+    return {
+        "tree": method.tree,
+        "tree_nodes": method.tree_nodes,
+        "tokens_per_s": speeds.as_dict(),
+        "tokens_per_s_passes": [round(p.tokens_per_s, 3) for p in passes],
+        "mean_accepted": round(statistics.mean(p.mean_accepted for p in passes), 4),
+        "time_to_first_token_s": round(statistics.median(t for p in passes for t in p.first_token_s), 4)
+        if last.first_token_s else None,
+        "new_tokens": last.new_tokens,
+        "replies": len(last.replies),
+        "identical_to_vanilla": identical_count(last.replies, baseline) if baseline is not None else None,
+        "tree_buffer_bytes": method.tree_buffer_bytes,
+        "tree_buffer_source": TREE_BUFFER_SOURCE if method.tree_buffer_bytes is not None else "not modelled",
+        "peak_bytes": max(peaks) if peaks else method.predicted_bytes,
+        "peak_source": CUDA_PEAK_SOURCE if peaks else (PREDICTED_PEAK_SOURCE if method.predicted_bytes
+                                                        else "not modelled"),
+        "note": method.note,
+    }
+
+
+def report(methods: Sequence[Method], passes: dict[str, list[Pass]]) -> dict[str, dict[str, Any]]:
+    """{method: summary}, in the order given, with speed ratios against ``hf`` and ``vanilla``.
+    (The CLI adds one more key, ``_run``, with the settings: see ``run_info``.)"""
+    base = passes["vanilla"][-1].replies if "vanilla" in passes else None
+    out = {m.name: summarize(m, passes[m.name], base) for m in methods}
+    for ref in ("hf", "vanilla"):
+        if ref in out:
+            ref_speed = out[ref]["tokens_per_s"]["median"]
+            for entry in out.values():
+                entry[f"vs_{ref}"] = round(entry["tokens_per_s"]["median"] / ref_speed, 3) if ref_speed else None
+    return out
+
+
+def run_info(model_name: str, device: str, dtype: str, conversations: Sequence[Sequence[str]],
+             max_new_tokens: int, repeats: int, methods: Sequence[str], warmup: int = 1) -> dict[str, Any]:
+    """The report's ``_run`` entry: the settings and the machine, so a result can be re-run."""
+    import os
+
+    import transformers
+
+    from .device import cpu_device
+
+    on_cuda = torch.device(device).type == "cuda"
+    return {
+        "model": model_name, "device": device,
+        "device_name": torch.cuda.get_device_name(torch.device(device)) if on_cuda else cpu_device().name,
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "dtype": dtype,
+        "queries": sum(map(len, conversations)), "conversations": len(conversations),
+        "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup_rounds": warmup, "methods": list(methods),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+
+
+# -- memory model and the planner's choice ------------------------------------
+def predicted_memory(model: Any, heads: Any, tree: Any, precision: str, device_kind: str) -> tuple[int, int]:
+    """(tree-buffer bytes, total bytes) the planner's memory model gives our decoder with
+    ``tree`` (None: plain) and a ``BENCH_CONTEXT``-token KV cache."""
+    from .memory import HeadsShape, ModelShape
+    from .planner import _fixed_bytes
+
+    shape = ModelShape.from_spec(model.spec)
+    nodes, depth = (tree.num_nodes, tree.depth) if tree is not None else (1, 0)
+    heads_shape = HeadsShape.from_spec(heads.spec) if (heads is not None and nodes > 1) else None
+    terms = _fixed_bytes(shape, heads_shape, precision, device_kind, BENCH_CONTEXT, nodes, depth)
+    return terms["tree_buffers"], sum(terms.values())
+
+
+def planner_choice(model: Any, heads: Any, heads_folder: Path | None, precision: str, reply_tokens: int,
+                   step_time: Callable[[int, int], float] | None = None) -> Any:
+    """The Plan for this device as ``specmemo plan`` makes it: the device's free memory, the
+    heads' calibrated trees (else SpecMemo's prior), and a start-up timing of the forward."""
+    from .device import cpu_device, probe
+    from .memory import HeadsShape, ModelShape
+    from .plan_check import time_forward
+    from .planner import Budget, PlanRequest, calibrated_options, plan, specmemo_prior_options
+    from .train.calibrate import load_calibration
+
+    kind = model.device.type
+    info = cpu_device() if kind == "cpu" else next((d for d in probe().devices if d.kind == kind), None)
+    if info is None:
+        raise SpecMemoError(f"no {kind} device found for the planner")
+    budget = Budget(info.kind, info.total_bytes, info.free_bytes, info.name)
+    record = load_calibration(heads_folder) if heads_folder is not None else None
+    trees = calibrated_options(record) if record else specmemo_prior_options()
+    heads_shape = HeadsShape.from_spec(heads.spec) if heads is not None else None
+    step_time = step_time or time_forward(model, heads)
+    request = PlanRequest(reply_tokens=reply_tokens, precision=precision)
+    return plan(budget, ModelShape.from_spec(model.spec), heads_shape, request, trees, step_time)
+
+
+def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path | None,
+                  conversations: Sequence[Sequence[str]], max_new_tokens: int, precision: str,
+                  plan_step_time: Callable[[int, int], float] | None = None) -> list[Method]:
+    """Methods by name over a loaded Engine (ours) and a transformers model (``hf``)."""
+    from .chat import end_of_turn_ids
+    from .engine import resolve_tree
+
+    kind = engine.model.device.type
+    stops = end_of_turn_ids(engine.tokenizer, engine.config)
+    methods: list[Method] = []
+
+    def ours(name: str, tree: Any, note: str = "") -> Method:
+        buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
+        run = ours_runner(engine.model, engine.tokenizer, engine.config, conversations, engine.heads, tree,
+                          max_new_tokens)
+        return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
+                      buffers, total, note)
+
+    for name in names:
+        if name in HF_METHODS:
+            if hf is None:
+                raise SpecMemoError(f"method {name} needs the transformers model")
+            pld = PLD_TOKENS if name == "hf-pld" else None
+            note = f"prompt lookup, {PLD_TOKENS} tokens" if pld else ""
+            methods.append(Method(name, hf_runner(hf, engine.tokenizer, stops, conversations, max_new_tokens, pld),
+                                  note=note + ("; " if note else "") + "re-prefills the conversation every turn"))
+        elif name == "vanilla":
+            methods.append(ours(name, None))
+        elif name == "plan":
+            chosen = planner_choice(engine.model, engine.heads, heads_folder, precision, max_new_tokens,
+                                    plan_step_time)
+            tree = resolve_tree(chosen.tree, heads_folder) if chosen.tree else None
+            speed = chosen.predicted_tokens_per_s
+            note = (f"planner chose {chosen.tree or 'plain decoding'}"
+                    + (f", predicted {speed:.1f} tokens/s" if speed else ""))
+            methods.append(ours(name, tree, note))
+        else:
+            if engine.heads is None:
+                raise SpecMemoError(f"method {name} needs draft heads; this model has none shipped (give --heads)")
+            tree = resolve_tree(name, heads_folder)
+            if tree.depth > engine.heads.num_heads:
+                raise SpecMemoError(f"tree {name} needs {tree.depth} heads but only {engine.heads.num_heads} "
+                                    f"were loaded")
+            methods.append(ours(name, tree))
+    return methods
+
+
+# -- output -------------------------------------------------------------------
+def format_table(result: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'method':<14}{'tree':<16}{'tok/s median':>13}{'min':>8}{'max':>8}{'acc/step':>9}{'TTFT s':>8}"
+             f"{'buffers MiB':>12}{'peak MiB':>10}{'identical':>10}"]
+    mib = lambda n: f"{n / 2**20:.1f}" if n is not None else "-"  # noqa: E731
+    for name, r in result.items():
+        if name.startswith("_"):
+            continue
+        s = r["tokens_per_s"]
+        same = f"{r['identical_to_vanilla']}/{r['replies']}" if r["identical_to_vanilla"] is not None else "-"
+        ttft = f"{r['time_to_first_token_s']:.3f}" if r["time_to_first_token_s"] is not None else "-"
+        lines.append(f"{name:<14}{(r['tree'] or 'plain')[:15]:<16}{s['median']:>13.2f}{s['min']:>8.2f}"
+                     f"{s['max']:>8.2f}{r['mean_accepted']:>9.2f}{ttft:>8}{mib(r['tree_buffer_bytes']):>12}"
+                     f"{mib(r['peak_bytes']):>10}{same:>10}")
+    return "\n".join(lines)
+
+
+def plot_png(result: dict[str, dict[str, Any]], path: str | Path, title: str = "specmemo bench") -> Path:
+    """A bar chart of tokens/s (median) with min–max whiskers, drawn with Qt offscreen
+    (no plotting library needed). NOTE: the only Qt use in the core, imported here only."""
+    from PySide6.QtCore import QPointF, QRectF, Qt
+    from PySide6.QtGui import QColor, QFont, QGuiApplication, QImage, QPainter, QPen
+
+    app = QGuiApplication.instance() or QGuiApplication(["specmemo-bench", "-platform", "offscreen"])  # noqa: F841
+    rows = [(n, r["tokens_per_s"]) for n, r in result.items() if not n.startswith("_")]
+    if not rows:
+        raise SpecMemoError("nothing to plot: the report has no methods")
+    width, height = max(640, 110 * len(rows) + 120), 420
+    left, right, top, bottom = 70, 20, 40, 60
+    image = QImage(width, height, QImage.Format.Format_ARGB32)
+    image.fill(QColor("white"))
+    painter = QPainter(image)
+    try:
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setFont(QFont("sans", 10))
+        top_value = max(s["max"] for _, s in rows) * 1.15 or 1.0
+        plot_h = height - top - bottom
+        y = lambda v: top + plot_h * (1 - v / top_value)  # noqa: E731
+        painter.setPen(QPen(QColor("#cccccc"), 1))
+        for k in range(6):
+            v = top_value * k / 5
+            painter.drawLine(QPointF(left, y(v)), QPointF(width - right, y(v)))
+            painter.setPen(QPen(QColor("black"), 1))
+            painter.drawText(QRectF(0, y(v) - 8, left - 6, 16), Qt.AlignmentFlag.AlignRight, f"{v:.0f}")
+            painter.setPen(QPen(QColor("#cccccc"), 1))
+        painter.setPen(QPen(QColor("black"), 1))
+        painter.drawText(QRectF(0, 8, width, 24), Qt.AlignmentFlag.AlignCenter, f"{title} — tokens/s (median, min–max)")
+        slot = (width - left - right) / len(rows)
+        for i, (name, s) in enumerate(rows):
+            x0 = left + i * slot + slot * 0.2
+            bar_w = slot * 0.6
+            color = QColor("#9e9e9e") if name in HF_METHODS else QColor("#3f7fbf")
+            painter.fillRect(QRectF(x0, y(s["median"]), bar_w, y(0) - y(s["median"])), color)
+            cx = x0 + bar_w / 2
+            painter.setPen(QPen(QColor("black"), 2))
+            painter.drawLine(QPointF(cx, y(s["min"])), QPointF(cx, y(s["max"])))
+            for v in (s["min"], s["max"]):
+                painter.drawLine(QPointF(cx - 8, y(v)), QPointF(cx + 8, y(v)))
+            painter.setPen(QPen(QColor("black"), 1))
+            painter.drawText(QRectF(x0 - 20, y(s["max"]) - 20, bar_w + 40, 16), Qt.AlignmentFlag.AlignCenter,
+                             f"{s['median']:.1f}")
+            painter.drawText(QRectF(left + i * slot, y(0) + 6, slot, 18), Qt.AlignmentFlag.AlignCenter, name)
+        painter.drawLine(QPointF(left, y(0)), QPointF(width - right, y(0)))
+    finally:
+        painter.end()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not image.save(str(path), "PNG"):
+        raise SpecMemoError(f"{path}: could not write the PNG")
+    return path

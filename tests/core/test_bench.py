@@ -1,0 +1,162 @@
+"""``specmemo bench``'s own code on tiny random models: statistics, identical counts, the
+JSON report and the plot. No timing is asserted."""
+
+import json
+
+import pytest
+import torch
+
+from specmemo_core.bench import (
+    Method, Pass, Spread, build_methods, first_queries, format_table, identical_count, plot_png, report, run_bench,
+)
+from specmemo_core.cli import build_parser, main
+from specmemo_core.engine import Engine
+from specmemo_core.heads import random_heads
+from specmemo_core.sources import ModelIdentity
+from tests.tiny import tiny_hf_model, tiny_model, tiny_tokenizer
+
+CONVERSATIONS = [["Hello, how are you today?", "Tell me about the quick brown fox."],
+                 ["Speculative decoding drafts tokens."]]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _pass(seconds: float, replies=((1, 2, 3), (4, 5)), steps=2, step_tokens=3, peak=None) -> Pass:
+    replies = [list(r) for r in replies]
+    return Pass(replies, sum(map(len, replies)), seconds, steps, step_tokens, (0.1, 0.3), peak)
+
+
+def test_spread_median_min_max_of_fixed_numbers():
+    assert Spread.of([3.0, 1.0, 2.0, 10.0]) == Spread(2.5, 1.0, 10.0)
+    assert Spread.of([5.0, 4.0, 6.0]).as_dict() == {"median": 5.0, "min": 4.0, "max": 6.0}
+    assert Spread.of([7.0]) == Spread(7.0, 7.0, 7.0)
+
+
+def test_first_queries_counts_turns_and_keeps_conversations_whole():
+    convs = [["a1", "a2"], ["b1", "b2"], ["c1", "c2"]]
+    assert first_queries(convs, 4) == [["a1", "a2"], ["b1", "b2"]]
+    assert first_queries(convs, 3) == [["a1", "a2"], ["b1"]]
+    assert first_queries(convs, 99) == convs
+
+
+def test_identical_count_compares_whole_replies_token_for_token():
+    base = [[1, 2, 3], [4, 5], [6]]
+    assert identical_count([[1, 2, 3], [4, 5], [6]], base) == 3
+    assert identical_count([[1, 2, 3], [4, 5, 9], []], base) == 1
+    with pytest.raises(Exception):
+        identical_count([[1]], base)
+
+
+def test_report_summarises_passes_into_one_object_keyed_by_method():
+    methods = [Method("hf", lambda: None), Method("vanilla", lambda: None, tree_buffer_bytes=10, predicted_bytes=99),
+               Method("medusa-64", lambda: None, "medusa-64", 64, 1000, 5000)]
+    passes = {
+        "hf": [_pass(2.0), _pass(1.0), _pass(5.0)],  # 5 tokens: 2.5, 5, 1 tokens/s
+        "vanilla": [_pass(1.0, steps=3, step_tokens=3)] * 3,
+        "medusa-64": [_pass(0.5, replies=((1, 2, 3), (4, 6)), peak=7), _pass(0.25, replies=((1, 2, 3), (4, 6)), peak=8)],
+    }
+    out = json.loads(json.dumps(report(methods, passes)))
+    assert list(out) == ["hf", "vanilla", "medusa-64"]
+    hf, van, med = out["hf"], out["vanilla"], out["medusa-64"]
+    assert hf["tokens_per_s"] == {"median": 2.5, "min": 1.0, "max": 5.0}
+    assert hf["tokens_per_s_passes"] == [2.5, 5.0, 1.0]
+    assert med["tokens_per_s"] == {"median": 15.0, "min": 10.0, "max": 20.0}
+    assert med["vs_hf"] == 6.0 and med["vs_vanilla"] == 3.0 and van["vs_vanilla"] == 1.0
+    assert hf["mean_accepted"] == 1.5 and van["mean_accepted"] == 1.0
+    assert hf["time_to_first_token_s"] == pytest.approx(0.2)
+    assert (hf["identical_to_vanilla"], van["identical_to_vanilla"], med["identical_to_vanilla"]) == (2, 2, 1)
+    assert med["replies"] == 2 and med["new_tokens"] == 5
+    assert (med["tree"], med["tree_nodes"], med["tree_buffer_bytes"]) == ("medusa-64", 64, 1000)
+    assert med["peak_bytes"] == 8 and med["peak_source"].startswith("measured")  # CUDA passes carry their peak
+    assert van["peak_bytes"] == 99 and van["peak_source"].startswith("predicted")  # CPU: the memory model
+    assert hf["peak_bytes"] is None and hf["tree_buffer_bytes"] is None
+    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "mean_accepted",
+                "time_to_first_token_s", "new_tokens", "replies", "identical_to_vanilla", "tree_buffer_bytes",
+                "tree_buffer_source", "peak_bytes", "peak_source", "note", "vs_hf", "vs_vanilla"}
+    assert all(set(entry) == expected for entry in out.values())
+    assert "medusa-64" in format_table(out)
+
+
+def test_without_vanilla_there_is_no_identical_count():
+    out = report([Method("hf", lambda: None)], {"hf": [_pass(1.0)]})
+    assert out["hf"]["identical_to_vanilla"] is None and "vs_vanilla" not in out["hf"]
+
+
+def test_run_bench_interleaves_methods_after_an_untimed_warm_up():
+    calls = []
+
+    def method(name):
+        def run():
+            calls.append(name)
+            return _pass(float(len(calls)))
+        return Method(name, run)
+
+    passes = run_bench([method("a"), method("b")], repeats=2, warmup=1)
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    assert [p.seconds for p in passes["a"]] == [3.0, 5.0]  # the warm-up pass (1.0) is dropped
+    assert [p.seconds for p in passes["b"]] == [4.0, 6.0]
+
+
+def _engine(vocab=300):
+    model = tiny_model(seed=3, vocab_size=vocab)
+    heads = random_heads(5, 64, vocab, seed=4, scale=0.5)
+    return Engine(model, tiny_tokenizer(vocab), tiny_hf_model(seed=3, vocab_size=vocab).config,
+                  ModelIdentity("tiny", "0"), heads, None)
+
+
+def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
+    """fp32 greedy: trees with random heads (and the planner's tree) give vanilla's replies
+    exactly; transformers' generate over the same weights is counted too."""
+    engine = _engine()
+    hf = tiny_hf_model(seed=3, vocab_size=300)
+    names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan"]
+    methods = build_methods(names, engine, hf, None, CONVERSATIONS, max_new_tokens=24, precision="fp32",
+                            plan_step_time=lambda nodes, depth: 1.0)  # trees cost nothing extra: plan picks one
+    out = report(methods, run_bench(methods, repeats=1, warmup=1))
+    assert list(out) == names
+    for name in names:
+        assert out[name]["replies"] == 3
+        assert out[name]["tokens_per_s"]["min"] > 0
+    for name in ("vanilla", "medusa-64", "1-10-16-17", "plan"):
+        assert out[name]["identical_to_vanilla"] == 3, name
+    assert out["vanilla"]["mean_accepted"] == 1.0 and out["hf"]["mean_accepted"] == 1.0
+    assert out["plan"]["tree"] is not None and "planner chose" in out["plan"]["note"]
+    assert out["medusa-64"]["tree_nodes"] == 64
+    assert out["1-10-16-17"]["tree_buffer_bytes"] < out["medusa-64"]["tree_buffer_bytes"]
+    assert out["vanilla"]["tree_buffer_bytes"] < out["1-10-16-17"]["tree_buffer_bytes"]
+    assert out["hf"]["identical_to_vanilla"] >= 2  # NOTE: another attention kernel; ties may differ
+    assert out["hf-pld"]["identical_to_vanilla"] == out["hf"]["identical_to_vanilla"]
+
+
+def test_plan_may_choose_plain_decoding_and_says_so():
+    engine = _engine()
+    slow_trees = lambda nodes, depth: 1.0 + nodes  # noqa: E731  every node costs a whole forward
+    (method,) = build_methods(["plan"], engine, None, None, CONVERSATIONS, 8, "fp32", plan_step_time=slow_trees)
+    assert method.tree is None and method.tree_nodes == 1 and "plain decoding" in method.note
+
+
+def test_plot_is_a_png_of_nonzero_size(tmp_path):
+    methods = [Method("hf", lambda: None), Method("vanilla", lambda: None), Method("plan", lambda: None)]
+    passes = {"hf": [_pass(2.0), _pass(1.0)], "vanilla": [_pass(1.0), _pass(0.8)], "plan": [_pass(0.5), _pass(0.4)]}
+    path = plot_png(report(methods, passes), tmp_path / "sub" / "bench.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(path))
+    assert image.width() >= 640 and image.height() > 0
+
+
+def test_cli_parses_bench_and_refuses_repeated_methods_before_loading(capsys):
+    args = build_parser().parse_args(["bench", "--queries", "4", "--methods", "hf,vanilla", "--json",
+                                      "--plot", "x.png", "--device", "cpu", "--dtype", "bf16"])
+    assert (args.queries, args.methods, args.json, args.plot, args.dtype) == (4, "hf,vanilla", True, "x.png", "bf16")
+    assert args.func.__name__ == "cmd_bench"
+    assert main(["bench", "--methods", "vanilla,vanilla"]) == 2
+    assert "distinct" in capsys.readouterr().err
