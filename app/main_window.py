@@ -316,8 +316,12 @@ class MainWindow(QMainWindow):
         last = max((i for i, (_, role, _) in enumerate(self.history) if role == "user"), default=None)
         if last is None:
             return
-        msg_id, _, text = self.history[last]
         try:
+            if self.store.pending:  # unsaved messages (id 0) first get their ids: deleting after 0 deletes all
+                self.store.flush_pending()
+                self.history = [(m.id, m.role, m.content) for m in self.store.messages(self.conversation_id)]
+                last = max(i for i, (_, role, _) in enumerate(self.history) if role == "user")
+            msg_id, _, text = self.history[last]
             self.store.delete_messages_after(self.conversation_id, msg_id)
         except ChatStoreError as exc:
             self.dialogs.tell("Cannot regenerate", str(exc))
@@ -399,8 +403,8 @@ class MainWindow(QMainWindow):
         self.view.drop_last("assistant")
         reply_id, self._reply_id = self._reply_id, None
         if reply_id is not None and self.history and self.history[-1][1] == "user":
-            try:  # the reply's placeholder goes; the user's message stays
-                self.store.delete_messages_after(self.conversation_id, self.history[-1][0])
+            try:  # the reply's placeholder (the chat's last message) goes; the user's message stays
+                self.store.delete_messages_after(self.conversation_id, reply_id - 1)
             except ChatStoreError as exc:
                 self.say(str(exc))
         self._update_buttons()

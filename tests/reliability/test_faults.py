@@ -125,7 +125,7 @@ for turn in range(10_000):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
-@pytest.mark.parametrize("after_lines", [57, 141, 230])
+@pytest.mark.parametrize("after_lines", [57, 141, 230], ids=lambda n: f"killed after {n} writes")
 def test_sigkill_while_saving_a_reply(tmp_path: Path, after_lines: int) -> None:
     """kill -9 while a streaming reply is saved: integrity_check ok, every committed message and update there."""
     path = tmp_path / "history.sqlite3"
