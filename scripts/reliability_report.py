@@ -38,6 +38,8 @@ def _case_name(testcase: ET.Element) -> str:
     if base == "test_bad_input":  # test_bad_input[GGUF of random bytes] -> GGUF of random bytes
         return param[:-1]
     words = base.removeprefix("test_").replace("_", " ")
+    for plain, proper in (("sigkill", "SIGKILL"), ("mid reply", "mid-reply"), ("owner only", "owner-only")):
+        words = words.replace(plain, proper)
     return words[:1].upper() + words[1:] + (f" [{param[:-1]}]" if param else "")
 
 

@@ -326,7 +326,8 @@ def template_markers(tmp_path, monkeypatch):
     _one_turn(baseline, "hello")
     start_ids = [tok.convert_tokens_to_ids("<|im_start|>")]
     assert sum(i in start_ids for i in session.decoder.history) == sum(i in start_ids for i in baseline.decoder.history)
-    real = sorted(Path(os.environ.get("SPECMEMO_TEST_DATA_DIR", "/tmp/specmemo-test-data")).glob("cache/*/tokenizer.json"))
+    shared = Path(os.environ.get("SPECMEMO_TEST_DATA_DIR", "/tmp/specmemo-test-data"))
+    real = sorted(shared.glob("cache/*/tokenizer.json"))
     if real:  # the default model's own tokenizer, from the local cache (no download)
         from transformers import AutoTokenizer
 
@@ -387,7 +388,7 @@ CLI_CASES = [
      "--max-new-tokens 100000000000 cannot fit a context of 4096 tokens"),
 ]
 for _name, _args, _needle in CLI_CASES:
-    CASES.append(Case(f"CLI {_name}", f"exit code 2, one line 'error: …{_needle[:40]}…', no traceback, nothing written",
+    CASES.append(Case(f"CLI {_name}", f"exit code 2, one line 'error: …{_needle[:40]}…', no traceback, no files",
                       lambda tmp_path, monkeypatch, a=_args, n=_needle: _cli_refuses(tmp_path, a, n)))
 
 
