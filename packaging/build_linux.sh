@@ -49,6 +49,11 @@ step "PyInstaller bundle"
     --distpath "$BUILD/dist" --workpath "$BUILD/pyi" packaging/specmemo-chat.spec
 BUNDLE="$BUILD/dist/specmemo-chat"
 "$BUNDLE/specmemo-chat" --help >/dev/null
+# entry.py answers -c like Python: import what a chat needs, before packaging
+"$BUNDLE/specmemo-chat" -c "import numpy, torch, transformers, tokenizers, gguf, safetensors, PySide6.QtWidgets
+from transformers import AutoTokenizer, LlamaConfig
+import specmemo_core.engine, app.main_window
+print('bundle imports ok: torch', torch.__version__)"
 echo "bundle: $BUNDLE"
 
 step ".deb"
@@ -132,16 +137,11 @@ echo "installed again: $DEB"
 
 step "sizes"
 INSTALLED_BYTES="$(du -sb /opt/specmemo-chat | cut -f1)"
-cat > "$ROOT/docs/installer/sizes.json" <<EOF
-{
-  "version": "$VERSION",
-  "torch": "$("$PY" -c 'import torch; print(torch.__version__)')",
-  "bundle_bytes": $BUNDLE_BYTES,
-  "deb_bytes": $DEB_BYTES,
-  "installed_bytes": $INSTALLED_BYTES,
-  "deb_compression": "zstd -9",
-  "self_test": "$SELF_TEST"
-}
+SELF_TEST="$SELF_TEST" "$PY" - "$ROOT/docs/installer/sizes.json" <<EOF
+import json, os, sys, torch
+sizes = {"version": "$VERSION", "torch": torch.__version__, "bundle_bytes": $BUNDLE_BYTES, "deb_bytes": $DEB_BYTES,
+         "installed_bytes": $INSTALLED_BYTES, "deb_compression": "zstd -9", "self_test": os.environ["SELF_TEST"]}
+open(sys.argv[1], "w").write(json.dumps(sizes, indent=2) + "\n")
 EOF
 cat "$ROOT/docs/installer/sizes.json"
 echo "bundle $(mib "$BUNDLE_BYTES"), .deb $(mib "$DEB_BYTES"), installed $(mib "$INSTALLED_BYTES")"
