@@ -390,7 +390,8 @@ def plot_png(result: dict[str, dict[str, Any]], path: str | Path, title: str = "
     from PySide6.QtGui import QColor, QFont, QGuiApplication, QImage, QPainter, QPen
 
     app = QGuiApplication.instance() or QGuiApplication(["specmemo-bench", "-platform", "offscreen"])  # noqa: F841
-    rows = [(n, r["tokens_per_s"]) for n, r in result.items() if not n.startswith("_")]
+    rows = [(n if r["tree"] in (None, n) else f"{n}: {r['tree']}", r["tokens_per_s"])
+            for n, r in result.items() if not n.startswith("_")]
     if not rows:
         raise SpecMemoError("nothing to plot: the report has no methods")
     width, height = max(640, 110 * len(rows) + 120), 420
@@ -417,7 +418,7 @@ def plot_png(result: dict[str, dict[str, Any]], path: str | Path, title: str = "
         for i, (name, s) in enumerate(rows):
             x0 = left + i * slot + slot * 0.2
             bar_w = slot * 0.6
-            color = QColor("#9e9e9e") if name in HF_METHODS else QColor("#3f7fbf")
+            color = QColor("#9e9e9e") if name in HF_METHODS else QColor("#3f7fbf")  # transformers grey, ours blue
             painter.fillRect(QRectF(x0, y(s["median"]), bar_w, y(0) - y(s["median"])), color)
             cx = x0 + bar_w / 2
             painter.setPen(QPen(QColor("black"), 2))
