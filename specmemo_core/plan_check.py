@@ -25,38 +25,45 @@ class PlanDoesNotFit(SpecMemoError):
     """The device refused the plan's trial allocation."""
 
 
-def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512, repeats: int = 3) -> StepTime:
-    """Median time of a forward over 1 and over ``big`` tokens at ``context`` tokens of
-    history, and of one drafted tree level: the planner's step-time model."""
+def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512, repeats: int = 5) -> StepTime:
+    """Time a forward over 1 and over ``big`` tokens at ``context`` tokens of history, and
+    one drafted tree level: the planner's step-time model.
+
+    The sizes are timed alternately and each keeps its fastest run: on a shared machine
+    other programs only ever add time, so the minimum is the cost of the step itself,
+    and alternating keeps a burst of load from landing on one size only (a median of
+    back-to-back runs once made plain steps look twice as slow as they were, and the
+    planner chose a tree that lost)."""
     device = model.device
     cache = model.new_cache(context + big)
     ids = torch.randint(0, model.spec.vocab_size, (context + big,), device=device)
     with torch.inference_mode():
         model(ids[:context], torch.arange(context, device=device), causal_mask(0, context, device), cache)
         cache.commit_prefix(context)
+        masks = {t: tree_mask(context, torch.ones(t, t, dtype=torch.bool, device=device).tril()) for t in (1, big)}
+        h = torch.zeros(model.spec.hidden_size, device=device, dtype=model.dtype)
 
-        def run(t: int) -> float:
-            mask = tree_mask(context, torch.ones(t, t, dtype=torch.bool, device=device).tril())
-            times = []
-            for _ in range(repeats + 1):
-                _sync(device)
-                t0 = time.perf_counter()
-                model.logits(model(ids[:t], context + torch.arange(t, device=device), mask, cache))
-                _sync(device)
-                times.append(time.perf_counter() - t0)
-            return sorted(times[1:])[len(times[1:]) // 2]
+        def forward(t: int) -> None:
+            model.logits(model(ids[:t], context + torch.arange(t, device=device), masks[t], cache))
 
-        t1, tb = run(1), run(big)
-        draft = 0.0
-        if heads is not None:
-            h = torch.zeros(model.spec.hidden_size, device=device, dtype=model.dtype)
+        def draft() -> None:
+            model.lm_head(h[None]).topk(10)
+
+        def timed(fn, *args) -> float:
             _sync(device)
             t0 = time.perf_counter()
-            for _ in range(repeats):
-                model.lm_head(h[None]).topk(10)
+            fn(*args)
             _sync(device)
-            draft = (time.perf_counter() - t0) / repeats
-    return linear_step_time(t1, tb, big, draft)
+            return time.perf_counter() - t0
+
+        forward(1), forward(big), draft()  # warm-up
+        t1 = tb = dl = float("inf")
+        for _ in range(repeats):
+            t1 = min(t1, timed(forward, 1))
+            tb = min(tb, timed(forward, big))
+            if heads is not None:
+                dl = min(dl, timed(draft))
+    return linear_step_time(t1, tb, big, dl if heads is not None else 0.0)
 
 
 def _sync(device: torch.device) -> None:
