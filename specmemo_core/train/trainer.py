@@ -52,19 +52,21 @@ Rope = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions 
 
 
 def context_rows(heads: DraftHeads, feats: Features, rope: Rope, seq_ids: torch.Tensor,
-                 device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                 device: str | torch.device, all_hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Training rows of sequences ``seq_ids`` [n] and the context layer's output there [n, D].
 
     Each sequence runs whole (prompt included) through the context layer, as the decoder
     runs every committed token; a sequence's training rows are its last positions (the
-    last prompt token and the reply), so they are the tail of its output.
+    last prompt token and the reply), so they are the tail of its output. ``all_hidden``:
+    ``feats.all_hidden`` already on ``device`` (copied once, not every step).
     """
+    all_hidden = feats.all_hidden if all_hidden is None else all_hidden
     bounds, rbounds = feats.seq_bounds[seq_ids], feats.row_bounds[seq_ids]
     lengths = (bounds[:, 1] - bounds[:, 0]).tolist()
     width = max(lengths)
-    x = torch.zeros(len(lengths), width, feats.all_hidden.shape[1], device=device)
+    x = torch.zeros(len(lengths), width, all_hidden.shape[1], device=device)
     for j, (start, end) in enumerate(bounds.tolist()):
-        x[j, : end - start] = feats.all_hidden[start:end].to(device).float()
+        x[j, : end - start] = all_hidden[start:end].to(device).float()
     cos, sin = rope(torch.arange(width, device=device))
     out = heads.context.forward_batch(x, cos.float(), sin.float())  # [B, W, D]
     rows, states = [], []
@@ -139,6 +141,7 @@ def train_heads(
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
     hidden = feats.hidden.to(device)
+    all_hidden = feats.all_hidden.to(device) if spec.has_context else None
     targets, parents, teacher_rows = (t.to(device) for t in (feats.targets, feats.parents, feats.teacher_rows))
     embed, lm_head = embed.to(device), lm_head.to(device)
     weights = [cfg.loss_decay ** k for k in range(spec.num_heads)]
@@ -151,7 +154,7 @@ def train_heads(
         loss = torch.zeros((), device=device)
         with autocast if autocast else torch.enable_grad():
             if spec.has_context:
-                idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device)
+                idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device, all_hidden)
             else:
                 idx = _batch_indices(step, m, cfg).to(device)
                 h = hidden[idx].float()  # [B, D]
