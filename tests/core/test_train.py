@@ -121,7 +121,8 @@ def test_held_out_split_is_fixed_and_small():
     assert held == [i for i in range(2000) if is_held_out(i)]
 
 
-def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("context", [False, True])
+def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     """train-heads on a tiny HF folder model: heads, calibration and card are written,
     and the engine decodes with them exactly as plain greedy."""
     from specmemo_core.engine import Engine
@@ -133,7 +134,8 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     tiny_tokenizer().save_pretrained(folder)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"turns": [f"Hello number {i}, how are you?"]}) for i in range(12)))
-    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, train_prompts=10, heldout_prompts=4,
+    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, context=context, train_prompts=10,
+                         heldout_prompts=4,
                          max_new_tokens=24, gen_batch=4, prompts_file=str(prompts), heldout_file=str(prompts),
                          train=TrainConfig(steps=30, batch_size=64))
     out = tmp_path / "heads"
@@ -143,6 +145,7 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     assert not (out / "checkpoint.pt").exists()
     engine = Engine.load(str(folder), heads=str(out), tree="calibrated-8")
     assert engine.tree.num_nodes <= 8
+    assert (engine.heads.context is not None) == context and card["context_layer"] == context
     plain = Engine.load(str(folder), heads="none")
     a = "".join(p.text for p in engine.new_session(512).send("Hello number 3"))
     b = "".join(p.text for p in plain.new_session(512).send("Hello number 3"))
