@@ -19,6 +19,7 @@ import torch
 from .errors import SpecMemoError
 from .model import CausalLM, causal_mask, tree_mask
 from .planner import Plan, StepTime, linear_step_time
+from .tree import load_tree
 
 
 class PlanDoesNotFit(SpecMemoError):
@@ -26,44 +27,54 @@ class PlanDoesNotFit(SpecMemoError):
 
 
 def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512, repeats: int = 5) -> StepTime:
-    """Time a forward over 1 and over ``big`` tokens at ``context`` tokens of history, and
-    one drafted tree level: the planner's step-time model.
+    """The planner's step-time model from a start-up timing: a forward over 1 and over
+    ``big`` tokens at ``context`` tokens of history, and the cost of a drafted level.
 
-    The sizes are timed alternately and each keeps its fastest run: on a shared machine
-    other programs only ever add time, so the minimum is the cost of the step itself,
-    and alternating keeps a burst of load from landing on one size only (a median of
-    back-to-back runs once made plain steps look twice as slow as they were, and the
-    planner chose a tree that lost)."""
+    The two sizes are timed alternately and each keeps its fastest run: on a shared
+    machine other programs only ever add time, so the minimum is the cost of the step
+    itself, and alternating keeps a burst of load from landing on one size only (a
+    median of back-to-back runs once made plain steps look twice as slow as they were).
+    The level cost comes from real speculative steps of the decoder on a chain tree
+    (drafting, verifying, accepting, committing: the fastest step), less its forward, per
+    level: timing the LM head alone missed a quarter of a CPU step, and the planner chose
+    a tree that lost.
+    """
     device = model.device
     cache = model.new_cache(context + big)
-    ids = torch.randint(0, model.spec.vocab_size, (context + big,), device=device)
+    ids = torch.randint(0, model.spec.vocab_size, (context + big,), device=device,
+                        generator=torch.Generator(device=device).manual_seed(0))
     with torch.inference_mode():
         model(ids[:context], torch.arange(context, device=device), causal_mask(0, context, device), cache)
         cache.commit_prefix(context)
         masks = {t: tree_mask(context, torch.ones(t, t, dtype=torch.bool, device=device).tril()) for t in (1, big)}
-        h = torch.zeros(model.spec.hidden_size, device=device, dtype=model.dtype)
 
-        def forward(t: int) -> None:
-            model.logits(model(ids[:t], context + torch.arange(t, device=device), masks[t], cache))
-
-        def draft() -> None:
-            model.lm_head(h[None]).topk(10)
-
-        def timed(fn, *args) -> float:
+        def forward(t: int) -> float:
             _sync(device)
             t0 = time.perf_counter()
-            fn(*args)
+            model.logits(model(ids[:t], context + torch.arange(t, device=device), masks[t], cache))
             _sync(device)
             return time.perf_counter() - t0
 
-        forward(1), forward(big), draft()  # warm-up
-        t1 = tb = dl = float("inf")
+        forward(1), forward(big)  # warm-up
+        t1 = tb = float("inf")
         for _ in range(repeats):
-            t1 = min(t1, timed(forward, 1))
-            tb = min(tb, timed(forward, big))
-            if heads is not None:
-                dl = min(dl, timed(draft))
-    return linear_step_time(t1, tb, big, dl if heads is not None else 0.0)
+            t1, tb = min(t1, forward(1)), min(tb, forward(big))
+    if heads is None:
+        return linear_step_time(t1, tb, big)
+    plain = linear_step_time(t1, tb, big)
+    depth = min(3, heads.num_heads)
+    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(), repeats)
+    return linear_step_time(t1, tb, big, max(0.0, step - plain(depth + 1, 0)) / depth)
+
+
+def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int) -> float:
+    from .decoding import Decoder, GenerationConfig
+
+    steps = 2 * repeats + 1
+    decoder = Decoder(model, model.new_cache(len(prompt) + (tree.num_nodes + 1) * (steps + 1)), heads, tree)
+    times = [s.forward_s for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=tree.num_nodes * steps))
+             if not s.prefill]
+    return min(times[1:] or times)  # the first step warms up
 
 
 def _sync(device: torch.device) -> None:
