@@ -387,9 +387,12 @@ def plot_png(result: dict[str, dict[str, Any]], path: str | Path, title: str = "
     """A bar chart of tokens/s (median) with min–max whiskers, drawn with Qt offscreen
     (no plotting library needed). NOTE: the only Qt use in the core, imported here only."""
     from PySide6.QtCore import QPointF, QRectF, Qt
-    from PySide6.QtGui import QColor, QFont, QGuiApplication, QImage, QPainter, QPen
+    from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
+    from PySide6.QtWidgets import QApplication
 
-    app = QGuiApplication.instance() or QGuiApplication(["specmemo-bench", "-platform", "offscreen"])  # noqa: F841
+    # A QApplication (not just a QGuiApplication): a process that later opens a window
+    # (the app, or pytest-qt) must find a QApplication or Qt aborts.
+    app = QApplication.instance() or QApplication(["specmemo-bench", "-platform", "offscreen"])  # noqa: F841
     rows = [(n if r["tree"] in (None, n) else f"{n}: {r['tree']}", r["tokens_per_s"])
             for n, r in result.items() if not n.startswith("_")]
     if not rows:
