@@ -1,0 +1,156 @@
+"""Decoding with static shapes: the groundwork for CUDA graphs (issue 6).
+
+On a GPU an eager forward of the default model costs ~17 ms whatever its size (kernel
+launches), a CUDA-graph replay 2–3 ms. A graph replays fixed kernels on fixed addresses,
+so every step must have the same shapes and read what changes from tensors updated in
+place. ``decoding.Decoder`` slices the cache to ``length + T`` and builds masks from
+Python ints; this decoder instead
+
+- writes keys/values at slots given by a device tensor (``index_copy_``) and attends over
+  the whole capacity, with a mask that hides the slots not (yet) in the conversation;
+- keeps the cache length as a device scalar too, and derives slots, positions and masks
+  from it with tensor ops of fixed shape;
+- commits an accepted path by copying all ``depth + 1`` entries of the best path row
+  (the ones past the accepted count land on scratch slots, which are masked);
+
+so one step — verify forward, accept, commit — has the same shapes every time. NOTE:
+graph capture itself (``torch.cuda.CUDAGraph``) is not here yet: this module is the
+static-shape step, checked on CPU for exactness against ``Decoder``.
+
+Masked slots contribute exact zeros to attention, so its outputs equal the sliced
+decoder's (checked in the tests); the cost on CPU is attention over the whole capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .decoding import Decoder, GenerationConfig, _State
+from .kv_cache import KVCache
+
+
+class StaticKVCache(KVCache):
+    """A KV cache written at device-tensor slots and read whole (see the module doc)."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        super().__init__(num_layers, num_kv_heads, head_dim, capacity, dtype, device)
+        self.slots = torch.zeros(0, dtype=torch.long, device=device)  # set before each forward
+        self.length_t = torch.zeros((), dtype=torch.long, device=device)  # == length, on the device
+        self.columns = torch.arange(capacity, device=device)  # [C]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [kvh, T, hd] stored at ``self.slots`` [T]; returns every slot [kvh, C, hd]."""
+        self.k[layer].index_copy_(1, self.slots, k)
+        self.v[layer].index_copy_(1, self.slots, v)
+        return self.k[layer], self.v[layer]
+
+    def commit_row(self, row: torch.Tensor, count: int) -> None:
+        """Keep scratch entries ``row[:count]`` (node indices relative to ``length``, root
+        first) as the next committed tokens, copying the whole fixed-size ``row``."""
+        self.ensure_room(row.numel())
+        src = self.length_t + row.clamp(min=0)
+        dst = self.length_t + torch.arange(row.numel(), device=row.device)
+        self.k.index_copy_(2, dst, self.k.index_select(2, src))
+        self.v.index_copy_(2, dst, self.v.index_select(2, src))
+        self.length += count
+        self.length_t += count
+
+    def commit_prefix(self, count: int) -> None:
+        super().commit_prefix(count)
+        self.length_t += count
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        self.length_t.fill_(length)
+
+    def reset(self) -> None:
+        super().reset()
+        self.length_t.zero_()
+
+    def causal_mask(self, new: int) -> torch.Tensor:
+        """[new, C]: token i of ``new`` at slot length + i sees every slot up to its own."""
+        rows = torch.arange(new, device=self.columns.device)[:, None]
+        return self.columns[None, :] <= self.length_t + rows
+
+    def tree_mask(self, ancestors: torch.Tensor) -> torch.Tensor:
+        """[N, C]: the committed slots plus each node's ancestors (itself included), which
+        sit at slots length + j for tree node j."""
+        n = ancestors.shape[0]
+        rel = self.columns[None, :] - self.length_t  # [1, C]
+        in_tree = (rel >= 0) & (rel < n)
+        return (rel < 0) | (in_tree & ancestors[:, rel[0].clamp(0, n - 1)])
+
+
+@dataclass
+class StaticDecoder(Decoder):
+    """``Decoder`` whose prefill, plain and tree steps use static shapes (module doc).
+    ``cache`` must be a ``StaticKVCache``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cache, StaticKVCache):
+            raise TypeError("StaticDecoder needs a StaticKVCache")
+        if self.heads is not None and getattr(self.heads, "context", None) is not None:
+            raise NotImplementedError("static decoding of heads with a context layer is not built yet")
+        super().__post_init__()
+
+    @torch.inference_mode()
+    def _prefill(self, new_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        from .decoding import PREFILL_CHUNK
+
+        cache: StaticKVCache = self.cache
+        cache.ensure_room(len(new_ids))
+        device = self.model.device
+        hidden = None
+        for start in range(0, len(new_ids), PREFILL_CHUNK):
+            chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)
+            cache.slots = cache.length_t + torch.arange(chunk.numel(), device=device)
+            hidden = self.model(chunk, cache.slots, cache.causal_mask(chunk.numel()), cache)
+            cache.commit_prefix(chunk.numel())
+            self.history.extend(new_ids[start:start + PREFILL_CHUNK])
+        return hidden[-1], hidden[-1]
+
+    @torch.inference_mode()
+    def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
+        cache: StaticKVCache = self.cache
+        cache.ensure_room(1)
+        tokens = torch.tensor([state.root], device=self.model.device)
+        cache.slots = cache.length_t[None]
+        hidden = self.model(tokens, cache.slots, cache.causal_mask(1), cache)
+        cache.commit_prefix(1)
+        self.history.append(state.root)
+        nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])
+        self._nodes_used = 1
+        return [nxt], _State(root=nxt, hidden=hidden[0])
+
+    @torch.inference_mode()
+    def _step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
+        cache: StaticKVCache = self.cache
+        if not self.speculative or cache.free_slots() < self.tree.num_nodes:
+            return self._plain_step(state, config, gen)
+        buf = self._buffers
+        n = self.tree.num_nodes
+        tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
+                                  self.model.lm_head)  # [N]
+        cache.slots = cache.length_t + torch.arange(n, device=tokens.device)
+        positions = cache.length_t + buf.depths
+        hidden = self.model(tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]
+        logits = self.model.logits(hidden)  # [N, V]
+        path, picks = self._accept(tokens, logits, buf.retrieve_indices, config, gen)
+        count = int(path.numel())  # the one host read of the step
+        row = torch.full((buf.retrieve_indices.shape[1],), 0, dtype=torch.long, device=tokens.device)
+        row[:count] = path
+        cache.commit_row(row, count)
+        path_list = path.tolist()
+        token_list = tokens.tolist()
+        self.history.extend(token_list[i] for i in path_list)
+        bonus = int(picks[path_list[-1]])
+        self._nodes_used = n
+        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=hidden[path_list[-1]])
+
+
+def new_static_cache(model, capacity: int) -> StaticKVCache:
+    s = model.spec
+    return StaticKVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, model.dtype, model.device)
