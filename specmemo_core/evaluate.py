@@ -40,10 +40,22 @@ class RunResult:
 def run_conversations(
     model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]],
     heads: DraftHeads | None, tree: Tree | None, max_new_tokens: int, capacity: int = 4096,
-    on_turn: Callable[[], None] | None = None,
+    on_turn: Callable[[], None] | None = None, graphs: bool = False,
 ) -> RunResult:
+    """``graphs``: decode with static shapes (``static_decoding``; CUDA graphs on a GPU)."""
     scratch = tree.num_nodes if tree is not None else 1
-    cache = model.new_cache(capacity + scratch)
+    if graphs:
+        from .static_decoding import StaticDecoder, new_static_cache
+
+        cache = new_static_cache(model, capacity + scratch)
+
+        def decoder() -> Decoder:
+            return StaticDecoder(model, cache, heads, tree, graphs=True)
+    else:
+        cache = model.new_cache(capacity + scratch)
+
+        def decoder() -> Decoder:
+            return Decoder(model, cache, heads, tree)
     gen = GenerationConfig(max_new_tokens=max_new_tokens)
     stops = end_of_turn_ids(tokenizer, config)
     replies: list[list[int]] = []
@@ -53,7 +65,7 @@ def run_conversations(
     start = time.perf_counter()
     for turns in conversations:
         cache.reset()
-        session = ChatSession(Decoder(model, cache, heads, tree), tokenizer, stops)
+        session = ChatSession(decoder(), tokenizer, stops)
         for turn in turns:
             ids: list[int] = []
             for piece in session.send(turn, gen):

@@ -13,9 +13,11 @@ Python ints; this decoder instead
 - commits an accepted path by copying all ``depth + 1`` entries of the best path row
   (the ones past the accepted count land on scratch slots, which are masked);
 
-so one step — verify forward, accept, commit — has the same shapes every time. NOTE:
-graph capture itself (``torch.cuda.CUDAGraph``) is not here yet: this module is the
-static-shape step, checked on CPU for exactness against ``Decoder``.
+so one step — verify forward, accept, commit — has the same shapes every time.
+``VerifyStep`` packs a greedy verify forward (KV writes, hidden states, each node's
+argmax) into one unit that ``torch.cuda.graph`` can capture and replay. NOTE: the
+capture path has not run on a GPU yet; on CPU (and in the tests) the same function runs
+eagerly, so its logic is checked, not its capture.
 
 Masked slots contribute exact zeros to attention, so its outputs equal the sliced
 decoder's (checked in the tests); the cost on CPU is attention over the whole capacity.
@@ -84,10 +86,70 @@ class StaticKVCache(KVCache):
         return (rel < 0) | (in_tree & ancestors[:, rel[0].clamp(0, n - 1)])
 
 
+class VerifyStep:
+    """One greedy verify forward over a fixed tree, as a replayable unit.
+
+    Reads only tensors with fixed addresses — its own ``tokens`` buffer, the cache's
+    ``length_t``, the tree buffers — and writes the nodes' KV into the cache's scratch
+    slots, so ``torch.cuda.graph`` can capture it once (``capture=True``) and replay it
+    every step; otherwise it runs the same function eagerly. A 1-node tree is a plain step.
+    """
+
+    def __init__(self, model, cache: StaticKVCache, buffers, capture: bool = False, warmup: int = 2) -> None:
+        self.model, self.cache, self.buffers = model, cache, buffers
+        n = buffers.depths.shape[0]
+        self.tokens = torch.zeros(n, dtype=torch.long, device=cache.k.device)
+        self._arange = torch.arange(n, device=cache.k.device)
+        self.graph = None
+        self.hidden = self.picks = None
+        if capture:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
+                for _ in range(warmup):
+                    self._run()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.hidden, self.picks = self._run()
+
+    @torch.inference_mode()
+    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cache, buf = self.cache, self.buffers
+        cache.slots = cache.length_t + self._arange
+        positions = cache.length_t + buf.depths
+        hidden = self.model(self.tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]
+        return hidden, self.model.logits(hidden).argmax(-1)  # [N, D], [N]
+
+    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Nodes' hidden states [N, D] and greedy picks [N] (the graph's own outputs when
+        captured: read them before the next call)."""
+        self.cache.ensure_room(self.tokens.numel())
+        self.tokens.copy_(tokens)
+        if self.graph is None:
+            return self._run()
+        self.graph.replay()
+        return self.hidden, self.picks
+
+
+def greedy_path(tokens: torch.Tensor, picks: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The longest path whose every draft equals its parent's pick: (its fixed-size row of
+    ``retrieve`` [d+1], how many of its nodes are accepted [] ), both on the device."""
+    valid = retrieve >= 0
+    nodes = retrieve.clamp(min=0)
+    ok = (tokens[nodes[:, 1:]] == picks[nodes[:, :-1]]) & valid[:, 1:]
+    lengths = ok.int().cumprod(dim=1).sum(dim=1)  # [L]
+    best = lengths.argmax()
+    return retrieve[best], lengths[best] + 1
+
+
 @dataclass
 class StaticDecoder(Decoder):
     """``Decoder`` whose prefill, plain and tree steps use static shapes (module doc).
-    ``cache`` must be a ``StaticKVCache``."""
+    ``cache`` must be a ``StaticKVCache``. ``graphs``: greedy steps run through
+    ``VerifyStep`` units (captured as CUDA graphs on a CUDA device), one per tree size."""
+
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, StaticKVCache):
@@ -95,6 +157,21 @@ class StaticDecoder(Decoder):
         if self.heads is not None and getattr(self.heads, "context", None) is not None:
             raise NotImplementedError("static decoding of heads with a context layer is not built yet")
         super().__post_init__()
+        self._steps: dict[int, VerifyStep] = {}
+
+    def _verify_step(self, buffers) -> VerifyStep:
+        n = buffers.depths.shape[0]
+        if n not in self._steps:
+            capture = self.model.device.type == "cuda"
+            self._steps[n] = VerifyStep(self.model, self.cache, buffers, capture=capture)
+        return self._steps[n]
+
+    def _single_buffers(self):
+        from .tree import load_tree
+
+        if not hasattr(self, "_single"):
+            self._single = load_tree("single").buffers.to(self.model.device)
+        return self._single
 
     @torch.inference_mode()
     def _prefill(self, new_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +193,14 @@ class StaticDecoder(Decoder):
     def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
         cache: StaticKVCache = self.cache
         cache.ensure_room(1)
+        if self.graphs and config.temperature == 0.0:
+            hidden, picks = self._verify_step(self._single_buffers())(
+                torch.tensor([state.root], device=self.model.device))
+            cache.commit_prefix(1)
+            self.history.append(state.root)
+            nxt = int(picks[0])
+            self._nodes_used = 1
+            return [nxt], _State(root=nxt, hidden=hidden[0].clone())
         tokens = torch.tensor([state.root], device=self.model.device)
         cache.slots = cache.length_t[None]
         hidden = self.model(tokens, cache.slots, cache.causal_mask(1), cache)
@@ -134,6 +219,8 @@ class StaticDecoder(Decoder):
         n = self.tree.num_nodes
         tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
                                   self.model.lm_head)  # [N]
+        if self.graphs and config.temperature == 0.0:
+            return self._graph_step(tokens, buf)
         cache.slots = cache.length_t + torch.arange(n, device=tokens.device)
         positions = cache.length_t + buf.depths
         hidden = self.model(tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]
@@ -149,6 +236,20 @@ class StaticDecoder(Decoder):
         bonus = int(picks[path_list[-1]])
         self._nodes_used = n
         return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=hidden[path_list[-1]])
+
+
+    def _graph_step(self, tokens: torch.Tensor, buf) -> tuple[list[int], _State]:
+        cache: StaticKVCache = self.cache
+        hidden, picks = self._verify_step(buf)(tokens)
+        row, count_t = greedy_path(tokens, picks, buf.retrieve_indices)
+        count = int(count_t)  # the one host read of the step
+        cache.commit_row(row, count)
+        path_list = row[:count].tolist()
+        token_list = tokens.tolist()
+        self.history.extend(token_list[i] for i in path_list)
+        bonus = int(picks[path_list[-1]])
+        self._nodes_used = buf.depths.shape[0]
+        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=hidden[path_list[-1]].clone())
 
 
 def new_static_cache(model, capacity: int) -> StaticKVCache:

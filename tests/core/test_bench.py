@@ -115,7 +115,7 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     exactly; transformers' generate over the same weights is counted too."""
     engine = _engine()
     hf = tiny_hf_model(seed=3, vocab_size=300)
-    names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan"]
+    names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs"]
     methods = build_methods(names, engine, hf, None, CONVERSATIONS, max_new_tokens=24, precision="fp32",
                             plan_step_time=lambda nodes, depth: 1.0)  # trees cost nothing extra: plan picks one
     out = report(methods, run_bench(methods, repeats=1, warmup=1))
@@ -123,8 +123,9 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     for name in names:
         assert out[name]["replies"] == 3
         assert out[name]["tokens_per_s"]["min"] > 0
-    for name in ("vanilla", "medusa-64", "1-10-16-17", "plan"):
+    for name in ("vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs"):
         assert out[name]["identical_to_vanilla"] == 3, name
+    assert "static shapes" in out["1-10-16-17+graphs"]["note"]
     assert out["vanilla"]["mean_accepted"] == 1.0 and out["hf"]["mean_accepted"] == 1.0
     assert out["plan"]["tree"] is not None and "planner chose" in out["plan"]["note"]
     assert out["medusa-64"]["tree_nodes"] == 64
