@@ -100,6 +100,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens")
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--graphs", action="store_true",
+                   help="experimental: static-shape decoding, CUDA graphs on a GPU (greedy steps)")
 
 
 def _engine(args: argparse.Namespace):
@@ -127,7 +129,7 @@ def _generation_config(args: argparse.Namespace) -> GenerationConfig:
 def cmd_generate(args: argparse.Namespace) -> int:
     config = _generation_config(args)
     engine = _engine(args)
-    session = engine.new_session(args.context, args.system, speculate=not args.no_spec)
+    session = engine.new_session(args.context, args.system, speculate=not args.no_spec, graphs=args.graphs)
     echo = None if args.json else (lambda s: print(s, end="", flush=True))
     stats = stream_reply(session, args.prompt, config, echo)
     if args.json:
@@ -141,7 +143,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     config = _generation_config(args)
     engine = _engine(args)
-    session = engine.new_session(args.context, args.system, speculate=not args.no_spec)
+    session = engine.new_session(args.context, args.system, speculate=not args.no_spec, graphs=args.graphs)
     mode = f"speculative, tree {engine.tree.name}" if engine.speculative and not args.no_spec else "plain decoding"
     print(f"SpecMemo chat — {engine.identity.name} ({mode}). Empty line or Ctrl-D quits; Ctrl-C stops a reply.",
           file=sys.stderr)

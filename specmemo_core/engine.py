@@ -109,12 +109,20 @@ class Engine:
         return self.heads is not None and self.tree is not None and self.tree.num_nodes > 1
 
     def new_session(
-        self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True
+        self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True,
+        graphs: bool = False,
     ) -> ChatSession:
         """A conversation with its own KV cache of ``capacity`` committed tokens (plus room
-        for the tree's scratch slots)."""
+        for the tree's scratch slots). ``graphs`` (experimental): the static-shape decoder,
+        whose greedy steps are CUDA graphs on a GPU (static_decoding.py)."""
         use_tree = speculate and self.speculative
         scratch = self.tree.num_nodes if use_tree else 1
-        cache = self.model.new_cache(capacity + scratch)
-        decoder = Decoder(self.model, cache, self.heads if use_tree else None, self.tree if use_tree else None)
+        heads, tree = (self.heads, self.tree) if use_tree else (None, None)
+        if graphs:
+            from .static_decoding import StaticDecoder, new_static_cache
+
+            decoder: Decoder = StaticDecoder(self.model, new_static_cache(self.model, capacity + scratch), heads, tree,
+                                             graphs=True)
+        else:
+            decoder = Decoder(self.model, self.model.new_cache(capacity + scratch), heads, tree)
         return ChatSession(decoder, self.tokenizer, end_of_turn_ids(self.tokenizer, self.config), system_prompt)
