@@ -154,10 +154,25 @@ class StaticDecoder(Decoder):
     def __post_init__(self) -> None:
         if not isinstance(self.cache, StaticKVCache):
             raise TypeError("StaticDecoder needs a StaticKVCache")
-        if self.heads is not None and getattr(self.heads, "context", None) is not None:
-            raise NotImplementedError("static decoding of heads with a context layer is not built yet")
         super().__post_init__()
         self._steps: dict[int, VerifyStep] = {}
+        if self._context is not None:  # the heads' context layer gets a static cache too
+            m = self._context.mspec
+            self._context_cache = StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity,
+                                                self.model.dtype, self.model.device)
+
+    def _contextualize(self, hidden: torch.Tensor, past: int) -> torch.Tensor:
+        """As Decoder._contextualize, on the context layer's static cache (eager: the
+        number of committed tokens varies)."""
+        if self._context is None:
+            return hidden
+        c: StaticKVCache = self._context_cache
+        t = hidden.shape[0]
+        c.slots = c.length_t + torch.arange(t, device=hidden.device)
+        cos, sin = self.model.rope(c.slots)
+        out = self._context(hidden, cos, sin, c.causal_mask(t), c)
+        c.commit_prefix(t)
+        return out
 
     def _verify_step(self, buffers) -> VerifyStep:
         n = buffers.depths.shape[0]
@@ -180,35 +195,39 @@ class StaticDecoder(Decoder):
         cache: StaticKVCache = self.cache
         cache.ensure_room(len(new_ids))
         device = self.model.device
-        hidden = None
+        hidden = draft = None
         for start in range(0, len(new_ids), PREFILL_CHUNK):
             chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)
+            past = cache.length
             cache.slots = cache.length_t + torch.arange(chunk.numel(), device=device)
             hidden = self.model(chunk, cache.slots, cache.causal_mask(chunk.numel()), cache)
             cache.commit_prefix(chunk.numel())
+            draft = self._contextualize(hidden, past)
             self.history.extend(new_ids[start:start + PREFILL_CHUNK])
-        return hidden[-1], hidden[-1]
+        return hidden[-1], draft[-1]
 
     @torch.inference_mode()
     def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
         cache: StaticKVCache = self.cache
         cache.ensure_room(1)
         if self.graphs and config.temperature == 0.0:
+            past = cache.length
             hidden, picks = self._verify_step(self._single_buffers())(
                 torch.tensor([state.root], device=self.model.device))
             cache.commit_prefix(1)
             self.history.append(state.root)
             nxt = int(picks[0])
             self._nodes_used = 1
-            return [nxt], _State(root=nxt, hidden=hidden[0].clone())
+            return [nxt], _State(root=nxt, hidden=self._contextualize(hidden[:1].clone(), past)[0])
         tokens = torch.tensor([state.root], device=self.model.device)
+        past = cache.length
         cache.slots = cache.length_t[None]
         hidden = self.model(tokens, cache.slots, cache.causal_mask(1), cache)
         cache.commit_prefix(1)
         self.history.append(state.root)
         nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])
         self._nodes_used = 1
-        return [nxt], _State(root=nxt, hidden=hidden[0])
+        return [nxt], _State(root=nxt, hidden=self._contextualize(hidden, past)[0])
 
     @torch.inference_mode()
     def _step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
@@ -226,6 +245,7 @@ class StaticDecoder(Decoder):
         hidden = self.model(tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]
         logits = self.model.logits(hidden)  # [N, V]
         path, picks = self._accept(tokens, logits, buf.retrieve_indices, config, gen)
+        past = cache.length
         count = int(path.numel())  # the one host read of the step
         row = torch.full((buf.retrieve_indices.shape[1],), 0, dtype=torch.long, device=tokens.device)
         row[:count] = path
@@ -235,13 +255,14 @@ class StaticDecoder(Decoder):
         self.history.extend(token_list[i] for i in path_list)
         bonus = int(picks[path_list[-1]])
         self._nodes_used = n
-        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=hidden[path_list[-1]])
-
+        draft = self._contextualize(hidden[path], past)
+        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=draft[-1])
 
     def _graph_step(self, tokens: torch.Tensor, buf) -> tuple[list[int], _State]:
         cache: StaticKVCache = self.cache
         hidden, picks = self._verify_step(buf)(tokens)
         row, count_t = greedy_path(tokens, picks, buf.retrieve_indices)
+        past = cache.length
         count = int(count_t)  # the one host read of the step
         cache.commit_row(row, count)
         path_list = row[:count].tolist()
@@ -249,7 +270,8 @@ class StaticDecoder(Decoder):
         self.history.extend(token_list[i] for i in path_list)
         bonus = int(picks[path_list[-1]])
         self._nodes_used = buf.depths.shape[0]
-        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=hidden[path_list[-1]].clone())
+        draft = self._contextualize(hidden[row[:count]].clone(), past)  # the graph's outputs are reused
+        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=draft[-1])
 
 
 def new_static_cache(model, capacity: int) -> StaticKVCache:

@@ -69,3 +69,20 @@ def test_verify_step_units_give_the_same_tokens(tree_name):
     assert static._steps  # the step units were used
     if tree is not None:
         assert max(s.accepted for s in steps) > 1
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs):
+    """With a context layer the static decoder keeps the layer's cache in step and drafts
+    exactly what the sliced decoder drafts: same tokens and same accepted count per step."""
+    torch.set_num_threads(1)
+    model = tiny_model(seed=11, vocab_size=16)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16))
+    tree = load_tree("1-10-16-17")
+    prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    sliced = Decoder(model, model.new_cache(300), heads, tree)
+    static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=graphs)
+    a = [(s.token_ids, s.accepted) for s in sliced.generate(prompt, GenerationConfig(max_new_tokens=80))]
+    b = [(s.token_ids, s.accepted) for s in static.generate(prompt, GenerationConfig(max_new_tokens=80))]
+    assert a == b and max(n for _, n in b) > 1
+    assert int(static._context_cache.length_t) == static._context_cache.length == static.cache.length
