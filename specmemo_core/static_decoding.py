@@ -132,6 +132,42 @@ class VerifyStep:
         return self.hidden, self.picks
 
 
+class DraftStep:
+    """The heads' drafting of a fixed tree as a replayable unit: the tree's tokens [N] from
+    the root token and the state the heads read, both copied into fixed buffers first, so
+    ``torch.cuda.graph`` can capture it (``capture=True``); otherwise it runs eagerly."""
+
+    def __init__(self, heads, buffers, embed, lm_head, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device, capture: bool = False, warmup: int = 2) -> None:
+        self.heads, self.buffers, self.embed, self.lm_head = heads, buffers, embed, lm_head
+        self.root = torch.zeros((), dtype=torch.long, device=device)
+        self.state = torch.zeros(hidden_size, dtype=dtype, device=device)
+        self.graph = None
+        self.tokens = None
+        if capture:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._run()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.tokens = self._run()
+
+    @torch.inference_mode()
+    def _run(self) -> torch.Tensor:
+        return self.heads.draft(self.state, self.root, self.buffers, self.embed, self.lm_head)
+
+    def __call__(self, state: torch.Tensor, root: int) -> torch.Tensor:
+        self.state.copy_(state)
+        self.root.fill_(root)
+        if self.graph is None:
+            return self._run()
+        self.graph.replay()
+        return self.tokens.clone()
+
+
 def greedy_path(tokens: torch.Tensor, picks: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The longest path whose every draft equals its parent's pick: (its fixed-size row of
     ``retrieve`` [d+1], how many of its nodes are accepted [] ), both on the device."""
@@ -156,6 +192,7 @@ class StaticDecoder(Decoder):
             raise TypeError("StaticDecoder needs a StaticKVCache")
         super().__post_init__()
         self._steps: dict[int, VerifyStep] = {}
+        self._drafter: DraftStep | None = None
         if self._context is not None:  # the heads' context layer gets a static cache too
             m = self._context.mspec
             self._context_cache = StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity,
@@ -180,6 +217,13 @@ class StaticDecoder(Decoder):
             capture = self.model.device.type == "cuda"
             self._steps[n] = VerifyStep(self.model, self.cache, buffers, capture=capture)
         return self._steps[n]
+
+    def _draft_step(self, buffers) -> DraftStep:
+        if self._drafter is None:
+            m = self.model
+            self._drafter = DraftStep(self.heads, buffers, m.model.embed_tokens, m.lm_head, m.spec.hidden_size,
+                                      m.dtype, m.device, capture=m.device.type == "cuda")
+        return self._drafter
 
     def _single_buffers(self):
         from .tree import load_tree
@@ -236,10 +280,10 @@ class StaticDecoder(Decoder):
             return self._plain_step(state, config, gen)
         buf = self._buffers
         n = self.tree.num_nodes
+        if self.graphs and config.temperature == 0.0:
+            return self._graph_step(self._draft_step(buf)(state.hidden, state.root), buf)
         tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
                                   self.model.lm_head)  # [N]
-        if self.graphs and config.temperature == 0.0:
-            return self._graph_step(tokens, buf)
         cache.slots = cache.length_t + torch.arange(n, device=tokens.device)
         positions = cache.length_t + buf.depths
         hidden = self.model(tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]

@@ -54,20 +54,23 @@ def test_static_decoder_needs_a_static_cache():
         StaticDecoder(model, model.new_cache(100))
 
 
+@pytest.mark.parametrize("kind", ["hydra", "medusa"])
 @pytest.mark.parametrize("tree_name", [None, "medusa-64", "1-10-16-17"])
-def test_verify_step_units_give_the_same_tokens(tree_name):
-    """The graph path (here run eagerly: no GPU) decodes exactly as plain greedy."""
+def test_verify_step_units_give_the_same_tokens(tree_name, kind):
+    """The graph path (draft and verify units, here run eagerly: no GPU) decodes exactly
+    as plain greedy."""
     torch.set_num_threads(1)
     model = tiny_model(seed=11, vocab_size=16)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = _tokens(Decoder(model, model.new_cache(300)), prompt, 100)
     tree = load_tree(tree_name) if tree_name else None
-    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra") if tree else None
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind=kind) if tree else None
     static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
     steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=100)))
     assert [t for s in steps for t in s.token_ids] == plain
     assert static._steps  # the step units were used
     if tree is not None:
+        assert static._drafter is not None
         assert max(s.accepted for s in steps) > 1
 
 
