@@ -15,7 +15,8 @@ Python ints; this decoder instead
 
 so one step — verify forward, accept, commit — has the same shapes every time.
 ``VerifyStep`` packs a greedy verify forward (KV writes, hidden states, each node's
-argmax) into one unit that ``torch.cuda.graph`` can capture and replay. NOTE: the
+argmax) and ``DraftStep`` the heads' drafting of the tree into units that
+``torch.cuda.graph`` can capture and replay. NOTE: the
 capture path has not run on a GPU yet; on CPU (and in the tests) the same function runs
 eagerly, so its logic is checked, not its capture.
 
