@@ -87,6 +87,22 @@ class StaticKVCache(KVCache):
         return (rel < 0) | (in_tree & ancestors[:, rel[0].clamp(0, n - 1)])
 
 
+def capture_graph(run, warmup: int = 2):
+    """Capture ``run()`` as a CUDA graph after ``warmup`` runs on a side stream (as capture
+    requires); returns the graph and the outputs of the captured run, which every replay
+    rewrites in place."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out
+
+
 class VerifyStep:
     """One greedy verify forward over a fixed tree, as a replayable unit.
 
@@ -104,15 +120,7 @@ class VerifyStep:
         self.graph = None
         self.hidden = self.picks = None
         if capture:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
-                for _ in range(warmup):
-                    self._run()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.hidden, self.picks = self._run()
+            self.graph, (self.hidden, self.picks) = capture_graph(self._run, warmup)
 
     @torch.inference_mode()
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,15 +154,7 @@ class DraftStep:
         self.graph = None
         self.tokens = None
         if capture:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(warmup):
-                    self._run()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.tokens = self._run()
+            self.graph, self.tokens = capture_graph(self._run, warmup)
 
     @torch.inference_mode()
     def _run(self) -> torch.Tensor:
