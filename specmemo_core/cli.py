@@ -427,8 +427,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .bench import (ALL_METHODS, HF_METHODS, build_methods, first_queries, format_table, plot_png, report,
-                        run_bench, run_info)
+    from .bench import (ALL_METHODS, HF_METHODS, build_methods, first_queries, format_table, report, run_bench,
+                        run_info)
     from .datasets import load_prompt_file, mtbench_conversations
     from .engine import Engine, shipped_heads_dir
 
@@ -465,14 +465,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = report(methods, passes)
     result["_run"] = run_info(engine.identity.name, args.device, args.dtype, convs, args.max_new_tokens,
                               args.repeats, names)
-    if args.plot:
-        plot_png(result, args.plot, f"specmemo bench, {engine.identity.name}, {args.device} {args.dtype}")
     if args.json:
         print(json.dumps(result))
     else:
         print(format_table(result))
-        if args.plot:
-            print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -564,7 +560,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     bench.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
-    bench.add_argument("--plot", default=None, help="write a PNG bar chart of tokens/s here")
     bench.set_defaults(func=cmd_bench)
     return parser
 

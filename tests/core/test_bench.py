@@ -1,5 +1,5 @@
 """``specmemo bench``'s own code on tiny random models: statistics, identical counts, the
-JSON report and the plot. No timing is asserted."""
+JSON report. No timing is asserted."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specmemo_core.bench import (
-    Method, Pass, Spread, build_methods, first_queries, format_table, identical_count, plot_png, report, run_bench,
+    Method, Pass, Spread, build_methods, first_queries, format_table, identical_count, report, run_bench,
 )
 from specmemo_core.cli import build_parser, main
 from specmemo_core.engine import Engine
@@ -142,22 +142,10 @@ def test_plan_may_choose_plain_decoding_and_says_so():
     assert method.tree is None and method.tree_nodes == 1 and "plain decoding" in method.note
 
 
-def test_plot_is_a_png_of_nonzero_size(tmp_path):
-    methods = [Method("hf", lambda: None), Method("vanilla", lambda: None), Method("plan", lambda: None)]
-    passes = {"hf": [_pass(2.0), _pass(1.0)], "vanilla": [_pass(1.0), _pass(0.8)], "plan": [_pass(0.5), _pass(0.4)]}
-    path = plot_png(report(methods, passes), tmp_path / "sub" / "bench.png")
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
-    from PySide6.QtGui import QImage
-
-    image = QImage(str(path))
-    assert image.width() >= 640 and image.height() > 0
-
-
 def test_cli_parses_bench_and_refuses_repeated_methods_before_loading(capsys):
     args = build_parser().parse_args(["bench", "--queries", "4", "--methods", "hf,vanilla", "--json",
-                                      "--plot", "x.png", "--device", "cpu", "--dtype", "bf16"])
-    assert (args.queries, args.methods, args.json, args.plot, args.dtype) == (4, "hf,vanilla", True, "x.png", "bf16")
+                                      "--device", "cpu", "--dtype", "bf16"])
+    assert (args.queries, args.methods, args.json, args.dtype) == (4, "hf,vanilla", True, "bf16")
     assert args.func.__name__ == "cmd_bench"
     assert main(["bench", "--methods", "vanilla,vanilla"]) == 2
     assert "distinct" in capsys.readouterr().err
