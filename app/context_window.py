@@ -25,6 +25,11 @@ class Window:
     prompt_tokens: int
 
 
+def system_messages(system_prompt: str) -> Messages:
+    """The system prompt as the session's first message (none when empty)."""
+    return [{"role": "system", "content": system_prompt}] if system_prompt else []
+
+
 def _turn_starts(history: Sequence[dict[str, str]], start: int) -> list[int]:
     """Indices after ``start`` where a user message begins: where the window may start."""
     return [i for i in range(start + 1, len(history)) if history[i]["role"] == "user"] + [len(history)]
@@ -37,7 +42,7 @@ def fit_window(history: Messages, user_text: str, system_prompt: str, start: int
 
     Raises TooLongError (with a message for the user) if even the new message alone does not fit.
     """
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    system = system_messages(system_prompt)
     user = [{"role": "user", "content": user_text}]
     start = min(max(start, 0), len(history))
     candidates = [start] + _turn_starts(history, start)

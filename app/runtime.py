@@ -115,9 +115,14 @@ class Runtime:
         new_plan = make_plan(self.inputs, settings)
         if not new_plan.fits:
             raise SpecMemoError("these settings do not fit the device: " + "; ".join(new_plan.suggestions))
-        tree = (settings.tree or new_plan.tree) if settings.speculate else None
-        backend = self.backend.with_tree(tree) if hasattr(self.backend, "with_tree") else self.backend
-        return replace(self, backend=backend, plan=new_plan, settings=settings)
+        return self.with_plan(new_plan, settings)
+
+    def with_plan(self, plan: Plan, settings: ChatSettings) -> "Runtime":
+        """``plan`` (made for ``settings``) in force, with the backend switched to the tree it picks."""
+        applied = replace(self, plan=plan, settings=settings)
+        if not hasattr(self.backend, "with_tree"):
+            return applied
+        return replace(applied, backend=self.backend.with_tree(applied.tree if applied.speculative else None))
 
 
 def memory_in_use(device: DeviceInfo) -> int:
@@ -182,5 +187,4 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     plan = make_plan(inputs, settings)
     if not plan.fits:
         raise SpecMemoError("the model does not fit this device: " + "; ".join(plan.suggestions))
-    runtime = Runtime(EngineBackend(engine, folder), device, inputs, plan, settings)
-    return runtime.replanned(settings)
+    return Runtime(EngineBackend(engine, folder), device, inputs, plan, settings).with_plan(plan, settings)

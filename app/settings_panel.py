@@ -28,6 +28,14 @@ def describe_plan(plan: Plan, settings: ChatSettings) -> str:
             f"{mode} · {plan.precision} · {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} usable")
 
 
+def _error_label() -> QLabel:
+    """A red, wrapping label that says why a chosen path was refused."""
+    label = QLabel()
+    label.setWordWrap(True)
+    label.setStyleSheet("color: #b00020")
+    return label
+
+
 class SettingsDialog(QDialog):
     """Edits a ChatSettings; ``inputs`` (None before a model is loaded) lets it re-plan live."""
 
@@ -107,9 +115,7 @@ class SettingsDialog(QDialog):
             button.clicked.connect(slot)
             row.addWidget(button)
         v.addLayout(row)
-        self.model_error = QLabel()
-        self.model_error.setWordWrap(True)
-        self.model_error.setStyleSheet("color: #b00020")
+        self.model_error = _error_label()
         v.addWidget(self.model_error)
         self.speculate = QCheckBox("Speculative decoding (draft heads + tree)")
         self.speculate.setChecked(s.speculate)
@@ -138,9 +144,7 @@ class SettingsDialog(QDialog):
         browse.clicked.connect(self._browse_heads)
         row.addWidget(browse)
         form.addRow("Heads", row)
-        self.heads_error = QLabel()
-        self.heads_error.setStyleSheet("color: #b00020")
-        self.heads_error.setWordWrap(True)
+        self.heads_error = _error_label()
         form.addRow("", self.heads_error)
         self.precision = QComboBox()
         for p in PRECISION_CHOICES:

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from specmemo_core.decoding import GenerationConfig
 from specmemo_core.errors import ContextFullError, SpecMemoError
 
-from .context_window import Messages, TooLongError, fit_window
+from .context_window import Messages, TooLongError, fit_window, system_messages
 
 CONTEXT_MARGIN = 16  # tokens: re-encoded replies may split a little differently
 
@@ -116,8 +116,7 @@ class ChatWorker(QObject):
         window = fit_window(job.history, job.user_text, job.system_prompt, self._start,
                             self._backend.count_tokens, self._capacity, reserve)
         self._start = window.start
-        system = [{"role": "system", "content": job.system_prompt}] if job.system_prompt else []
-        wanted = system + job.history[window.start:]
+        wanted = system_messages(job.system_prompt) + job.history[window.start:]
         if self._session is None or self._session.messages != wanted:
             self._session = None  # free the old KV cache before allocating the new one
             self._session = self._backend.new_session(self._capacity, job.system_prompt, self._speculate)
