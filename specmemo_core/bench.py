@@ -95,21 +95,6 @@ class Method:
     note: str = ""
 
 
-# -- workload -----------------------------------------------------------------
-def first_queries(conversations: Sequence[Sequence[str]], queries: int) -> list[list[str]]:
-    """The first ``queries`` user turns, conversations kept whole but for the last one."""
-    if queries < 1:
-        raise SpecMemoError(f"--queries must be at least 1, got {queries}")
-    picked: list[list[str]] = []
-    left = queries
-    for turns in conversations:
-        if left <= 0:
-            break
-        picked.append(list(turns[:left]))
-        left -= len(picked[-1])
-    return picked
-
-
 # -- runners ------------------------------------------------------------------
 def ours_runner(model: Any, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], heads: Any,
                 tree: Any, max_new_tokens: int, graphs: bool = False) -> Callable[[], Pass]:

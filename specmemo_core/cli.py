@@ -212,10 +212,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_acceptance(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .datasets import load_prompt_file, mtbench_conversations
-    from .engine import Engine, resolve_tree, shipped_heads_dir
+    from .datasets import first_queries, load_prompt_file, mtbench_conversations
+    from .engine import Engine, resolve_tree
     from .evaluate import eval_acceptance
 
     progress = StageProgress()
@@ -224,17 +222,9 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> int:
                              progress=progress)
         if engine.heads is None:
             raise SpecMemoError("no draft heads: give --heads DIR (or train them with specmemo train-heads)")
-        folder = shipped_heads_dir(engine.identity) if args.heads == "auto" else Path(args.heads)
-        if args.prompts:
-            convs = load_prompt_file(args.prompts)
-            left, picked = args.queries, []
-            for turns in convs:  # the first N queries, counted as turns
-                if left <= 0:
-                    break
-                picked.append(turns[:left])
-                left -= len(picked[-1])
-        else:
-            picked = mtbench_conversations(args.queries)
+        folder = engine.heads_folder
+        picked = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
+                  else mtbench_conversations(args.queries))
         names = args.tree or ["medusa-64", "1-10-16-17"] + (
             ["calibrated-64"] if folder and (folder / "calibration.json").exists() else [])
         trees = [resolve_tree(n, folder) for n in names]
@@ -285,22 +275,21 @@ def _prefer(text: str) -> float:
 def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engine):
     """Run the plan on the device with synthetic text. ``--vram SIZE`` on a CUDA GPU caps
     this process at SIZE first, so the run proves the plan fits a GPU of that size."""
+    from .engine import resolve_tree
     from .plan_check import cap_device, random_model, verify
 
     device = "cuda" if budget.kind == "cuda" else "cpu"
-    if device == "cuda" and not torch_cuda_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise SpecMemoError("--verify on a CUDA plan needs a CUDA GPU and a CUDA build of torch")
     if device == "cuda" and args.vram != "auto":
         cap_device(device, budget.total_bytes)
-    tree = None
     if engine is None:  # shape:NAME: random weights of that shape, random hydra heads
         from .heads import random_heads
-        from .tree import load_tree
 
         model = random_model(shape, result.precision, device)
         heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=device, dtype=model.dtype)
                  if result.tree else None)
-        tree = _tree_for(result.tree, None) if result.tree else None
+        tree = resolve_tree(result.tree, None) if result.tree else None
     else:
         from .quantize import QuantSpec, quantize_model
 
@@ -309,26 +298,19 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
             quantize_model(model, QuantSpec("bf16"))
         quantize_model(model, QuantSpec(result.precision))
         heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
-        from .engine import shipped_heads_dir
-
-        tree = _tree_for(result.tree, shipped_heads_dir(engine.identity)) if result.tree else None
+        tree = resolve_tree(result.tree, engine.heads_folder) if result.tree else None
     return verify(result, model, heads, tree, request.prompt_tokens, request.reply_tokens, request.turns)
-
-
-def _tree_for(name: str, heads_folder):
-    from .engine import resolve_tree
-
-    return resolve_tree(name, heads_folder)
 
 
 def _tree_option(name: str, options, record, heads_folder):
     """``--tree``: plan with this tree only (its acceptance from the calibration, else the prior)."""
+    from .engine import resolve_tree
     from .planner import TreeOption, prior_expected_accepted
 
     for option in options:
         if option.name == name:
             return option
-    tree = _tree_for(name, heads_folder)
+    tree = resolve_tree(name, heads_folder)
     if record is not None:
         from .train.calibrate import expected_accepted
 
@@ -338,18 +320,11 @@ def _tree_option(name: str, options, record, heads_folder):
     return TreeOption(name, tree.num_nodes, tree.depth, accepted)
 
 
-def torch_cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from .device import parse_size, probe
     from .memory import HeadsShape, ModelShape, known_shape
-    from .model import ModelSpec
     from .planner import Budget, PlanRequest, calibrated_options, plan, specmemo_prior_options
 
     request = PlanRequest(turns=args.turns, prefer=_prefer(args.prefer), precision=args.precision,
@@ -367,14 +342,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.model.startswith("shape:"):
         shape, heads, trees = known_shape(args.model[6:]), HeadsShape("hydra", 4, 1), specmemo_prior_options()
     else:
-        from .engine import Engine, shipped_heads_dir
+        from .engine import Engine
         from .train.calibrate import load_calibration
 
-        on = "cuda" if budget.kind == "cuda" and torch_cuda_available() else "cpu"
+        on = "cuda" if budget.kind == "cuda" and torch.cuda.is_available() else "cpu"
         engine = Engine.load(args.model, heads="auto", tree=None, device=on, progress=StageProgress())
         shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
         heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
-        folder = shipped_heads_dir(engine.identity)
+        folder = engine.heads_folder
         record = load_calibration(folder) if folder else None
         trees = calibrated_options(record) if record else specmemo_prior_options()
     if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
@@ -425,12 +400,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .bench import (ALL_METHODS, HF_METHODS, build_methods, first_queries, format_table, report, run_bench,
-                        run_info)
-    from .datasets import load_prompt_file, mtbench_conversations
-    from .engine import Engine, shipped_heads_dir
+    from .bench import ALL_METHODS, HF_METHODS, build_methods, format_table, report, run_bench, run_info
+    from .datasets import first_queries, load_prompt_file, mtbench_conversations
+    from .engine import Engine
 
     names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
@@ -446,19 +418,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=dtype, device=args.device,
                              progress=progress)
-        if args.heads == "auto":
-            folder = shipped_heads_dir(engine.identity)
-        elif args.heads in ("none", "random"):
-            folder = None
-        else:
-            folder = Path(args.heads) if Path(args.heads).is_dir() else Path(args.heads).parent
         hf = None
         if any(n in HF_METHODS for n in names):
             from .sources import load_model
             from .train.pipeline import hf_model_from
 
             hf = hf_model_from(load_model(args.model), args.device, dtype)
-        methods = build_methods(names, engine, hf, folder, convs, args.max_new_tokens, args.dtype)
+        methods = build_methods(names, engine, hf, engine.heads_folder, convs, args.max_new_tokens, args.dtype)
         passes = run_bench(methods, args.repeats, device=args.device, progress=progress)
     finally:
         progress.close()

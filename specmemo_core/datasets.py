@@ -11,6 +11,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Sequence
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.sources import Progress, WheelAsset, data_dir, ensure_wheel_file
@@ -80,14 +81,22 @@ def mtbench_conversations(queries: int = 20, progress: Progress | None = None) -
     """
     if not 1 <= queries <= 160:
         raise SpecMemoError(f"queries must be between 1 and 160 (MT-Bench has 80 x 2 turns), got {queries}.")
-    conversations: list[list[str]] = []
+    return first_queries([q["turns"] for q in mtbench_questions(progress)], queries)
+
+
+def first_queries(conversations: Sequence[Sequence[str]], queries: int) -> list[list[str]]:
+    """The first ``queries`` user turns, counted across conversations in order; the
+    conversations are kept whole but for the last one."""
+    if queries < 1:
+        raise SpecMemoError(f"--queries must be at least 1, got {queries}")
+    picked: list[list[str]] = []
     left = queries
-    for question in mtbench_questions(progress):
+    for turns in conversations:
         if left <= 0:
             break
-        conversations.append(list(question["turns"][:left]))
-        left -= len(conversations[-1])
-    return conversations
+        picked.append(list(turns[:left]))
+        left -= len(picked[-1])
+    return picked
 
 
 def parse_sharegpt(path: str | Path) -> list[list[dict[str, str]]]:

@@ -65,6 +65,7 @@ class Engine:
     identity: ModelIdentity
     heads: DraftHeads | None
     tree: Tree | None
+    heads_folder: Path | None = None  # where the heads (and their calibration.json) came from
 
     @classmethod
     def load(
@@ -102,7 +103,8 @@ class Engine:
                 f"tree {chosen.name} needs {chosen.depth} heads but only {draft.num_heads} were loaded; "
                 f"choose a shallower tree"
             )
-        return cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, chosen)
+        return cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, chosen,
+                   folder if draft is not None else None)
 
     @property
     def speculative(self) -> bool:

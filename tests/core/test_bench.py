@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from specmemo_core.bench import (
-    Method, Pass, Spread, build_methods, first_queries, format_table, identical_count, report, run_bench,
+    Method, Pass, Spread, build_methods, format_table, identical_count, report, run_bench,
 )
 from specmemo_core.cli import build_parser, main
+from specmemo_core.datasets import first_queries
 from specmemo_core.engine import Engine
 from specmemo_core.heads import random_heads
 from specmemo_core.sources import ModelIdentity
