@@ -143,7 +143,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     """
     import torch
 
-    from specmemo_core.engine import Engine, shipped_heads_dir
+    from specmemo_core.engine import Engine
     from specmemo_core.memory import HeadsShape, ModelShape
     from specmemo_core.plan_check import time_forward
     from specmemo_core.planner import calibrated_options, specmemo_prior_options
@@ -169,11 +169,8 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
         quantize_model(engine.model, QuantSpec(settings.precision))
     shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
     heads_shape = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
-    folder = shipped_heads_dir(engine.identity) if settings.heads == "auto" else (
-        Path(settings.heads) if settings.heads not in ("none", "random") else None)
-    if folder is not None and folder.is_file():
-        folder = folder.parent
-    record = load_calibration(folder) if folder is not None and engine.heads is not None else None
+    folder = engine.heads_folder
+    record = load_calibration(folder) if folder is not None else None
     trees = calibrated_options(record) if record else specmemo_prior_options()
     key = timing_key(engine.identity.fingerprint, device.name, torch.get_num_threads(), settings.precision)
     timing = cached_timing(data_folder, key)

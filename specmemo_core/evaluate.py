@@ -47,15 +47,9 @@ def run_conversations(
     if graphs:
         from .static_decoding import StaticDecoder, new_static_cache
 
-        cache = new_static_cache(model, capacity + scratch)
-
-        def decoder() -> Decoder:
-            return StaticDecoder(model, cache, heads, tree, graphs=True)
+        decoder: Decoder = StaticDecoder(model, new_static_cache(model, capacity + scratch), heads, tree, graphs=True)
     else:
-        cache = model.new_cache(capacity + scratch)
-
-        def decoder() -> Decoder:
-            return Decoder(model, cache, heads, tree)
+        decoder = Decoder(model, model.new_cache(capacity + scratch), heads, tree)
     gen = GenerationConfig(max_new_tokens=max_new_tokens)
     stops = end_of_turn_ids(tokenizer, config)
     replies: list[list[int]] = []
@@ -64,8 +58,8 @@ def run_conversations(
     first_token_s: list[float] = []
     start = time.perf_counter()
     for turns in conversations:
-        cache.reset()
-        session = ChatSession(decoder(), tokenizer, stops)
+        decoder.reset()  # one decoder for all: its buffers (and CUDA graphs) are made once
+        session = ChatSession(decoder, tokenizer, stops)
         for turn in turns:
             ids: list[int] = []
             for piece in session.send(turn, gen):
