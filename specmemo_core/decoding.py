@@ -27,7 +27,7 @@ import torch
 from .errors import ContextFullError, SpecMemoError
 from .heads import DraftHeads
 from .kv_cache import KVCache
-from .model import CausalLM, causal_mask, tree_mask
+from .model import CausalLM
 from .tree import Tree
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
@@ -115,11 +115,18 @@ class Decoder:
         the heads' context layer over them (committing its own cache), or ``hidden``."""
         if self._context is None:
             return hidden
-        t, device = hidden.shape[0], hidden.device
-        cos, sin = self.model.rope(past + torch.arange(t, device=device))
-        out = self._context(hidden, cos, sin, causal_mask(past, t, device), self._context_cache)
+        t = hidden.shape[0]
+        positions, mask = self._context_cache.prepare(torch.arange(t, device=hidden.device))
+        cos, sin = self.model.rope(positions)
+        out = self._context(hidden, cos, sin, mask, self._context_cache)
         self._context_cache.commit_prefix(t)
         return out
+
+    def _run(self, tokens: torch.Tensor, offsets: torch.Tensor, ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [T, D] of ``tokens`` at scratch slots: see ``KVCache.prepare``
+        (the cache decides positions and mask, so a static-shape cache slots in)."""
+        positions, mask = self.cache.prepare(offsets, ancestors)
+        return self.model(tokens, positions, mask, self.cache)
 
     # -- prefill ---------------------------------------------------------------
     def _reuse_prefix(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -145,8 +152,7 @@ class Decoder:
         for start in range(0, len(new_ids), PREFILL_CHUNK):
             chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)
             past = self.cache.length
-            positions = torch.arange(past, past + chunk.numel(), device=device)
-            hidden = self.model(chunk, positions, causal_mask(past, chunk.numel(), device), self.cache)
+            hidden = self._run(chunk, torch.arange(chunk.numel(), device=device))
             self.cache.commit_prefix(chunk.numel())
             draft = self._contextualize(hidden, past)
             self.history.extend(new_ids[start:start + PREFILL_CHUNK])
@@ -201,7 +207,7 @@ class Decoder:
         tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
                                   self.model.lm_head)  # [N]
         past = self.cache.length
-        hidden = self.model(tokens, past + buf.depths, tree_mask(past, buf.attn_mask), self.cache)  # [N, D]
+        hidden = self._run(tokens, buf.depths, buf.attn_mask)  # [N, D]
         logits = self.model.logits(hidden)  # [N, V]
         path, picks = self._accept(tokens, logits, buf.retrieve_indices, config, gen)  # path: [A] node ids
         self.cache.commit(path)
@@ -218,7 +224,7 @@ class Decoder:
         device = self.model.device
         past = self.cache.length
         tokens = torch.tensor([state.root], device=device)
-        hidden = self.model(tokens, torch.tensor([past], device=device), causal_mask(past, 1, device), self.cache)
+        hidden = self._run(tokens, torch.zeros(1, dtype=torch.long, device=device))
         self.cache.commit_prefix(1)
         self.history.append(state.root)
         nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])

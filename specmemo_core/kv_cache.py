@@ -62,6 +62,14 @@ class KVCache:
         self.v[layer, :, self.length:end] = v
         return self.k[layer, :, :end], self.v[layer, :, :end]  # [kvh, end, hd]
 
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [T] and attention mask for a forward of T new tokens at scratch slots
+        ``length + i``: token i sits at ``length + offsets[i]`` and sees every committed
+        token and, among the new ones, its ``ancestors[i]`` (None: the causal chain)."""
+        past, t = self.length, offsets.shape[0]
+        mask = causal_mask(past, t, offsets.device) if ancestors is None else tree_mask(past, ancestors)
+        return past + offsets, mask
+
     def commit(self, node_indices: torch.Tensor) -> None:
         """Keep the scratch entries of ``node_indices`` (relative to ``length``, in
         order, root first) as the next committed tokens.
@@ -90,3 +98,17 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+def causal_mask(past: int, new: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[new, past + new] bool: token i sees the whole past and new tokens 0..i."""
+    cols = torch.arange(past + new, device=device)
+    rows = torch.arange(new, device=device)
+    return cols[None, :] <= (past + rows)[:, None]
+
+
+def tree_mask(past: int, ancestor_mask: torch.Tensor) -> torch.Tensor:
+    """[N, past + N] bool: each tree node sees the whole past and its own ancestors."""
+    n = ancestor_mask.shape[0]
+    prefix = torch.ones(n, past, dtype=torch.bool, device=ancestor_mask.device)
+    return torch.cat((prefix, ancestor_mask), dim=1)

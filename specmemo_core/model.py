@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -264,17 +264,3 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [..., V]
-
-
-def causal_mask(past: int, new: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[new, past + new] bool: token i sees the whole past and new tokens 0..i."""
-    cols = torch.arange(past + new, device=device)
-    rows = torch.arange(new, device=device)
-    return cols[None, :] <= (past + rows)[:, None]
-
-
-def tree_mask(past: int, ancestor_mask: torch.Tensor) -> torch.Tensor:
-    """[N, past + N] bool: each tree node sees the whole past and its own ancestors."""
-    n = ancestor_mask.shape[0]
-    prefix = torch.ones(n, past, dtype=torch.bool, device=ancestor_mask.device)
-    return torch.cat((prefix, ancestor_mask), dim=1)

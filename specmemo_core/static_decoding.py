@@ -9,11 +9,11 @@ Python ints; this decoder instead
 - writes keys/values at slots given by a device tensor (``index_copy_``) and attends over
   the whole capacity, with a mask that hides the slots not (yet) in the conversation;
 - keeps the cache length as a device scalar too, and derives slots, positions and masks
-  from it with tensor ops of fixed shape;
-- commits an accepted path by copying all ``depth + 1`` entries of the best path row
-  (the ones past the accepted count land on scratch slots, which are masked);
+  from it with tensor ops of fixed shape (``StaticKVCache.prepare``);
 
-so one step — verify forward, accept, commit — has the same shapes every time.
+so a verify forward has the same shapes every time. ``Decoder`` asks its cache for
+positions and masks, so with a ``StaticKVCache`` it already decodes this way;
+``StaticDecoder`` adds the graphed greedy steps.
 ``VerifyStep`` packs a greedy verify forward (KV writes, hidden states, each node's
 argmax) and ``DraftStep`` the heads' drafting of the tree into units that
 ``torch.cuda.graph`` can capture and replay. NOTE: the
@@ -32,6 +32,7 @@ import torch
 
 from .decoding import Decoder, GenerationConfig, _State
 from .kv_cache import KVCache
+from .tree import load_tree
 
 
 class StaticKVCache(KVCache):
@@ -40,9 +41,23 @@ class StaticKVCache(KVCache):
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, capacity, dtype, device)
-        self.slots = torch.zeros(0, dtype=torch.long, device=device)  # set before each forward
+        self.slots = torch.zeros(0, dtype=torch.long, device=device)  # set by prepare()
         self.length_t = torch.zeros((), dtype=torch.long, device=device)  # == length, on the device
         self.columns = torch.arange(capacity, device=device)  # [C]
+
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``KVCache.prepare``, in fixed shapes from ``length_t``: the mask is [T, C] —
+        the committed slots, plus each new token's ancestors (itself included) at slots
+        length + j (None: the causal chain) — and ``slots`` is set for ``write``."""
+        t = offsets.shape[0]
+        self.slots = self.length_t + torch.arange(t, device=offsets.device)
+        rel = self.columns[None, :] - self.length_t  # [1, C]
+        if ancestors is None:
+            mask = rel <= torch.arange(t, device=offsets.device)[:, None]
+        else:
+            in_new = (rel >= 0) & (rel < t)
+            mask = (rel < 0) | (in_new & ancestors[:, rel[0].clamp(0, t - 1)])
+        return self.length_t + offsets, mask
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: [kvh, T, hd] stored at ``self.slots`` [T]; returns every slot [kvh, C, hd]."""
@@ -50,12 +65,11 @@ class StaticKVCache(KVCache):
         self.v[layer].index_copy_(1, self.slots, v)
         return self.k[layer], self.v[layer]
 
-    def commit_row(self, row: torch.Tensor, count: int) -> None:
-        """Keep scratch entries ``row[:count]`` (node indices relative to ``length``, root
-        first) as the next committed tokens, copying the whole fixed-size ``row``."""
-        self.ensure_room(row.numel())
-        src = self.length_t + row.clamp(min=0)
-        dst = self.length_t + torch.arange(row.numel(), device=row.device)
+    def commit(self, node_indices: torch.Tensor) -> None:
+        count = int(node_indices.numel())
+        self.ensure_room(count)
+        src = self.length_t + node_indices.to(self.k.device)
+        dst = self.length_t + torch.arange(count, device=self.k.device)
         self.k.index_copy_(2, dst, self.k.index_select(2, src))
         self.v.index_copy_(2, dst, self.v.index_select(2, src))
         self.length += count
@@ -72,19 +86,6 @@ class StaticKVCache(KVCache):
     def reset(self) -> None:
         super().reset()
         self.length_t.zero_()
-
-    def causal_mask(self, new: int) -> torch.Tensor:
-        """[new, C]: token i of ``new`` at slot length + i sees every slot up to its own."""
-        rows = torch.arange(new, device=self.columns.device)[:, None]
-        return self.columns[None, :] <= self.length_t + rows
-
-    def tree_mask(self, ancestors: torch.Tensor) -> torch.Tensor:
-        """[N, C]: the committed slots plus each node's ancestors (itself included), which
-        sit at slots length + j for tree node j."""
-        n = ancestors.shape[0]
-        rel = self.columns[None, :] - self.length_t  # [1, C]
-        in_tree = (rel >= 0) & (rel < n)
-        return (rel < 0) | (in_tree & ancestors[:, rel[0].clamp(0, n - 1)])
 
 
 def capture_graph(run, warmup: int = 2):
@@ -116,7 +117,6 @@ class VerifyStep:
         self.model, self.cache, self.buffers = model, cache, buffers
         n = buffers.depths.shape[0]
         self.tokens = torch.zeros(n, dtype=torch.long, device=cache.k.device)
-        self._arange = torch.arange(n, device=cache.k.device)
         self.graph = None
         self.hidden = self.picks = None
         if capture:
@@ -124,10 +124,8 @@ class VerifyStep:
 
     @torch.inference_mode()
     def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        cache, buf = self.cache, self.buffers
-        cache.slots = cache.length_t + self._arange
-        positions = cache.length_t + buf.depths
-        hidden = self.model(self.tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]
+        positions, mask = self.cache.prepare(self.buffers.depths, self.buffers.attn_mask)
+        hidden = self.model(self.tokens, positions, mask, self.cache)  # [N, D]
         return hidden, self.model.logits(hidden).argmax(-1)  # [N, D], [N]
 
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,9 +180,9 @@ def greedy_path(tokens: torch.Tensor, picks: torch.Tensor, retrieve: torch.Tenso
 
 @dataclass
 class StaticDecoder(Decoder):
-    """``Decoder`` whose prefill, plain and tree steps use static shapes (module doc).
-    ``cache`` must be a ``StaticKVCache``. ``graphs``: greedy steps run through
-    ``VerifyStep`` units (captured as CUDA graphs on a CUDA device), one per tree size."""
+    """``Decoder`` over a ``StaticKVCache`` whose greedy steps run through replayable
+    units — ``DraftStep`` and one ``VerifyStep`` per tree size — captured as CUDA graphs
+    on a CUDA device (``graphs``); other steps run as in ``Decoder``."""
 
     graphs: bool = False
 
@@ -194,29 +192,16 @@ class StaticDecoder(Decoder):
         super().__post_init__()
         self._steps: dict[int, VerifyStep] = {}
         self._drafter: DraftStep | None = None
+        self._single = load_tree("single").buffers.to(self.model.device)
         if self._context is not None:  # the heads' context layer gets a static cache too
             m = self._context.mspec
             self._context_cache = StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity,
                                                 self.model.dtype, self.model.device)
 
-    def _contextualize(self, hidden: torch.Tensor, past: int) -> torch.Tensor:
-        """As Decoder._contextualize, on the context layer's static cache (eager: the
-        number of committed tokens varies)."""
-        if self._context is None:
-            return hidden
-        c: StaticKVCache = self._context_cache
-        t = hidden.shape[0]
-        c.slots = c.length_t + torch.arange(t, device=hidden.device)
-        cos, sin = self.model.rope(c.slots)
-        out = self._context(hidden, cos, sin, c.causal_mask(t), c)
-        c.commit_prefix(t)
-        return out
-
     def _verify_step(self, buffers) -> VerifyStep:
         n = buffers.depths.shape[0]
         if n not in self._steps:
-            capture = self.model.device.type == "cuda"
-            self._steps[n] = VerifyStep(self.model, self.cache, buffers, capture=capture)
+            self._steps[n] = VerifyStep(self.model, self.cache, buffers, capture=self.model.device.type == "cuda")
         return self._steps[n]
 
     def _draft_step(self, buffers) -> DraftStep:
@@ -226,96 +211,33 @@ class StaticDecoder(Decoder):
                                       m.dtype, m.device, capture=m.device.type == "cuda")
         return self._drafter
 
-    def _single_buffers(self):
-        from .tree import load_tree
-
-        if not hasattr(self, "_single"):
-            self._single = load_tree("single").buffers.to(self.model.device)
-        return self._single
-
-    @torch.inference_mode()
-    def _prefill(self, new_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        from .decoding import PREFILL_CHUNK
-
-        cache: StaticKVCache = self.cache
-        cache.ensure_room(len(new_ids))
-        device = self.model.device
-        hidden = draft = None
-        for start in range(0, len(new_ids), PREFILL_CHUNK):
-            chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)
-            past = cache.length
-            cache.slots = cache.length_t + torch.arange(chunk.numel(), device=device)
-            hidden = self.model(chunk, cache.slots, cache.causal_mask(chunk.numel()), cache)
-            cache.commit_prefix(chunk.numel())
-            draft = self._contextualize(hidden, past)
-            self.history.extend(new_ids[start:start + PREFILL_CHUNK])
-        return hidden[-1], draft[-1]
-
     @torch.inference_mode()
     def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
-        cache: StaticKVCache = self.cache
-        cache.ensure_room(1)
-        if self.graphs and config.temperature == 0.0:
-            past = cache.length
-            hidden, picks = self._verify_step(self._single_buffers())(
-                torch.tensor([state.root], device=self.model.device))
-            cache.commit_prefix(1)
-            self.history.append(state.root)
-            nxt = int(picks[0])
-            self._nodes_used = 1
-            return [nxt], _State(root=nxt, hidden=self._contextualize(hidden[:1].clone(), past)[0])
-        tokens = torch.tensor([state.root], device=self.model.device)
-        past = cache.length
-        cache.slots = cache.length_t[None]
-        hidden = self.model(tokens, cache.slots, cache.causal_mask(1), cache)
-        cache.commit_prefix(1)
-        self.history.append(state.root)
-        nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])
-        self._nodes_used = 1
-        return [nxt], _State(root=nxt, hidden=self._contextualize(hidden, past)[0])
+        if not (self.graphs and config.temperature == 0.0):
+            return super()._plain_step(state, config, gen)
+        root = torch.tensor([state.root], device=self.model.device)
+        return self._graph_step(root, self._single)
 
     @torch.inference_mode()
     def _step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
-        cache: StaticKVCache = self.cache
-        if not self.speculative or cache.free_slots() < self.tree.num_nodes:
-            return self._plain_step(state, config, gen)
-        buf = self._buffers
-        n = self.tree.num_nodes
-        if self.graphs and config.temperature == 0.0:
-            return self._graph_step(self._draft_step(buf)(state.hidden, state.root), buf)
-        tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
-                                  self.model.lm_head)  # [N]
-        cache.slots = cache.length_t + torch.arange(n, device=tokens.device)
-        positions = cache.length_t + buf.depths
-        hidden = self.model(tokens, positions, cache.tree_mask(buf.attn_mask), cache)  # [N, D]
-        logits = self.model.logits(hidden)  # [N, V]
-        path, picks = self._accept(tokens, logits, buf.retrieve_indices, config, gen)
-        past = cache.length
-        count = int(path.numel())  # the one host read of the step
-        row = torch.full((buf.retrieve_indices.shape[1],), 0, dtype=torch.long, device=tokens.device)
-        row[:count] = path
-        cache.commit_row(row, count)
+        if not (self.graphs and config.temperature == 0.0 and self.speculative
+                and self.cache.free_slots() >= self.tree.num_nodes):
+            return super()._step(state, config, gen)
+        return self._graph_step(self._draft_step(self._buffers)(state.hidden, state.root), self._buffers)
+
+    def _graph_step(self, tokens: torch.Tensor, buf) -> tuple[list[int], _State]:
+        """Verify ``tokens`` on tree ``buf`` through its VerifyStep, accept greedily, commit."""
+        past = self.cache.length
+        hidden, picks = self._verify_step(buf)(tokens)
+        row, count_t = greedy_path(tokens, picks, buf.retrieve_indices)
+        path = row[: int(count_t)]  # the one host read of the step
+        self.cache.commit(path)
         path_list = path.tolist()
         token_list = tokens.tolist()
         self.history.extend(token_list[i] for i in path_list)
         bonus = int(picks[path_list[-1]])
-        self._nodes_used = n
-        draft = self._contextualize(hidden[path], past)
-        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=draft[-1])
-
-    def _graph_step(self, tokens: torch.Tensor, buf) -> tuple[list[int], _State]:
-        cache: StaticKVCache = self.cache
-        hidden, picks = self._verify_step(buf)(tokens)
-        row, count_t = greedy_path(tokens, picks, buf.retrieve_indices)
-        past = cache.length
-        count = int(count_t)  # the one host read of the step
-        cache.commit_row(row, count)
-        path_list = row[:count].tolist()
-        token_list = tokens.tolist()
-        self.history.extend(token_list[i] for i in path_list)
-        bonus = int(picks[path_list[-1]])
         self._nodes_used = buf.depths.shape[0]
-        draft = self._contextualize(hidden[row[:count]].clone(), past)  # the graph's outputs are reused
+        draft = self._contextualize(hidden[path].clone(), past)  # clone: the graph's outputs are reused
         return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=draft[-1])
 
 
