@@ -126,7 +126,7 @@ class HeadsShape:
     @classmethod
     def from_spec(cls, spec: Any) -> "HeadsShape":
         return cls(spec.kind, spec.num_heads, spec.num_layers, spec.own_lm_heads,
-                   getattr(spec, "context_mlp", 0))
+                   spec.context_mlp)
 
 
 def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tokens: int = 0) -> int:
