@@ -33,9 +33,9 @@ def tiny_hf_model(seed: int = 0, **kw) -> LlamaForCausalLM:
     return LlamaForCausalLM(tiny_config(**kw)).eval()
 
 
-def tiny_model(seed: int = 0, **kw) -> CausalLM:
+def tiny_model(seed: int = 0, device: str = "cpu", **kw) -> CausalLM:
     hf = tiny_hf_model(seed, **kw)
-    return CausalLM.from_state_dict(hf.config, hf.state_dict())
+    return CausalLM.from_state_dict(hf.config, hf.state_dict(), device=device)
 
 
 def tiny_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:

@@ -9,6 +9,9 @@ from specmemo_core.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.tree import load_tree
 from tests.tiny import tiny_model
 
+# CPU always; CUDA where present, so that on a GPU the graph captures themselves are checked
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def _tokens(decoder, prompt, n):
     return [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=n)) for t in s.token_ids]
@@ -54,33 +57,36 @@ def test_static_decoder_needs_a_static_cache():
         StaticDecoder(model, model.new_cache(100))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["hydra", "medusa"])
 @pytest.mark.parametrize("tree_name", [None, "medusa-64", "1-10-16-17"])
-def test_verify_step_units_give_the_same_tokens(tree_name, kind):
-    """The graph path (draft and verify units, here run eagerly: no GPU) decodes exactly
-    as plain greedy."""
+def test_verify_step_units_give_the_same_tokens(tree_name, kind, device):
+    """The graph path (draft and verify units: captured CUDA graphs on a GPU, run eagerly
+    on CPU) decodes exactly as plain greedy."""
     torch.set_num_threads(1)
-    model = tiny_model(seed=11, vocab_size=16)
+    model = tiny_model(seed=11, vocab_size=16, device=device)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = _tokens(Decoder(model, model.new_cache(300)), prompt, 100)
     tree = load_tree(tree_name) if tree_name else None
-    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind=kind) if tree else None
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind=kind).to(device) if tree else None
     static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
     steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=100)))
     assert [t for s in steps for t in s.token_ids] == plain
     assert static._steps  # the step units were used
+    assert all((s.graph is not None) == (device == "cuda") for s in static._steps.values())
     if tree is not None:
         assert static._drafter is not None
         assert max(s.accepted for s in steps) > 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("graphs", [False, True])
-def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs):
+def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs, device):
     """With a context layer the static decoder keeps the layer's cache in step and drafts
     exactly what the sliced decoder drafts: same tokens and same accepted count per step."""
     torch.set_num_threads(1)
-    model = tiny_model(seed=11, vocab_size=16)
-    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16))
+    model = tiny_model(seed=11, vocab_size=16, device=device)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)).to(device)
     tree = load_tree("1-10-16-17")
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     sliced = Decoder(model, model.new_cache(300), heads, tree)
