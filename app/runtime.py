@@ -161,12 +161,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
         device = probe().best()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision or "", torch.float32)
     engine = Engine.load(settings.model, heads=settings.heads if settings.speculate else "none", tree=None,
-                         dtype=dtype, device=device.torch_device, progress=report)
-    if settings.precision in ("int8", "int4"):
-        from specmemo_core.quantize import QuantSpec, quantize_model
-
-        report(f"quantizing to {settings.precision}", 0.0)
-        quantize_model(engine.model, QuantSpec(settings.precision))
+                         dtype=dtype, device=device.torch_device, progress=report, precision=settings.precision)
     shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
     heads_shape = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
     folder = engine.heads_folder

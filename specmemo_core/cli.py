@@ -283,13 +283,20 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
         raise SpecMemoError("--verify on a CUDA plan needs a CUDA GPU and a CUDA build of torch")
     if device == "cuda" and args.vram != "auto":
         cap_device(device, budget.total_bytes)
-    if engine is None:  # shape:NAME: random weights of that shape, random hydra heads
+    if args.model.startswith("shape:"):  # random weights of that shape, random hydra heads
         from .heads import random_heads
 
         model = random_model(shape, result.precision, device)
         heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=device, dtype=model.dtype)
                  if result.tree else None)
-        tree = resolve_tree(result.tree, None) if result.tree else None
+    elif engine is None:  # CPU: the planning engine was packed for fp32 inference; load the plan's own
+        from .engine import Engine
+
+        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(result.precision, torch.bfloat16)
+        engine = Engine.load(args.model, heads="auto", tree=None, dtype=dtype, device="cpu",
+                             precision=result.precision)
+        model = engine.model
+        heads = engine.heads if result.tree else None
     else:
         from .quantize import QuantSpec, quantize_model
 
@@ -298,7 +305,7 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
             quantize_model(model, QuantSpec("bf16"))
         quantize_model(model, QuantSpec(result.precision))
         heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
-        tree = resolve_tree(result.tree, engine.heads_folder) if result.tree else None
+    tree = resolve_tree(result.tree, engine.heads_folder if engine is not None else None) if result.tree else None
     return verify(result, model, heads, tree, request.prompt_tokens, request.reply_tokens, request.turns)
 
 
@@ -367,6 +374,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = plan(budget, shape, heads, request, trees, None if args.tree else step_time)
     out = asdict(result)
     if args.verify and result.fits:
+        if budget.kind != "cuda":
+            engine = None  # freed before the CPU check loads the plan's own model (see _verify_plan)
         check = _verify_plan(args, result, request, budget, shape, engine)
         out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
                    measured_terms=check.measured_terms, fits=result.fits and check.fits,

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from .chat import ChatSession, end_of_turn_ids
+from .cpu_linear import pack_linears
 from .decoding import Decoder
 from .errors import SpecMemoError
 from .heads import DraftHeads, load_heads, random_heads
@@ -76,12 +77,22 @@ class Engine:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         progress: Callable[[str, float], None] | None = None,
+        precision: str | None = None,
     ) -> "Engine":
         """``heads``: "auto" (shipped heads for this model, else none), "none", "random"
         (random weights, 5 heads: for checking exactness) or a path. ``tree``: None or a
-        tree name/file; with no heads the engine decodes plainly."""
+        tree name/file; with no heads the engine decodes plainly. ``precision`` "int8" or
+        "int4": weight-only quantization of the decoder layers (``quantize.py``). On CPU
+        the fp32 linear layers are then packed for oneDNN (``cpu_linear.py``): the model is
+        ready for inference and can no longer be cast, quantized or trained."""
         loaded = load_model(model, dtype=torch.float32, progress=progress)
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
+        if precision in ("int8", "int4"):
+            from .quantize import QuantSpec, quantize_model
+
+            if progress is not None:
+                progress(f"quantizing to {precision}", 0.0)
+            quantize_model(lm, QuantSpec(precision))
         spec = lm.spec
         draft: DraftHeads | None = None
         folder: Path | None = None
@@ -95,6 +106,10 @@ class Engine:
         elif heads not in (None, "none"):
             folder = Path(heads) if Path(heads).is_dir() else Path(heads).parent
             draft = load_heads(heads, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
+        if torch.device(device).type == "cpu":
+            pack_linears(lm)
+            if draft is not None:
+                pack_linears(draft)
         if tree == "auto":
             tree = default_tree(device, folder)
         chosen = resolve_tree(tree, folder) if (tree is not None and draft is not None) else None

@@ -99,10 +99,14 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
       ``group_size`` inputs of each output row; the rest as for int8. On CUDA the
       tinygemm kernel pads each Linear to in' = ⌈in/1024⌉·1024, out' = ⌈out/8⌉·8 first
       (a 576-wide model stores 1024 columns), so there the sizes are the padded ones.
+    CPU, fp32: the linear layers are packed for oneDNN (``cpu_linear.py``); a packed LM
+      head tied to the embedding is a copy of it: + vocab × hidden × 4.
     """
     b = activation_bytes(precision)
     if precision in ACTIVATION_BYTES:
-        return shape.params * b
+        packed_copy = (shape.vocab_size * shape.hidden_size * b
+                       if device_kind == "cpu" and precision == "fp32" and shape.tie_word_embeddings else 0)
+        return shape.params * b + packed_copy
     linears = shape.layer_linear_params()
     if precision == "int8":
         per_layer = sum(o * i + o * INT8_ROW_BYTES for o, i in linears)

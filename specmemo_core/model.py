@@ -230,11 +230,11 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device  # the LM head may be packed (cpu_linear)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec

@@ -18,6 +18,9 @@ def test_smollm2_by_hand():
     assert per_layer == 3_538_944
     assert s.params == 30 * per_layer + 61 * 576 + 49152 * 576 == 134_515_008
     assert weight_bytes(s, "fp32") == 538_060_032
+    # on CPU the oneDNN-packed LM head is a copy of the tied embedding
+    assert weight_bytes(s, "fp32", device_kind="cpu") == 538_060_032 + 49152 * 576 * 4
+    assert weight_bytes(s, "bf16", device_kind="cpu") == weight_bytes(s, "bf16")  # fp32 only is packed
     # KV per token: 2 x 30 layers x 3 kv heads x 64 dims x 4 bytes (not without head_dim)
     assert kv_bytes(s, 1, "fp32") == 46_080
     assert kv_bytes(s, 4096, "bf16") == 4096 * 23_040

@@ -80,9 +80,13 @@ def test_timing_decides_where_a_tree_stops_paying():
     # GPU-like: a 64-node step costs 1.3x a plain one -> a big tree
     gpu_like = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.002, 0.0026, 64, 0.0001))
     assert gpu_like.tree_nodes >= 32
-    # 2-core CPU as measured (45 ms plain, 146 ms at 64 tokens, ~12 ms per drafted level): plain
-    cpu = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.045, 0.146, 64, 0.012))
+    # a slow CPU where drafting a level costs as much as a plain step: a d-level tree costs
+    # more than d + 1 plain steps and emits at most d + 1 tokens, so no tree pays: plain
+    cpu = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.045, 0.146, 64, 0.045))
     assert cpu.tree is None and cpu.tree_nodes == 1
+    # in between, the tree shrinks as its cost grows
+    mid = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.035, 0.060, 64, 0.002))
+    assert 1 < mid.tree_nodes < gpu_like.tree_nodes
 
 
 @pytest.mark.parametrize("bad", [dict(turns=-1), dict(turns=0), dict(prefer=1.5), dict(prefer=float("nan")),

@@ -1,0 +1,65 @@
+"""Linear layers packed for oneDNN: same numbers as nn.Linear, same tokens in the decoder."""
+
+import pytest
+import torch
+from torch import nn
+
+from specmemo_core.cpu_linear import PackedLinear, pack_linears, packing_available
+from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.heads import random_heads
+from specmemo_core.memory import ModelShape, weight_bytes
+from specmemo_core.quantize import weight_bytes as measured_bytes
+from specmemo_core.tree import load_tree
+from tests.tiny import tiny_model
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_nn_linear(rows, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 200, bias=bias)
+    packed = PackedLinear(lin)
+    for shape in ((rows, 96), (2, rows, 96), (96,)):
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            assert torch.allclose(packed(x), lin(x), atol=1e-5), shape
+
+
+def test_pack_linears_replaces_fp32_cpu_linears_only():
+    model = tiny_model(seed=1, vocab_size=64)
+    bf16 = nn.Linear(8, 8).to(torch.bfloat16)
+    model.add_module("extra", bf16)
+    n_linear = sum(type(m) is nn.Linear for m in model.modules())
+    assert pack_linears(model) == n_linear - 1  # all but the bf16 one
+    assert model.extra is bf16 and not any(type(m) is nn.Linear and m is not bf16 for m in model.modules())
+    assert pack_linears(model) == 0  # idempotent
+
+
+@pytest.mark.parametrize("tree_name", [None, "calibrated-like", "1-10-16-17"])
+def test_packed_model_decodes_exactly_as_unpacked(tree_name):
+    """Greedy tokens, plain and speculative, are those of the unpacked model."""
+    torch.set_num_threads(1)
+    prompt = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    ref_model = tiny_model(seed=7)
+    ref = [t for s in Decoder(ref_model, ref_model.new_cache(400)).generate(prompt, GenerationConfig(max_new_tokens=60))
+           for t in s.token_ids]
+    model = tiny_model(seed=7)
+    tree = load_tree("1-3-2" if tree_name == "calibrated-like" else tree_name) if tree_name else None
+    heads = random_heads(4, 64, 300, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)) if tree else None
+    assert pack_linears(model) > 0
+    if heads is not None:
+        assert pack_linears(heads) > 0
+    out = [t for s in Decoder(model, model.new_cache(400), heads, tree).generate(prompt, GenerationConfig(max_new_tokens=60))
+           for t in s.token_ids]
+    assert out == ref
+
+
+def test_memory_model_counts_the_packed_copy_of_a_tied_lm_head():
+    model = tiny_model(seed=1, vocab_size=300, tie_word_embeddings=True)
+    shape = ModelShape.from_spec(model.spec)
+    before = measured_bytes(model)  # tied: counted once
+    pack_linears(model)
+    grown = measured_bytes(model) - before
+    assert grown == weight_bytes(shape, "fp32", device_kind="cpu") - weight_bytes(shape, "fp32") == 300 * 64 * 4
