@@ -13,12 +13,9 @@ Python ints; this decoder instead
 
 so a verify forward has the same shapes every time. ``Decoder`` asks its cache for
 positions and masks, so with a ``StaticKVCache`` it already decodes this way;
-``StaticDecoder`` adds the graphed greedy steps.
-``VerifyStep`` packs a greedy verify forward (KV writes, hidden states, each node's
-argmax) and ``DraftStep`` the heads' drafting of the tree into units that
-``torch.cuda.graph`` can capture and replay. NOTE: the
-capture path has not run on a GPU yet; on CPU (and in the tests) the same function runs
-eagerly, so its logic is checked, not its capture.
+``StaticDecoder`` adds ``GreedyStep``: a whole greedy step (draft, verify, accept,
+commit, context layer) as one unit that ``torch.cuda.graph`` captures and replays. On
+CPU (and in the CPU tests) the same function runs eagerly; the CUDA tests capture it.
 
 Masked slots contribute exact zeros to attention, so its outputs equal the sliced
 decoder's (checked in the tests); the cost on CPU is attention over the whole capacity.
@@ -75,6 +72,17 @@ class StaticKVCache(KVCache):
         self.length += count
         self.length_t += count
 
+    def commit_row(self, nodes: torch.Tensor, count: torch.Tensor) -> None:
+        """``commit`` in fixed shapes, on the device only: the entries of ``nodes`` [W]
+        (a path, root first) move to slots length…length+W-1 and ``length_t`` grows by
+        ``count`` (≤ W); the host's ``length`` is the caller's to move. Entries past
+        ``count`` land in scratch slots, which the next forward overwrites."""
+        dst = self.length_t + torch.arange(nodes.shape[0], device=nodes.device)
+        src = self.length_t + nodes
+        self.k.index_copy_(2, dst, self.k.index_select(2, src))
+        self.v.index_copy_(2, dst, self.v.index_select(2, src))
+        self.length_t += count
+
     def commit_prefix(self, count: int) -> None:
         super().commit_prefix(count)
         self.length_t += count
@@ -104,67 +112,87 @@ def capture_graph(run, warmup: int = 2):
     return graph, out
 
 
-class VerifyStep:
-    """One greedy verify forward over a fixed tree, as a replayable unit.
+class GreedyStep:
+    """One whole greedy step over a fixed tree as a replayable unit: draft the tree from
+    the root token and draft state, verify it, find the longest accepted path, commit its
+    keys/values (and the context layer's), and leave the next root and draft state in
+    its own buffers. On a GPU a step is then one graph replay and one host read (the
+    emitted tokens), not a replay plus a dozen eagerly launched kernels and syncs.
 
-    Reads only tensors with fixed addresses — its own ``tokens`` buffer, the cache's
-    ``length_t``, the tree buffers — and writes the nodes' KV into the cache's scratch
-    slots, so ``torch.cuda.graph`` can capture it once (``capture=True``) and replay it
-    every step; otherwise it runs the same function eagerly. A 1-node tree is a plain step.
+    Every shape is fixed: the path is committed as a whole row of ``retrieve_indices``
+    ([d+1] slots, of which only the accepted ``count`` stay: the rest lie past the new
+    length, in scratch slots the next step overwrites), and the count moves the caches'
+    device lengths. The host mirrors of those lengths are moved by ``__call__``.
+    A 1-node tree (no heads) is a plain greedy step.
     """
 
-    def __init__(self, model, cache: StaticKVCache, buffers, capture: bool = False, warmup: int = 2) -> None:
-        self.model, self.cache, self.buffers = model, cache, buffers
-        n = buffers.depths.shape[0]
-        self.tokens = torch.zeros(n, dtype=torch.long, device=cache.k.device)
-        self.graph = None
-        self.hidden = self.picks = None
-        if capture:
-            self.graph, (self.hidden, self.picks) = capture_graph(self._run, warmup)
-
-    @torch.inference_mode()
-    def _run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        positions, mask = self.cache.prepare(self.buffers.depths, self.buffers.attn_mask)
-        hidden = self.model(self.tokens, positions, mask, self.cache)  # [N, D]
-        return hidden, self.model.logits(hidden).argmax(-1)  # [N, D], [N]
-
-    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Nodes' hidden states [N, D] and greedy picks [N] (the graph's own outputs when
-        captured: read them before the next call)."""
-        self.cache.ensure_room(self.tokens.numel())
-        self.tokens.copy_(tokens)
-        if self.graph is None:
-            return self._run()
-        self.graph.replay()
-        return self.hidden, self.picks
-
-
-class DraftStep:
-    """The heads' drafting of a fixed tree as a replayable unit: the tree's tokens [N] from
-    the root token and the state the heads read, both copied into fixed buffers first, so
-    ``torch.cuda.graph`` can capture it (``capture=True``); otherwise it runs eagerly."""
-
-    def __init__(self, heads, buffers, embed, lm_head, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device, capture: bool = False, warmup: int = 2) -> None:
-        self.heads, self.buffers, self.embed, self.lm_head = heads, buffers, embed, lm_head
+    def __init__(self, model, cache: StaticKVCache, buffers, heads=None, context=None,
+                 context_cache: StaticKVCache | None = None, capture: bool = False, warmup: int = 2) -> None:
+        self.model, self.cache, self.buffers, self.heads = model, cache, buffers, heads
+        self.context, self.context_cache = context, context_cache
+        device = cache.k.device
+        self.width = buffers.retrieve_indices.shape[1]  # d + 1
         self.root = torch.zeros((), dtype=torch.long, device=device)
-        self.state = torch.zeros(hidden_size, dtype=dtype, device=device)
+        self.state = torch.zeros(model.spec.hidden_size, dtype=model.dtype, device=device)
         self.graph = None
-        self.tokens = None
+        self.out = None
         if capture:
-            self.graph, self.tokens = capture_graph(self._run, warmup)
+            caches = [c for c in (cache, context_cache) if c is not None]
+            saved = [c.length_t.clone() for c in caches], self.root.clone(), self.state.clone()
+            self.graph, self.out = capture_graph(self._run, warmup)
+            for c, length in zip(caches, saved[0]):  # the warm-up runs committed: undo
+                c.length_t.copy_(length)
+            self.root.copy_(saved[1])
+            self.state.copy_(saved[2])
 
     @torch.inference_mode()
     def _run(self) -> torch.Tensor:
-        return self.heads.draft(self.state, self.root, self.buffers, self.embed, self.lm_head)
+        buf, m = self.buffers, self.model
+        if self.heads is None:
+            tokens = self.root.view(1)
+        else:
+            tokens = self.heads.draft(self.state, self.root, buf, m.model.embed_tokens, m.lm_head)  # [N]
+        positions, mask = self.cache.prepare(buf.depths, buf.attn_mask)
+        hidden = m(tokens, positions, mask, self.cache)  # [N, D]
+        picks = m.logits(hidden).argmax(-1)  # [N]
+        row, count = greedy_path(tokens, picks, buf.retrieve_indices)  # [d+1], []
+        nodes = row.clamp(min=0)
+        self.cache.commit_row(nodes, count)
+        path_hidden = hidden[nodes]  # [d+1, D]
+        if self.context is not None:
+            c = self.context_cache
+            positions, mask = c.prepare(torch.arange(self.width, device=hidden.device))
+            path_hidden = self.context(path_hidden, *m.rope(positions), mask, c)
+            c.length_t += count
+        # index_select, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync,
+        # which graph capture forbids)
+        last = (count - 1).view(1)
+        bonus = picks.index_select(0, nodes.index_select(0, last))  # [1]
+        j = torch.arange(self.width, device=hidden.device)
+        drafted = tokens[nodes[(j + 1).clamp(max=self.width - 1)]]
+        emitted = torch.where(j < last, drafted, bonus)  # the accepted drafts, then the bonus
+        self.root.copy_(bonus[0])
+        self.state.copy_(path_hidden.index_select(0, last)[0])
+        return torch.cat((count.view(1), emitted))  # [1 + d + 1]
 
-    def __call__(self, state: torch.Tensor, root: int) -> torch.Tensor:
-        self.state.copy_(state)
+    def __call__(self, root: int, state: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """The tokens this step emits (accepted drafts, then the bonus) and the next draft
+        state (this unit's own buffer: rewritten by the next call)."""
+        self.cache.ensure_room(self.buffers.depths.shape[0])
         self.root.fill_(root)
+        if state is not self.state:
+            self.state.copy_(state)
         if self.graph is None:
-            return self._run()
-        self.graph.replay()
-        return self.tokens.clone()
+            out = self._run()
+        else:
+            self.graph.replay()
+            out = self.out
+        values = out.tolist()  # the one host read of the step
+        count = values[0]
+        self.cache.length += count
+        if self.context_cache is not None:
+            self.context_cache.length += count
+        return values[1:1 + count], self.state
 
 
 def greedy_path(tokens: torch.Tensor, picks: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,15 +202,15 @@ def greedy_path(tokens: torch.Tensor, picks: torch.Tensor, retrieve: torch.Tenso
     nodes = retrieve.clamp(min=0)
     ok = (tokens[nodes[:, 1:]] == picks[nodes[:, :-1]]) & valid[:, 1:]
     lengths = ok.int().cumprod(dim=1).sum(dim=1)  # [L]
-    best = lengths.argmax()
-    return retrieve[best], lengths[best] + 1
+    best = lengths.argmax().view(1)
+    return retrieve.index_select(0, best)[0], lengths.index_select(0, best)[0] + 1
 
 
 @dataclass
 class StaticDecoder(Decoder):
-    """``Decoder`` over a ``StaticKVCache`` whose greedy steps run through replayable
-    units — ``DraftStep`` and one ``VerifyStep`` per tree size — captured as CUDA graphs
-    on a CUDA device (``graphs``); other steps run as in ``Decoder``."""
+    """``Decoder`` over a ``StaticKVCache`` whose greedy steps run as ``GreedyStep`` units
+    (one per tree size: the tree's and the plain 1-node one), captured as CUDA graphs on
+    a CUDA device (``graphs``); other steps run as in ``Decoder``."""
 
     graphs: bool = False
 
@@ -190,55 +218,39 @@ class StaticDecoder(Decoder):
         if not isinstance(self.cache, StaticKVCache):
             raise TypeError("StaticDecoder needs a StaticKVCache")
         super().__post_init__()
-        self._steps: dict[int, VerifyStep] = {}
-        self._drafter: DraftStep | None = None
+        self._steps: dict[int, GreedyStep] = {}
         self._single = load_tree("single").buffers.to(self.model.device)
         if self._context is not None:  # the heads' context layer gets a static cache too
             m = self._context.mspec
             self._context_cache = StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity,
                                                 self.model.dtype, self.model.device)
 
-    def _verify_step(self, buffers) -> VerifyStep:
+    def _greedy_step(self, buffers, heads) -> GreedyStep:
         n = buffers.depths.shape[0]
         if n not in self._steps:
-            self._steps[n] = VerifyStep(self.model, self.cache, buffers, capture=self.model.device.type == "cuda")
+            self._steps[n] = GreedyStep(self.model, self.cache, buffers, heads, self._context, self._context_cache,
+                                        capture=self.model.device.type == "cuda")
         return self._steps[n]
-
-    def _draft_step(self, buffers) -> DraftStep:
-        if self._drafter is None:
-            m = self.model
-            self._drafter = DraftStep(self.heads, buffers, m.model.embed_tokens, m.lm_head, m.spec.hidden_size,
-                                      m.dtype, m.device, capture=m.device.type == "cuda")
-        return self._drafter
 
     @torch.inference_mode()
     def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
         if not (self.graphs and config.temperature == 0.0):
             return super()._plain_step(state, config, gen)
-        root = torch.tensor([state.root], device=self.model.device)
-        return self._graph_step(root, self._single)
+        return self._run_step(self._greedy_step(self._single, None), state)
 
     @torch.inference_mode()
     def _step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
         if not (self.graphs and config.temperature == 0.0 and self.speculative
                 and self.cache.free_slots() >= self.tree.num_nodes):
             return super()._step(state, config, gen)
-        return self._graph_step(self._draft_step(self._buffers)(state.hidden, state.root), self._buffers)
+        return self._run_step(self._greedy_step(self._buffers, self.heads), state)
 
-    def _graph_step(self, tokens: torch.Tensor, buf) -> tuple[list[int], _State]:
-        """Verify ``tokens`` on tree ``buf`` through its VerifyStep, accept greedily, commit."""
-        past = self.cache.length
-        hidden, picks = self._verify_step(buf)(tokens)
-        row, count_t = greedy_path(tokens, picks, buf.retrieve_indices)
-        path = row[: int(count_t)]  # the one host read of the step
-        self.cache.commit(path)
-        path_list = path.tolist()
-        token_list = tokens.tolist()
-        self.history.extend(token_list[i] for i in path_list)
-        bonus = int(picks[path_list[-1]])
-        self._nodes_used = buf.depths.shape[0]
-        draft = self._contextualize(hidden[path].clone(), past)  # clone: the graph's outputs are reused
-        return [token_list[i] for i in path_list[1:]] + [bonus], _State(root=bonus, hidden=draft[-1])
+    def _run_step(self, step: GreedyStep, state: _State) -> tuple[list[int], _State]:
+        emitted, draft = step(state.root, state.hidden)
+        self.history.append(state.root)
+        self.history.extend(emitted[:-1])
+        self._nodes_used = step.buffers.depths.shape[0]
+        return emitted, _State(root=emitted[-1], hidden=draft)
 
 
 def new_static_cache(model, capacity: int) -> StaticKVCache:

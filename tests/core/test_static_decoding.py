@@ -60,9 +60,10 @@ def test_static_decoder_needs_a_static_cache():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["hydra", "medusa"])
 @pytest.mark.parametrize("tree_name", [None, "medusa-64", "1-10-16-17"])
-def test_verify_step_units_give_the_same_tokens(tree_name, kind, device):
-    """The graph path (draft and verify units: captured CUDA graphs on a GPU, run eagerly
-    on CPU) decodes exactly as plain greedy."""
+def test_greedy_step_units_give_the_same_tokens(tree_name, kind, device):
+    """The graph path (whole greedy steps as units: captured CUDA graphs on a GPU, run
+    eagerly on CPU) decodes exactly as plain greedy, and the caches' device lengths
+    stay equal to their host mirrors."""
     torch.set_num_threads(1)
     model = tiny_model(seed=11, vocab_size=16, device=device)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -75,8 +76,12 @@ def test_verify_step_units_give_the_same_tokens(tree_name, kind, device):
     assert static._steps  # the step units were used
     assert all((s.graph is not None) == (device == "cuda") for s in static._steps.values())
     if tree is not None:
-        assert static._drafter is not None
+        assert tree.num_nodes in static._steps  # the tree's own unit, not only plain steps
         assert max(s.accepted for s in steps) > 1
+    assert int(static.cache.length_t) == static.cache.length == len(static.history)
+    # a second turn on the same decoder (units and graphs made once) still decodes exactly
+    second = static.history + [3, 4, 5]
+    assert _tokens(static, second, 40) == _tokens(Decoder(model, model.new_cache(300)), second, 40)
 
 
 @pytest.mark.parametrize("device", DEVICES)
