@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train (or resume) heads for the default model on a CUDA machine. Usage:
 #   scripts/gpu_train_heads.sh KIND OUT_DIR [PROMPTS] [STEPS] [LAYERS] [EXTRA train-heads ARGS...]
-# e.g. scripts/gpu_train_heads.sh hydra /tmp/h 8000 4000 1 --context-layer
+# e.g. scripts/gpu_train_heads.sh hydra /tmp/h 8000 4000 1 --context-layer --turns 2
 # Expects the default GGUF at $SPECMEMO_DATA_DIR/models/ (fetched with pip elsewhere)
 # and prompt files from scripts/make_prompt_files.py in .payload/. Re-running with the
 # same OUT_DIR reuses its distilled replies (distill.safetensors, heldout.safetensors):

@@ -1,4 +1,5 @@
-"""Write the ShareGPT first-prompt files (train / held-out split) that fit 512 tokens.
+"""Write the ShareGPT prompt files (train / held-out split): the first two user turns of
+each conversation whose first prompt fits 512 tokens (train-heads --turns 2 answers both).
 
 The GPU machine cannot reach PyPI, so the prompts travel with the job:
     python scripts/make_prompt_files.py .payload
@@ -11,7 +12,7 @@ from pathlib import Path
 from specmemo_core.chat import encode_conversation
 from specmemo_core.datasets import sharegpt_conversations
 from specmemo_core.sources import load_model
-from specmemo_core.train.distill import first_prompts
+from specmemo_core.train.distill import user_turns
 
 
 def main(out: str) -> None:
@@ -20,12 +21,12 @@ def main(out: str) -> None:
     tokenizer = load_model("default").tokenizer
     conversations = sharegpt_conversations()
     for held_out, name in ((False, "train"), (True, "heldout")):
-        prompts = [p for p in first_prompts(conversations, held_out)
-                   if len(encode_conversation(tokenizer, [{"role": "user", "content": p}])) <= 512]
+        kept = [turns for turns in user_turns(conversations, held_out, 2)
+                if len(encode_conversation(tokenizer, [{"role": "user", "content": turns[0]}])) <= 512]
         with open(folder / f"{name}.jsonl", "w") as f:
-            for p in prompts:
-                f.write(json.dumps({"turns": [p]}) + "\n")
-        print(name, len(prompts))
+            for turns in kept:
+                f.write(json.dumps({"turns": turns}) + "\n")
+        print(name, len(kept), "conversations,", sum(len(t) for t in kept), "turns")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from ..heads import HeadsSpec, load_heads, save_heads
 from ..model import ModelSpec, rope_inverse_frequencies, rope_tables
 from ..sources import LoadedModel, load_model
 from .calibrate import calibrate, head_ranks, save_calibration
-from .distill import Sequences, first_prompts, generate_replies
+from .distill import Sequences, generate_replies, user_turns
 from .features import build_features
 from .trainer import TrainConfig, train_heads
 
@@ -37,7 +37,8 @@ class PipelineConfig:
     num_heads: int = 4
     num_layers: int = 1
     context: bool = False  # hydra heads with a context layer (heads.py)
-    train_prompts: int = 4000
+    train_prompts: int = 4000  # conversations
+    turns: int = 1  # user turns answered per training conversation (multi-turn self-distillation)
     heldout_prompts: int = 300
     max_new_tokens: int = 256
     gen_batch: int = 256
@@ -65,12 +66,15 @@ def frozen_io(hf: Any) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
     return torch.nn.Embedding.from_pretrained(emb, freeze=True), lm_head
 
 
-def _prompts(cfg: PipelineConfig, held_out: bool) -> list[str]:
+def _conversations(cfg: PipelineConfig, held_out: bool) -> list[list[str]]:
+    """User turns of the training (or held-out) conversations: ``cfg.turns`` per
+    conversation for training; held-out calibration stays on first turns."""
     file = cfg.heldout_file if held_out else cfg.prompts_file
     limit = cfg.heldout_prompts if held_out else cfg.train_prompts
+    turns = 1 if held_out else cfg.turns
     if file:
-        return [turns[0] for turns in load_prompt_file(file)][:limit]
-    return first_prompts(sharegpt_conversations(), held_out)[:limit]
+        return [t[:turns] for t in load_prompt_file(file)][:limit]
+    return user_turns(sharegpt_conversations(), held_out, turns)[:limit]
 
 
 def _sequences(path: Path, make: Callable[[], Sequences]) -> Sequences:
@@ -110,7 +114,7 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     def distilled(held_out: bool) -> Sequences:
         name = "heldout.safetensors" if held_out else "distill.safetensors"
         return _sequences(out / name, lambda: generate_replies(
-            hf, loaded.tokenizer, _prompts(cfg, held_out), max_new_tokens=cfg.max_new_tokens,
+            hf, loaded.tokenizer, _conversations(cfg, held_out), max_new_tokens=cfg.max_new_tokens,
             batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
 
     t0 = time.perf_counter()
@@ -132,7 +136,8 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     card = {
         "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
         "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "context_layer": cfg.context,
-        "data": f"ShareGPT V3 first prompts (train split), {len(train_seqs.starts)} replies, "
+        "data": f"ShareGPT V3 (train split), up to {cfg.turns} user turn(s) per conversation, "
+                f"{len(train_seqs.starts)} replies, "
                 f"{train_seqs.reply_tokens} tokens self-distilled (greedy, ≤{cfg.max_new_tokens} new tokens)",
         "train": asdict(cfg.train), "seed": cfg.train.seed, "train_seconds": round(train_s, 1),
         "total_seconds": round(time.perf_counter() - t_start, 1),
@@ -166,6 +171,6 @@ def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: P
     hf = hf_model_from(loaded, device, dtype)
     stops = sorted(end_of_turn_ids(loaded.tokenizer, loaded.config))
     heldout = _sequences(folder / "heldout.safetensors", lambda: generate_replies(
-        hf, loaded.tokenizer, _prompts(cfg, True), max_new_tokens=cfg.max_new_tokens,
+        hf, loaded.tokenizer, _conversations(cfg, True), max_new_tokens=cfg.max_new_tokens,
         batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
     return run_calibration(folder, loaded, hf, cfg, device, progress, heldout)

@@ -133,8 +133,10 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     tiny_hf_model(seed=3).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"turns": [f"Hello number {i}, how are you?"]}) for i in range(12)))
-    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, context=context, train_prompts=10,
+    prompts.write_text("\n".join(json.dumps({"turns": [f"Hello number {i}, how are you?", "Again, shorter."]})
+                                  for i in range(12)))
+    turns = 2 if context else 1  # the context layer also learns from second turns
+    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, context=context, train_prompts=10, turns=turns,
                          heldout_prompts=4,
                          max_new_tokens=24, gen_batch=4, prompts_file=str(prompts), heldout_file=str(prompts),
                          train=TrainConfig(steps=30, batch_size=64))
@@ -142,6 +144,7 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     card = run_training(cfg, out, "cpu", log=lambda m: None)
     assert (out / "heads.safetensors").exists() and (out / "calibration.json").exists()
     assert card["kind"] == "hydra" and len(card["heldout_top1"]) == 3
+    assert f"{10 * turns} replies" in card["data"]
     assert not (out / "checkpoint.pt").exists()
     engine = Engine.load(str(folder), heads=str(out), tree="calibrated-8")
     assert engine.tree.num_nodes <= 8
@@ -150,3 +153,42 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     a = "".join(p.text for p in engine.new_session(512).send("Hello number 3"))
     b = "".join(p.text for p in plain.new_session(512).send("Hello number 3"))
     assert a == b
+
+
+def test_multi_turn_distillation_answers_each_turn_with_the_models_own_replies():
+    """Turn 2's prompt is the templated conversation with the model's own first reply,
+    so a second-turn sequence starts with the whole first-turn sequence's text."""
+    from specmemo_core.chat import encode_conversation
+    from specmemo_core.train.distill import generate_replies
+
+    torch.manual_seed(0)
+    model, tok = tiny_hf_model(seed=3), tiny_tokenizer()
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    convs = [["Hello, how are you?", "Say it again."], ["The quick brown fox."], ["Memory budgets?", "And trees?"]]
+    seqs = generate_replies(model, tok, convs, max_new_tokens=12, batch_size=2, stop_ids=[stop])
+    assert len(seqs.starts) == 5  # every user turn answered
+    pairs = [(seqs.tokens[s:r].tolist(), seqs.tokens[r:e].tolist())
+             for s, r, e in zip(seqs.starts, seqs.reply_starts, seqs.ends)]
+    firsts = {tuple(p): reply for p, reply in pairs}
+    for conv in (convs[0], convs[2]):
+        first_prompt = encode_conversation(tok, [{"role": "user", "content": conv[0]}])
+        reply = firsts[tuple(first_prompt)]
+        text = tok.decode([t for t in reply if t != stop], skip_special_tokens=True)
+        second_prompt = encode_conversation(tok, [{"role": "user", "content": conv[0]},
+                                                  {"role": "assistant", "content": text},
+                                                  {"role": "user", "content": conv[1]}])
+        assert tuple(second_prompt) in firsts  # the second turn was asked with the model's own reply
+        assert len(second_prompt) > len(first_prompt) + len(reply) - 1
+
+
+def test_user_turns_keep_the_split_and_the_order():
+    from specmemo_core.train.distill import is_held_out, user_turns
+
+    convs = [[{"from": "human", "value": f"q{i}a"}, {"from": "gpt", "value": "x"},
+              {"from": "human", "value": f"q{i}b"}, {"from": "human", "value": f"q{i}c"}] for i in range(300)]
+    convs[5] = [{"from": "human", "value": "  "}]
+    train = user_turns(convs, held_out=False, max_turns=2)
+    held = user_turns(convs, held_out=True, max_turns=1)
+    assert all(len(t) == 2 for t in train) and all(len(t) == 1 for t in held)
+    assert len(train) + len(held) == 299  # the empty conversation is dropped
+    assert held == [[f"q{i}a"] for i in range(300) if is_held_out(i) and i != 5]
