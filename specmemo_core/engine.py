@@ -41,10 +41,11 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
 
 
 def default_tree(device: str | torch.device, heads_folder: Path | None) -> str | None:
-    """NOTE: a fixed choice until the planner times the device. On GPUs a 64-node tree
-    costs about one plain step; on these 2-core CPUs drafting and verifying even a
-    4-node tree costs more than the ~1.3–1.6 tokens it gains (README, "Speed"), so
-    CPUs decode plainly (None) until the draft step is cheaper."""
+    """The tree when no planner runs (``specmemo generate``/``chat``). On GPUs a 64-node
+    tree costs about one plain step. On CPUs whether a tree pays depends on the machine
+    (2 cores, packed weights: a 4-node tree gains ~1.1×; before packing it lost), so
+    without the planner's start-up timing CPUs decode plainly (None); the app and
+    ``bench --methods plan`` time the device and choose."""
     if torch.device(device).type == "cpu":
         return None
     if heads_folder is not None and (heads_folder / "calibration.json").exists():
