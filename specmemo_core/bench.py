@@ -338,7 +338,10 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
                                   note=note + ("; " if note else "") + "re-prefills the conversation every turn"))
         elif name == "vanilla":
             methods.append(ours(full_name, None, graph_note, graphs))
-        elif name == "plan":
+        elif name == "plan":  # as the app runs it: graph-captured steps on CUDA
+            graphs = graphs or kind == "cuda"
+            graph_note = ("static shapes, CUDA graphs" if kind == "cuda" else "static shapes, eager (no GPU)"
+                          ) if graphs else ""
             chosen = planner_choice(engine.model, engine.heads, heads_folder, precision, max_new_tokens,
                                     plan_step_time)
             tree = resolve_tree(chosen.tree, heads_folder) if chosen.tree else None

@@ -100,8 +100,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens")
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--graphs", action="store_true",
-                   help="experimental: static-shape decoding, CUDA graphs on a GPU (greedy steps)")
+    p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="static-shape decoding replayed as CUDA graphs (default: on for CUDA, off for CPU)")
 
 
 def _engine(args: argparse.Namespace):

@@ -128,11 +128,14 @@ class Engine:
 
     def new_session(
         self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True,
-        graphs: bool = False,
+        graphs: bool | None = None,
     ) -> ChatSession:
         """A conversation with its own KV cache of ``capacity`` committed tokens (plus room
-        for the tree's scratch slots). ``graphs`` (experimental): the static-shape decoder,
-        whose greedy steps are CUDA graphs on a GPU (static_decoding.py)."""
+        for the tree's scratch slots). ``graphs``: the static-shape decoder, whose greedy
+        steps replay as CUDA graphs on a GPU (static_decoding.py); None: on CUDA only
+        (an eager GPU step costs ~10× a replayed one; on CPU static shapes only cost)."""
+        if graphs is None:
+            graphs = self.model.device.type == "cuda"
         use_tree = speculate and self.speculative
         scratch = self.tree.num_nodes if use_tree else 1
         heads, tree = (self.heads, self.tree) if use_tree else (None, None)

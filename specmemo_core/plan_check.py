@@ -37,8 +37,11 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int
     The level cost comes from real speculative steps of the decoder on a chain tree
     (drafting, verifying, accepting, committing: the fastest step), less its forward, per
     level: timing the LM head alone missed a quarter of a CPU step, and the planner chose
-    a tree that lost.
+    a tree that lost. On CUDA, where decoding replays graph-captured steps, see
+    ``time_graph_steps``.
     """
+    if model.device.type == "cuda":  # there the decoder replays graph-captured steps: time those
+        return time_graph_steps(model, heads, big, context, repeats)
     device = model.device
     cache = model.new_cache(context + big)
     ids = torch.randint(0, model.spec.vocab_size, (context + big,), device=device,
@@ -65,6 +68,46 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int
     depth = min(3, heads.num_heads)
     step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(), repeats)
     return linear_step_time(t1, tb, big, max(0.0, step - plain(depth + 1, 0)) / depth)
+
+
+def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512,
+                     repeats: int = 5) -> StepTime:
+    """The step-time model from whole greedy steps of the static decoder, as a GPU runs
+    them (``static_decoding.GreedyStep``, one CUDA-graph replay per step; eager elsewhere).
+
+    A graph replay costs about the same for 1 or 64 tokens, so timing bare forwards would
+    say nothing about the drafting and accepting inside a step: instead a plain step, a
+    chain of d levels and a ``big``-node tree are each timed whole (fastest of their
+    steps after capture), and the cost per node and per drafted level are solved from
+    the three."""
+    from .decoding import GenerationConfig
+    from .static_decoding import StaticDecoder, new_static_cache
+    from .tree import specmemo_pruned_tree
+
+    ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    steps = 2 * repeats + 2
+
+    def fastest(tree: Any) -> float:
+        width = tree.depth + 1 if tree is not None else 1
+        nodes = tree.num_nodes if tree is not None else 1
+        cache = new_static_cache(model, context + nodes + width * steps + 1)
+        decoder = StaticDecoder(model, cache, heads if tree is not None else None, tree, graphs=True)
+        times = [s.forward_s for s in decoder.generate(ids, GenerationConfig(max_new_tokens=width * steps))
+                 if not s.prefill]
+        return min(times[2:] or times)  # the first steps capture
+
+    t1 = fastest(None)
+    if heads is None:
+        return linear_step_time(t1, t1, big)
+    d = min(3, heads.num_heads)
+    wide = specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big)
+    c1, c2 = fastest(load_tree(f"chain-{d}")) - t1, fastest(wide) - t1
+    # step(n, depth) = t1 + slope·(n − 1) + level·depth, through the chain and the wide tree
+    n2, d2 = wide.num_nodes - 1, wide.depth
+    det = d * d2 - n2 * d
+    slope = max(0.0, (c1 * d2 - c2 * d) / det)
+    level = max(0.0, (d * c2 - n2 * c1) / det)
+    return linear_step_time(t1, t1 + slope * (big - 1), big, level)
 
 
 def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int) -> float:

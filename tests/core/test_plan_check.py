@@ -45,3 +45,20 @@ def test_verify_runs_every_turn_and_slides_a_full_context():
     assert check.turns_run == 10
     assert check.context_resets >= 5  # 300 tokens hold the document or ~3 turns of 70
     assert check.measured_terms["kv_cache"] == 2 * 2 * 2 * 64 * (300 + tree.num_nodes) * 4
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_graph_step_timing_gives_a_step_time_model(device):
+    """The static decoder's whole steps (graph replays on CUDA) give a linear step-time
+    model: plain step > 0, and a bigger or deeper tree never cheaper."""
+    from specmemo_core.plan_check import time_graph_steps
+    from tests.tiny import tiny_model
+
+    torch.set_num_threads(1)
+    model = tiny_model(seed=1, vocab_size=64, device=device)
+    heads = random_heads(4, 64, 64, seed=2, scale=0.5, kind="hydra").to(device)
+    step = time_graph_steps(model, heads, big=16, context=64, repeats=2)
+    assert step(1, 0) > 0
+    assert step(16, 4) >= step(4, 3) >= step(1, 0)
+    plain = time_graph_steps(model, None, big=16, context=64, repeats=2)
+    assert plain(1, 0) > 0
