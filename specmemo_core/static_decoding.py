@@ -138,12 +138,10 @@ class GreedyStep:
         self.out = None
         if capture:
             caches = [c for c in (cache, context_cache) if c is not None]
-            saved = [c.length_t.clone() for c in caches], self.root.clone(), self.state.clone()
+            lengths = [c.length_t.clone() for c in caches]
             self.graph, self.out = capture_graph(self._run, warmup)
-            for c, length in zip(caches, saved[0]):  # the warm-up runs committed: undo
+            for c, length in zip(caches, lengths):  # the warm-up runs committed: undo that
                 c.length_t.copy_(length)
-            self.root.copy_(saved[1])
-            self.state.copy_(saved[2])
 
     @torch.inference_mode()
     def _run(self) -> torch.Tensor:
