@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .errors import ContextFullError, SpecMemoError
+from .errors import SpecMemoError
 from .heads import DraftHeads
 from .kv_cache import KVCache
 from .model import CausalLM

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from .errors import SpecMemoError
 from .memory import (
-    HeadsShape, ModelShape, activation_bytes, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
+    HeadsShape, ModelShape, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
     tree_buffer_bytes, weight_bytes,
 )
 
