@@ -182,7 +182,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
     cfg = PipelineConfig(
         model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
-        context=args.context_layer, train_prompts=args.prompts, turns=args.turns, heldout_prompts=args.heldout_prompts,
+        context=args.context_layer, train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
+        heldout_prompts=args.heldout_prompts,
         max_new_tokens=args.reply_tokens,
         gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
@@ -475,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--prompts", type=int, default=4000, help="training conversations (ShareGPT train split)")
     train.add_argument("--turns", type=int, default=1,
                        help="user turns answered per conversation (2: also learn from second turns, as in a chat)")
+    train.add_argument("--draft-vocab", type=int, default=8192,
+                       help="hydra: draft among this many most frequent reply tokens (0: the whole vocabulary)")
     train.add_argument("--prompts-file", default=None, help="JSONL prompts instead of ShareGPT")
     train.add_argument("--heldout-prompts", type=int, default=300)
     train.add_argument("--heldout-file", default=None)

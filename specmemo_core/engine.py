@@ -107,6 +107,8 @@ class Engine:
         elif heads not in (None, "none"):
             folder = Path(heads) if Path(heads).is_dir() else Path(heads).parent
             draft = load_heads(heads, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
+        if draft is not None and getattr(draft, "vocab_ids", None) is not None:
+            draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
             pack_linears(lm)
             if draft is not None:

@@ -126,11 +126,12 @@ class HeadsShape:
     num_layers: int
     own_lm_heads: bool = False
     context_mlp: int = 0  # width of the heads' context layer's MLP (0: no context layer)
+    draft_vocab: int = 0  # rows of the LM head copied for drafting (0: drafts use the LM head itself)
 
     @classmethod
     def from_spec(cls, spec: Any) -> "HeadsShape":
         return cls(spec.kind, spec.num_heads, spec.num_layers, spec.own_lm_heads,
-                   spec.context_mlp)
+                   spec.context_mlp, spec.draft_vocab)
 
 
 def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tokens: int = 0) -> int:
@@ -141,6 +142,7 @@ def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tok
     context layer (optional): the base model's attention shape, q and o (2 × D × H × hd),
       k and v (2 × D × Hkv × hd), an MLP of width M (3 × D × M) and two norms (2D), plus
       its own one-layer KV cache for ``tokens`` tokens (2 × Hkv × hd × tokens).
+    drafting vocabulary (optional): a copy of W LM-head rows (W × D) and their ids (W × 8 bytes).
     """
     if heads is None:
         return 0
@@ -156,7 +158,8 @@ def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tok
         hd = shape.head_dim
         total += (2 * d * shape.num_heads * hd + 2 * d * shape.num_kv_heads * hd + 3 * d * heads.context_mlp + 2 * d
                   + 2 * shape.num_kv_heads * hd * tokens)
-    return total * b
+    total += heads.draft_vocab * d
+    return total * b + heads.draft_vocab * 8
 
 
 def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:

@@ -39,6 +39,7 @@ class PipelineConfig:
     context: bool = False  # hydra heads with a context layer (heads.py)
     train_prompts: int = 4000  # conversations
     turns: int = 1  # user turns answered per training conversation (multi-turn self-distillation)
+    draft_vocab: int = 8192  # hydra: draft among the most frequent reply tokens (0: whole vocabulary)
     heldout_prompts: int = 300
     max_new_tokens: int = 256
     gen_batch: int = 256
@@ -96,6 +97,14 @@ def _context_shape(cfg: PipelineConfig, config: Any) -> dict[str, int]:
             "context_kv_heads": spec.num_kv_heads, "context_head_dim": spec.head_dim}
 
 
+def frequent_tokens(seqs: Sequences, vocab_size: int, count: int) -> torch.Tensor:
+    """The ``count`` most frequent reply tokens (ties by id), most frequent first: the
+    heads' drafting vocabulary."""
+    spans = [seqs.tokens[a:b] for a, b in zip(seqs.reply_starts.tolist(), seqs.ends.tolist())]
+    counts = torch.bincount(torch.cat(spans), minlength=vocab_size) if spans else torch.zeros(vocab_size)
+    return torch.sort(counts, descending=True, stable=True).indices[:count]
+
+
 def base_rope(config: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """The base model's rotary tables as a function of positions (float32)."""
     inv_freq, scale = rope_inverse_frequencies(config)
@@ -123,13 +132,18 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     t0 = time.perf_counter()
     feats = build_features(hf, train_seqs, cfg.num_heads, progress=progress, keep_all=cfg.context)
     log(f"features: {feats.hidden.shape[0]} positions ({time.perf_counter() - t0:.0f} s)")
-    spec = HeadsSpec(cfg.kind, cfg.num_heads, cfg.num_layers, loaded.config.hidden_size, loaded.config.vocab_size,
-                     False, loaded.identity.name, loaded.identity.fingerprint, **_context_shape(cfg, loaded.config))
+    vocab = loaded.config.vocab_size
+    draft_vocab = min(cfg.draft_vocab, vocab) if cfg.kind == "hydra" else 0
+    spec = HeadsSpec(cfg.kind, cfg.num_heads, cfg.num_layers, loaded.config.hidden_size, vocab,
+                     False, loaded.identity.name, loaded.identity.fingerprint, **_context_shape(cfg, loaded.config),
+                     draft_vocab=draft_vocab)
     embed, lm_head = frozen_io(hf)
     t0 = time.perf_counter()
     heads = train_heads(feats, spec, embed, lm_head, cfg.train, out, device, progress, log,
                         rope=base_rope(loaded.config))
     train_s = time.perf_counter() - t0
+    if draft_vocab:
+        heads.vocab_ids.copy_(frequent_tokens(train_seqs, vocab, draft_vocab))
     save_heads(heads.float(), out, dtype=torch.bfloat16)
     del feats
     record = run_calibration(out, loaded, hf, cfg, device, progress, distilled(True))

@@ -96,3 +96,51 @@ def test_context_layer_needs_hydra_and_an_attention_shape():
                   context_head_dim=8)
     with pytest.raises(HeadsError, match="context layer"):
         HeadsSpec("hydra", 2, 1, 16, 50, False, context_mlp=16)
+
+
+def _with_draft_vocab(ids: list[int], vocab: int = 300):
+    from specmemo_core.heads import new_heads
+
+    base = random_heads(4, 64, vocab, seed=5, scale=0.5, kind="hydra")
+    spec = HeadsSpec("hydra", 4, 1, 64, vocab, False, draft_vocab=len(ids))
+    heads = new_heads(spec)
+    heads.load_state_dict({**base.state_dict(), "vocab_ids": torch.tensor(ids)})
+    return heads
+
+
+def test_draft_vocab_round_trip_and_limits(tmp_path):
+    heads = _with_draft_vocab([7, 3, 250, 11])
+    save_heads(heads, tmp_path / "h")
+    back = load_heads(tmp_path / "h", 64, 300)
+    assert back.spec.draft_vocab == 4 and back.vocab_ids.tolist() == [7, 3, 250, 11]
+    with pytest.raises(HeadsError, match="drafting vocabulary"):
+        HeadsSpec("medusa", 4, 1, 64, 300, False, draft_vocab=8)
+    with pytest.raises(HeadsError, match="drafting vocabulary"):
+        HeadsSpec("hydra", 4, 1, 64, 300, False, draft_vocab=301)
+    save_heads(_with_draft_vocab([7, 3, 299, 300 + 5]), tmp_path / "bad")
+    with pytest.raises(HeadsError, match="outside the model's vocabulary"):
+        load_heads(tmp_path / "bad", 64, 300)
+
+
+def test_drafts_stay_in_the_vocabulary_and_decoding_stays_exact():
+    """Heads drafting through a vocabulary cut propose only its tokens; greedy output is
+    still plain greedy's, token for token (the base model verifies everything)."""
+    from specmemo_core.decoding import Decoder, GenerationConfig
+    from specmemo_core.tree import load_tree
+    from tests.tiny import tiny_model
+
+    torch.set_num_threads(1)
+    model = tiny_model(seed=7)
+    prompt = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    plain = [t for s in Decoder(model, model.new_cache(400)).generate(prompt, GenerationConfig(max_new_tokens=60))
+             for t in s.token_ids]
+    allowed = sorted(set(plain))[:40] + list(range(0, 300, 7))  # some of the right tokens, many others
+    heads = _with_draft_vocab(sorted(set(allowed)))
+    heads.use_draft_vocab(model.lm_head.weight)
+    tree = load_tree("1-10-16-17")
+    drafted = heads.draft(torch.randn(64), 5, tree.buffers, model.model.embed_tokens, model.lm_head)
+    assert set(drafted[1:].tolist()) <= set(allowed)
+    decoder = Decoder(model, model.new_cache(400), heads, tree)
+    steps = list(decoder.generate(prompt, GenerationConfig(max_new_tokens=60)))
+    assert [t for s in steps for t in s.token_ids] == plain
+    assert max(s.accepted for s in steps) > 1

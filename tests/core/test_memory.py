@@ -95,3 +95,10 @@ def test_heads_with_a_context_layer_match_real_parameters_and_cache():
     params = sum(p.numel() * p.element_size() for p in heads.parameters())
     cache = heads.context.new_cache(100, torch.float32, "cpu")
     assert heads_bytes(HeadsShape.from_spec(heads.spec), shape, "fp32", tokens=100) == params + cache.nbytes
+
+
+def test_a_drafting_vocabulary_costs_its_lm_head_rows():
+    s = known_shape("smollm2-135m")
+    plain = heads_bytes(HeadsShape("hydra", 4, 1), s, "fp32")
+    cut = heads_bytes(HeadsShape("hydra", 4, 1, draft_vocab=8192), s, "fp32")
+    assert cut - plain == 8192 * 576 * 4 + 8192 * 8
