@@ -84,8 +84,15 @@ def test_timing_decides_where_a_tree_stops_paying():
     # more than d + 1 plain steps and emits at most d + 1 tokens, so no tree pays: plain
     cpu = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.045, 0.146, 64, 0.045))
     assert cpu.tree is None and cpu.tree_nodes == 1
-    # in between, the tree shrinks as its cost grows
-    mid = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.035, 0.060, 64, 0.002))
+    # in between, the tree shrinks as its cost grows: the plan picks, by hand, the tree with
+    # the most expected tokens per second under this step time (memory is ample here)
+    mid_time = linear_step_time(0.035, 0.060, 64, 0.002)
+    mid = plan(budget, smol, HYDRA, PlanRequest(), trees, mid_time)
+    by_hand = max(trees, key=lambda t: t.expected_accepted / mid_time(t.nodes, t.depth))
+    assert by_hand.expected_accepted / mid_time(by_hand.nodes, by_hand.depth) > 1 / mid_time(1, 0)
+    assert mid.tree == by_hand.name and mid.tree_nodes == by_hand.nodes
+    assert mid.predicted_tokens_per_s == pytest.approx(by_hand.expected_accepted / mid_time(by_hand.nodes,
+                                                                                          by_hand.depth), rel=1e-3)
     assert 1 < mid.tree_nodes < gpu_like.tree_nodes
 
 
