@@ -326,6 +326,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
     for full_name in names:
         # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU)
         name, graphs = (full_name[: -len("+graphs")], True) if full_name.endswith("+graphs") else (full_name, False)
+        graphs = graphs or (name == "plan" and kind == "cuda")  # plan runs as the app does: graphs on CUDA
         graph_note = "static shapes" + (", CUDA graphs" if kind == "cuda" else ", eager (no GPU)") if graphs else ""
         if graphs and name in HF_METHODS:
             raise SpecMemoError(f"method {full_name}: +graphs applies to our decoder, not to transformers")
@@ -338,10 +339,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
                                   note=note + ("; " if note else "") + "re-prefills the conversation every turn"))
         elif name == "vanilla":
             methods.append(ours(full_name, None, graph_note, graphs))
-        elif name == "plan":  # as the app runs it: graph-captured steps on CUDA
-            graphs = graphs or kind == "cuda"
-            graph_note = ("static shapes, CUDA graphs" if kind == "cuda" else "static shapes, eager (no GPU)"
-                          ) if graphs else ""
+        elif name == "plan":
             chosen = planner_choice(engine.model, engine.heads, heads_folder, precision, max_new_tokens,
                                     plan_step_time)
             tree = resolve_tree(chosen.tree, heads_folder) if chosen.tree else None
