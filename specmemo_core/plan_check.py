@@ -80,7 +80,6 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
     chain of d levels and a ``big``-node tree are each timed whole (fastest of their
     steps after capture), and the cost per node and per drafted level are solved from
     the three."""
-    from .decoding import GenerationConfig
     from .static_decoding import StaticDecoder, new_static_cache
     from .tree import specmemo_pruned_tree
 
@@ -92,9 +91,7 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
         nodes = tree.num_nodes if tree is not None else 1
         cache = new_static_cache(model, context + nodes + width * steps + 1)
         decoder = StaticDecoder(model, cache, heads if tree is not None else None, tree, graphs=True)
-        times = [s.forward_s for s in decoder.generate(ids, GenerationConfig(max_new_tokens=width * steps))
-                 if not s.prefill]
-        return min(times[2:] or times)  # the first steps capture
+        return _fastest_step(decoder, ids, width * steps, warmup=2)  # the first steps capture
 
     t1 = fastest(None)
     if heads is None:
@@ -110,14 +107,21 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
     return linear_step_time(t1, t1 + slope * (big - 1), big, level)
 
 
+def _fastest_step(decoder: Any, prompt: list[int], max_new_tokens: int, warmup: int) -> float:
+    """The fastest decoding step after the first ``warmup`` (which warm up or capture)."""
+    from .decoding import GenerationConfig
+
+    times = [s.forward_s for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens))
+             if not s.prefill]
+    return min(times[warmup:] or times)
+
+
 def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int) -> float:
-    from .decoding import Decoder, GenerationConfig
+    from .decoding import Decoder
 
     steps = 2 * repeats + 1
     decoder = Decoder(model, model.new_cache(len(prompt) + (tree.num_nodes + 1) * (steps + 1)), heads, tree)
-    times = [s.forward_s for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=tree.num_nodes * steps))
-             if not s.prefill]
-    return min(times[1:] or times)  # the first step warms up
+    return _fastest_step(decoder, prompt, tree.num_nodes * steps, warmup=1)
 
 
 def _sync(device: torch.device) -> None:
