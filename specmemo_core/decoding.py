@@ -97,8 +97,10 @@ class Decoder:
         # The heads' context layer (if any) keeps its own one-layer cache in lock-step
         # with ``cache``: allocated here, once, at the same capacity.
         self._context = getattr(self.heads, "context", None) if self.speculative else None
-        self._context_cache = (self._context.new_cache(self.cache.capacity, self.model.dtype, self.model.device)
-                               if self._context is not None else None)
+        self._context_cache = self._new_context_cache() if self._context is not None else None
+
+    def _new_context_cache(self) -> KVCache:
+        return self._context.new_cache(self.cache.capacity, self.model.dtype, self.model.device)
 
     @property
     def speculative(self) -> bool:

@@ -218,10 +218,11 @@ class StaticDecoder(Decoder):
         super().__post_init__()
         self._steps: dict[int, GreedyStep] = {}
         self._single = load_tree("single").buffers.to(self.model.device)
-        if self._context is not None:  # the heads' context layer gets a static cache too
-            m = self._context.mspec
-            self._context_cache = StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity,
-                                                self.model.dtype, self.model.device)
+
+    def _new_context_cache(self) -> StaticKVCache:
+        """The heads' context layer gets a static cache too."""
+        m = self._context.mspec
+        return StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity, self.model.dtype, self.model.device)
 
     def _greedy_step(self, buffers, heads) -> GreedyStep:
         n = buffers.depths.shape[0]
