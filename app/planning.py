@@ -59,10 +59,11 @@ def request_for(settings: ChatSettings, turns: int | None = None) -> PlanRequest
 
 
 def make_plan(inputs: PlanInputs, settings: ChatSettings) -> Plan:
-    """The plan for ``settings``; with speculation off the heads are left out of it."""
+    """The plan for ``settings``; with speculation off the heads and trees are left out of it."""
     heads = inputs.heads if settings.speculate else None
+    trees = inputs.trees if settings.speculate else ()
     step_time = inputs.timing.step_time() if inputs.timing else None
-    return plan(inputs.budget, inputs.model, heads, request_for(settings), inputs.trees, step_time)
+    return plan(inputs.budget, inputs.model, heads, request_for(settings), trees, step_time)
 
 
 def smaller_settings(settings: ChatSettings) -> ChatSettings:

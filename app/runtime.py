@@ -74,15 +74,16 @@ class EngineBackend:
         return len(encode_conversation(self.engine.tokenizer, messages))
 
     def with_tree(self, tree: str | None) -> "EngineBackend":
-        """The same weights and heads with another tree (None: plain decoding)."""
+        """The same weights and heads with another tree (None: plain decoding; without
+        heads only a lookup chain alone, ``lookup-N``, can speculate)."""
         from specmemo_core.engine import resolve_tree
 
-        if tree is None or self.engine.heads is None:
+        if tree is None or (self.engine.heads is None and not tree.startswith("lookup-")):
             return replace(self, engine=replace(self.engine, tree=None))
         if self.engine.tree is not None and self.engine.tree.name == tree:
             return self
         chosen = resolve_tree(tree, self.heads_dir)
-        if chosen.depth > self.engine.heads.num_heads:
+        if chosen.depth > (self.engine.heads.num_heads if self.engine.heads is not None else 0):
             raise SpecMemoError(f"tree {chosen.name} needs {chosen.depth} heads but only "
                                 f"{self.engine.heads.num_heads} are loaded; choose a shallower tree")
         return replace(self, engine=replace(self.engine, tree=chosen))
@@ -146,7 +147,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     from specmemo_core.engine import Engine
     from specmemo_core.memory import HeadsShape, ModelShape
     from specmemo_core.plan_check import time_forward
-    from specmemo_core.planner import calibrated_options, specmemo_prior_options
+    from specmemo_core.planner import tree_options
     from specmemo_core.train.calibrate import load_calibration
 
     def report(stage: str, fraction: float) -> None:
@@ -166,7 +167,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     heads_shape = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
     folder = engine.heads_folder
     record = load_calibration(folder) if folder is not None else None
-    trees = calibrated_options(record) if record else specmemo_prior_options()
+    trees = tree_options(record)
     key = timing_key(engine.identity.fingerprint, device.name, torch.get_num_threads(), settings.precision)
     timing = cached_timing(data_folder, key)
     if timing is None:

@@ -117,7 +117,7 @@ class SettingsDialog(QDialog):
         v.addLayout(row)
         self.model_error = _error_label()
         v.addWidget(self.model_error)
-        self.speculate = QCheckBox("Speculative decoding (draft heads + tree)")
+        self.speculate = QCheckBox("Speculative decoding (draft heads and lookup, verified as a tree)")
         self.speculate.setChecked(s.speculate)
         self.speculate.toggled.connect(self.replan)
         v.addWidget(self.speculate)

@@ -17,7 +17,8 @@ vanilla      our plain decoding (one token per forward).
 plan         our decoder with the tree the planner picks after timing this device (it
              may pick plain decoding; the report says which).
 <tree name>  our decoder with the loaded heads on that tree: medusa-64, 1-10-16-17,
-             calibrated-N, …
+             calibrated-N, …; ``+lookup-N`` adds a chain copied from the conversation
+             (``lookup.py``), and ``lookup-N`` alone needs no heads.
 """
 
 from __future__ import annotations
@@ -236,11 +237,14 @@ def summarize(method: Method, passes: Sequence[Pass], baseline: Sequence[Sequenc
 
 
 def report(methods: Sequence[Method], passes: dict[str, list[Pass]]) -> dict[str, dict[str, Any]]:
-    """{method: summary}, in the order given, with speed ratios against ``hf`` and ``vanilla``.
+    """{method: summary}, in the order given, with speed ratios against ``hf``, ``vanilla``
+    and ``vanilla+graphs``; replies are compared with ``vanilla``'s, else (a GPU run
+    without the slow eager decoder) with ``vanilla+graphs``' (``identical_baseline``).
     (The CLI adds one more key, ``_run``, with the settings: see ``run_info``.)"""
-    base = passes["vanilla"][-1].replies if "vanilla" in passes else None
-    out = {m.name: summarize(m, passes[m.name], base) for m in methods}
-    for ref in ("hf", "vanilla"):
+    baseline = next((name for name in ("vanilla", "vanilla+graphs") if name in passes), None)
+    base = passes[baseline][-1].replies if baseline else None
+    out = {m.name: summarize(m, passes[m.name], base) | {"identical_baseline": baseline} for m in methods}
+    for ref in ("hf", "vanilla", "vanilla+graphs"):
         if ref in out:
             ref_speed = out[ref]["tokens_per_s"]["median"]
             for entry in out.values():
@@ -289,7 +293,7 @@ def planner_choice(model: Any, heads: Any, heads_folder: Path | None, precision:
     from .device import cpu_device, probe
     from .memory import HeadsShape, ModelShape
     from .plan_check import time_forward
-    from .planner import Budget, PlanRequest, calibrated_options, plan, specmemo_prior_options
+    from .planner import Budget, PlanRequest, plan, tree_options
     from .train.calibrate import load_calibration
 
     kind = model.device.type
@@ -298,7 +302,7 @@ def planner_choice(model: Any, heads: Any, heads_folder: Path | None, precision:
         raise SpecMemoError(f"no {kind} device found for the planner")
     budget = Budget(info.kind, info.total_bytes, info.free_bytes, info.name)
     record = load_calibration(heads_folder) if heads_folder is not None else None
-    trees = calibrated_options(record) if record else specmemo_prior_options()
+    trees = tree_options(record)
     heads_shape = HeadsShape.from_spec(heads.spec) if heads is not None else None
     step_time = step_time or time_forward(model, heads)
     request = PlanRequest(reply_tokens=reply_tokens, precision=precision)
@@ -348,10 +352,10 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
                     + (f", predicted {speed:.1f} tokens/s" if speed else "") + (f"; {graph_note}" if graphs else ""))
             methods.append(ours(full_name, tree, note, graphs))
         else:
-            if engine.heads is None:
-                raise SpecMemoError(f"method {name} needs draft heads; this model has none shipped (give --heads)")
             tree = resolve_tree(name, heads_folder)
-            if tree.depth > engine.heads.num_heads:
+            if engine.heads is None and tree.paths:
+                raise SpecMemoError(f"method {name} needs draft heads; this model has none shipped (give --heads)")
+            if tree.depth > (engine.heads.num_heads if engine.heads is not None else 0):
                 raise SpecMemoError(f"tree {name} needs {tree.depth} heads but only {engine.heads.num_heads} "
                                     f"were loaded")
             methods.append(ours(full_name, tree, graph_note, graphs))

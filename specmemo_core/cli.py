@@ -334,7 +334,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from .device import parse_size, probe
     from .memory import HeadsShape, ModelShape, known_shape
-    from .planner import Budget, PlanRequest, calibrated_options, plan, specmemo_prior_options
+    from .planner import Budget, PlanRequest, plan, specmemo_prior_options, tree_options
 
     request = PlanRequest(turns=args.turns, prefer=_prefer(args.prefer), precision=args.precision,
                           prompt_tokens=args.prompt_tokens, reply_tokens=args.reply_tokens)
@@ -360,7 +360,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
         folder = engine.heads_folder
         record = load_calibration(folder) if folder else None
-        trees = calibrated_options(record) if record else specmemo_prior_options()
+        trees = tree_options(record)
     if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
         raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
                             f"{request.reply_tokens}) does not fit the {shape.max_context}-token context of "

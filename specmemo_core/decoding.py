@@ -27,8 +27,9 @@ import torch
 from .errors import SpecMemoError
 from .heads import DraftHeads
 from .kv_cache import KVCache
+from .lookup import lookup_draft
 from .model import CausalLM
-from .tree import Tree
+from .tree import Tree, TreeBuffers
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
 
@@ -70,6 +71,21 @@ class _State:
     # (after the heads' context layer, when they have one)
 
 
+def draft_tokens(model: CausalLM, heads: DraftHeads | None, cache: KVCache, buf: TreeBuffers,
+                 hidden: torch.Tensor, root: torch.Tensor, length: torch.Tensor | int) -> torch.Tensor:
+    """Every tree node's token [N]: the root, the heads' guesses, then the lookup chain
+    (copied from the ``length`` committed tokens in ``cache.ids``)."""
+    n = buf.depths.shape[0]
+    if heads is not None and len(buf.level_starts) > 2:
+        tokens = heads.draft(hidden, root, buf, model.model.embed_tokens, model.lm_head)  # [N]
+    else:
+        tokens = root.view(1).expand(n)
+    if not buf.lookup:
+        return tokens
+    chain = lookup_draft(cache.ids, length, root, buf.lookup)  # [lookup]
+    return torch.cat((tokens[: n - buf.lookup], chain))
+
+
 @dataclass
 class Decoder:
     """One conversation's decoding state over a model, optional heads and a tree.
@@ -85,7 +101,9 @@ class Decoder:
     history: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.tree is not None and self.tree.num_nodes > 1:
+        if self.tree is not None and not self.tree.paths:
+            self.heads = None  # a lookup chain alone (or no tree): the heads would draft nothing
+        if self.tree is not None and self.tree.paths:
             if self.heads is None:
                 raise SpecMemoError("a speculation tree needs draft heads; give heads or use plain decoding")
             if self.tree.depth > self.heads.num_heads:
@@ -104,7 +122,8 @@ class Decoder:
 
     @property
     def speculative(self) -> bool:
-        return self.tree is not None and self.tree.num_nodes > 1 and self.heads is not None
+        """A tree to verify: heads' nodes (given heads) and/or a lookup chain."""
+        return self.tree is not None and self.tree.num_nodes > 1 and (self.heads is not None or not self.tree.paths)
 
     def reset(self) -> None:
         self.cache.reset()
@@ -128,6 +147,7 @@ class Decoder:
         """Hidden states [T, D] of ``tokens`` at scratch slots: see ``KVCache.prepare``
         (the cache decides positions and mask, so a static-shape cache slots in)."""
         positions, mask = self.cache.prepare(offsets, ancestors)
+        self.cache.write_ids(tokens)
         return self.model(tokens, positions, mask, self.cache)
 
     # -- prefill ---------------------------------------------------------------
@@ -206,8 +226,8 @@ class Decoder:
             return self._plain_step(state, config, gen)
         buf = self._buffers
         n = self.tree.num_nodes
-        tokens = self.heads.draft(state.hidden, state.root, buf, self.model.model.embed_tokens,
-                                  self.model.lm_head)  # [N]
+        tokens = draft_tokens(self.model, self.heads, self.cache, buf, state.hidden,
+                              torch.tensor(state.root, device=self.model.device), self.cache.length)  # [N]
         past = self.cache.length
         hidden = self._run(tokens, buf.depths, buf.attn_mask)  # [N, D]
         logits = self.model.logits(hidden)  # [N, V]

@@ -24,8 +24,13 @@ DEFAULT_CAPACITY = 4096
 
 def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
     """A tree by name or file; ``calibrated-N`` builds the best N-node tree from the
-    heads' calibration file (``calibrated`` alone: 64 nodes)."""
+    heads' calibration file (``calibrated`` alone: 64 nodes); ``+lookup-N`` adds a lookup
+    chain to either."""
     name = str(spec)
+    if "+lookup-" in name and not isinstance(spec, Path):
+        base, count = name.rsplit("+lookup-", 1)
+        if count.isdigit():
+            return resolve_tree(base, heads_folder).with_lookup(int(count))
     if name.startswith("calibrated"):
         from .train.calibrate import load_calibration, tree_from_calibration
 
@@ -115,7 +120,9 @@ class Engine:
                 pack_linears(draft)
         if tree == "auto":
             tree = default_tree(device, folder)
-        chosen = resolve_tree(tree, folder) if (tree is not None and draft is not None) else None
+        chosen = resolve_tree(tree, folder) if tree is not None else None
+        if chosen is not None and draft is None and chosen.paths:
+            chosen = None  # a heads' tree without heads: plain decoding (a lookup chain alone needs none)
         if chosen is not None and draft is not None and chosen.depth > draft.num_heads:
             raise SpecMemoError(
                 f"tree {chosen.name} needs {chosen.depth} heads but only {draft.num_heads} were loaded; "
@@ -126,7 +133,7 @@ class Engine:
 
     @property
     def speculative(self) -> bool:
-        return self.heads is not None and self.tree is not None and self.tree.num_nodes > 1
+        return self.tree is not None and self.tree.num_nodes > 1 and (self.heads is not None or not self.tree.paths)
 
     def new_session(
         self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True,

@@ -6,6 +6,10 @@ the scratch slots ``[length, length + T)``. ``commit`` then moves the entries of
 accepted tree nodes down to ``[length, length + A)`` and advances ``length``; rejected
 entries are simply overwritten by the next forward. Nothing is ever reallocated, so the
 memory the planner reserved is the memory the chat uses.
+
+The cache also keeps the token id of every slot (``ids``, moved with the keys and values:
+8 bytes a slot beside the KV's kilobytes), so lookup drafting (``lookup.py``) can read the
+conversation on the device.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class KVCache:
         shape = (num_layers, num_kv_heads, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kvh, C, hd]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kvh, C, hd]
+        self.ids = torch.zeros(capacity, dtype=torch.long, device=device)  # [C] token of each slot
         self.capacity = capacity
         self.length = 0
 
@@ -62,6 +67,10 @@ class KVCache:
         self.v[layer, :, self.length:end] = v
         return self.k[layer, :, :end], self.v[layer, :, :end]  # [kvh, end, hd]
 
+    def write_ids(self, tokens: torch.Tensor) -> None:
+        """Record the token ids [T] of a forward at its scratch slots (as ``write`` does their KV)."""
+        self.ids[self.length:self.length + tokens.shape[0]] = tokens
+
     def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [T] and attention mask for a forward of T new tokens at scratch slots
         ``length + i``: token i sits at ``length + offsets[i]`` and sees every committed
@@ -83,6 +92,7 @@ class KVCache:
         end = self.length + count
         self.k[:, :, self.length:end] = self.k.index_select(2, src)
         self.v[:, :, self.length:end] = self.v.index_select(2, src)
+        self.ids[self.length:end] = self.ids.index_select(0, src)
         self.length = end
 
     def commit_prefix(self, count: int) -> None:

@@ -33,6 +33,12 @@ from .memory import (
 
 QUALITY_ORDER = ("fp32", "bf16", "int8", "int4")  # best first; fp16 only when asked for
 TREE_SIZES = (64, 48, 32, 24, 16, 12, 8, 6, 4, 1)
+# Extra tokens per step a lookup chain of N nodes adds to a heads' tree: measured with the
+# default model's shipped heads on held-out ShareGPT conversations (two turns each), CPU,
+# fp32 (`specmemo eval-acceptance --prompts heldout.jsonl ...`, see the README). NOTE: a
+# workload constant, not a property of the heads; chats that rewrite or edit gain more.
+LOOKUP_GAIN = {8: 0.0, 3: 0.0}
+LOOKUP_ALONE = {8: 1.0, 3: 1.0}  # tokens per step of a lookup chain alone (no heads), same runs
 PREFILL_CHUNK = 512
 
 
@@ -149,7 +155,8 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
         return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable)
     spare = usable - sum(base.values())
     speed_share = spare * request.prefer
-    options = [t for t in trees if t.nodes <= request.max_tree_nodes] if heads is not None else []
+    # without heads only a lookup chain alone (depth 0: no head drafts) can speculate
+    options = [t for t in trees if t.nodes <= request.max_tree_nodes and (heads is not None or t.depth == 0)]
 
     def afford(t: TreeOption) -> bool:
         extra = sum(_fixed_bytes(model, heads, precision, budget.kind, want_tokens, t.nodes, t.depth).values())
@@ -254,6 +261,19 @@ def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:
 def prior_expected_accepted(tree) -> float:
     """Expected tokens per step of ``tree`` under the uncalibrated prior (see above)."""
     return 1.0 + sum(math.prod(0.35 * 0.85 ** j / (r + 1) for j, r in enumerate(p)) for p in tree.paths)
+
+
+def tree_options(record: dict | None) -> list[TreeOption]:
+    """The candidate trees: the heads' calibrated ones (else SpecMemo's prior), each also
+    with a lookup chain (``lookup.py``) of every length in ``LOOKUP_GAIN``, and the chains
+    alone (the only speculation for a model without heads). The chain's
+    extra nodes are charged by the step time like any node, so where nodes are nearly
+    free (a GPU replaying graphs) the chain is taken, and on a small CPU it is not."""
+    base = calibrated_options(record) if record else specmemo_prior_options()
+    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, t.expected_accepted + gain)
+               for t in base for n, gain in LOOKUP_GAIN.items()]
+    alone = [TreeOption(f"lookup-{n}", n + 1, 0, accepted) for n, accepted in LOOKUP_ALONE.items()]
+    return base + chained + alone
 
 
 def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[TreeOption]:

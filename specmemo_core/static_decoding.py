@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding import Decoder, GenerationConfig, _State
+from .decoding import Decoder, GenerationConfig, _State, draft_tokens
 from .kv_cache import KVCache
 from .tree import load_tree
 
@@ -62,13 +62,21 @@ class StaticKVCache(KVCache):
         self.v[layer].index_copy_(1, self.slots, v)
         return self.k[layer], self.v[layer]
 
+    def write_ids(self, tokens: torch.Tensor) -> None:
+        self.ids.index_copy_(0, self.slots, tokens)
+
+    def _move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the keys, values and ids of slots ``src`` to slots ``dst``."""
+        self.k.index_copy_(2, dst, self.k.index_select(2, src))
+        self.v.index_copy_(2, dst, self.v.index_select(2, src))
+        self.ids.index_copy_(0, dst, self.ids.index_select(0, src))
+
     def commit(self, node_indices: torch.Tensor) -> None:
         count = int(node_indices.numel())
         self.ensure_room(count)
         src = self.length_t + node_indices.to(self.k.device)
         dst = self.length_t + torch.arange(count, device=self.k.device)
-        self.k.index_copy_(2, dst, self.k.index_select(2, src))
-        self.v.index_copy_(2, dst, self.v.index_select(2, src))
+        self._move(src, dst)
         self.length += count
         self.length_t += count
 
@@ -78,9 +86,7 @@ class StaticKVCache(KVCache):
         ``count`` (≤ W); the host's ``length`` is the caller's to move. Entries past
         ``count`` land in scratch slots, which the next forward overwrites."""
         dst = self.length_t + torch.arange(nodes.shape[0], device=nodes.device)
-        src = self.length_t + nodes
-        self.k.index_copy_(2, dst, self.k.index_select(2, src))
-        self.v.index_copy_(2, dst, self.v.index_select(2, src))
+        self._move(self.length_t + nodes, dst)
         self.length_t += count
 
     def commit_prefix(self, count: int) -> None:
@@ -123,7 +129,8 @@ class GreedyStep:
     ([d+1] slots, of which only the accepted ``count`` stay: the rest lie past the new
     length, in scratch slots the next step overwrites), and the count moves the caches'
     device lengths. The host mirrors of those lengths are moved by ``__call__``.
-    A 1-node tree (no heads) is a plain greedy step.
+    A 1-node tree (no heads) is a plain greedy step; a lookup chain is drafted on the
+    device too (``lookup.py``).
     """
 
     def __init__(self, model, cache: StaticKVCache, buffers, heads=None, context=None,
@@ -146,11 +153,9 @@ class GreedyStep:
     @torch.inference_mode()
     def _run(self) -> torch.Tensor:
         buf, m = self.buffers, self.model
-        if self.heads is None:
-            tokens = self.root.view(1)
-        else:
-            tokens = self.heads.draft(self.state, self.root, buf, m.model.embed_tokens, m.lm_head)  # [N]
+        tokens = draft_tokens(m, self.heads, self.cache, buf, self.state, self.root, self.cache.length_t)  # [N]
         positions, mask = self.cache.prepare(buf.depths, buf.attn_mask)
+        self.cache.write_ids(tokens)
         hidden = m(tokens, positions, mask, self.cache)  # [N, D]
         picks = m.logits(hidden).argmax(-1)  # [N]
         row, count = greedy_path(tokens, picks, buf.retrieve_indices)  # [d+1], []

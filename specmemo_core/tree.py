@@ -15,6 +15,10 @@ Vocabulary:
   its children.
 * A *level-count name* such as ``"1-10-16-17"`` lists how many nodes each
   depth holds (root first); :func:`tree_name` gives it for any tree.
+* A tree may end with a *lookup chain* (``"1-10-16-17+lookup-8"``): ``lookup`` more
+  nodes after the heads' nodes, a chain hanging off the root whose tokens are copied
+  from earlier in the conversation (``lookup.py``) instead of proposed by heads.
+  ``lookup-8`` alone is such a chain with no heads at all.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class TreeBuffers:
     topk_needed: tuple[int, ...]  # [depth]: top-k each head must propose
     leaf_count: int
     level_starts: tuple[int, ...]  # [depth + 2]: nodes of depth d are level_starts[d]:level_starts[d+1]
+    lookup: int = 0  # the last ``lookup`` nodes: the lookup chain (root → first → … → last)
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
         """The same buffers on ``device`` (moved once per decoder, not per step)."""
@@ -69,9 +74,22 @@ class Tree:
 
     name: str
     paths: Paths
+    lookup: int = 0  # nodes of the lookup chain, after the heads' nodes (module doc)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", _validate_paths(self.paths))
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or self.lookup < 0:
+            raise TreeError(f"lookup chain length {self.lookup!r} must be an integer >= 0")
+        if self.num_nodes > MAX_TREE_NODES:
+            raise TreeError(
+                f"tree has {self.num_nodes} nodes with its lookup chain but at most {MAX_TREE_NODES} "
+                "are allowed (root included); use a shorter chain or a smaller tree"
+            )
+
+    def with_lookup(self, count: int) -> Tree:
+        """This tree plus a lookup chain of ``count`` nodes, named ``NAME+lookup-count``."""
+        base = self.name.split("+lookup-")[0]
+        return Tree(name=f"{base}+lookup-{count}" if count else base, paths=self.paths, lookup=count)
 
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]], name: str | None = None) -> Tree:
@@ -81,11 +99,17 @@ class Tree:
 
     @property
     def num_nodes(self) -> int:
-        return len(self.paths) + 1
+        return len(self.paths) + 1 + self.lookup
 
     @property
     def depth(self) -> int:
+        """Levels the heads draft (the lookup chain needs no head)."""
         return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def width(self) -> int:
+        """Nodes on the longest root-to-leaf path, root included: most tokens a step accepts."""
+        return max(self.depth, self.lookup) + 1
 
     @property
     def level_counts(self) -> tuple[int, ...]:
@@ -138,32 +162,38 @@ def _validate_paths(paths: object) -> Paths:
 
 
 def build_tree_buffers(tree: Tree) -> TreeBuffers:
-    """Derive the verifier's tensors from the sorted path list."""
-    paths, n, depth = tree.paths, tree.num_nodes, tree.depth
+    """Derive the verifier's tensors from the sorted path list (and the lookup chain,
+    whose nodes come last: node ``first + j`` sits at depth j + 1 under node ``first + j - 1``)."""
+    paths, n, depth, chain = tree.paths, tree.num_nodes, tree.depth, tree.lookup
+    first = len(paths) + 1  # the chain's first node
     index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
-    parents = torch.tensor([-1] + [index[p[:-1]] for p in paths], dtype=torch.long)  # [N]
-    depths = torch.tensor([0] + [len(p) for p in paths], dtype=torch.long)  # [N]
-    rank = torch.tensor([-1] + [p[-1] for p in paths], dtype=torch.long)  # [N]
+    chain_parents = [0] + list(range(first, first + chain - 1)) if chain else []
+    parents = torch.tensor([-1] + [index[p[:-1]] for p in paths] + chain_parents, dtype=torch.long)  # [N]
+    depths = torch.tensor([0] + [len(p) for p in paths] + list(range(1, chain + 1)), dtype=torch.long)  # [N]
+    rank = torch.tensor([-1] + [p[-1] for p in paths] + [-1] * chain, dtype=torch.long)  # [N]
+    head_index = torch.tensor([-1] + [len(p) - 1 for p in paths] + [-1] * chain, dtype=torch.long)  # [N]
     mask = torch.eye(n, dtype=torch.bool)  # [N, N]
     for i in range(1, n):  # parents precede children, so the parent's row is final
         mask[i] |= mask[parents[i]]
-    has_child = {p[:-1] for p in paths}
-    leaves = [p for p in ((),) + paths if p not in has_child]
-    retrieve = torch.full((len(leaves), depth + 1), -1, dtype=torch.long)  # [L, depth + 1]
-    for row, leaf in enumerate(leaves):
-        for d in range(len(leaf) + 1):
-            retrieve[row, d] = index[leaf[:d]]
+    has_child = {p[:-1] for p in paths} | ({()} if chain else set())
+    rows = [[index[leaf[:d]] for d in range(len(leaf) + 1)] for leaf in ((),) + paths if leaf not in has_child]
+    if chain:
+        rows.append([0] + list(range(first, first + chain)))
+    retrieve = torch.full((len(rows), tree.width), -1, dtype=torch.long)  # [L, width]
+    for r, row in enumerate(rows):
+        retrieve[r, : len(row)] = torch.tensor(row)
     topk = tuple(max(p[-1] for p in paths if len(p) == d) + 1 for d in range(1, depth + 1))
     return TreeBuffers(
         parents=parents,
         depths=depths,
         attn_mask=mask,
-        head_index=depths - 1,  # [N], root -1
+        head_index=head_index,  # [N], root and chain -1
         rank=rank,
         retrieve_indices=retrieve,
         topk_needed=topk,
-        leaf_count=len(leaves),
+        leaf_count=len(rows),
         level_starts=tuple(itertools.accumulate(tree.level_counts, initial=0)),
+        lookup=chain,
     )
 
 
@@ -175,8 +205,9 @@ def _level_counts(paths: Paths) -> tuple[int, ...]:
 
 
 def tree_name(tree: Tree) -> str:
-    """Level-count name of any tree, e.g. ``"1-10-28-23-2"`` (``"1"`` for the root alone)."""
-    return "-".join(map(str, tree.level_counts))
+    """Level-count name of any tree, e.g. ``"1-10-28-23-2"`` (``"1"`` for the root alone),
+    with ``+lookup-N`` for a lookup chain."""
+    return "-".join(map(str, tree.level_counts)) + (f"+lookup-{tree.lookup}" if tree.lookup else "")
 
 
 def default_rank_prior(arity: int = MAX_ARITY) -> list[float]:
@@ -320,16 +351,23 @@ MEDUSA_64_PATHS = [
 
 _LEVELS_RE = re.compile(r"^1(-\d+)+$")
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
-_NAMES_HELP = "medusa-64, single, chain-N, level counts like 1-10-16-17, or a .json file"
+_LOOKUP_RE = re.compile(r"^(?:(.+)\+)?lookup-(\d+)$")
+_NAMES_HELP = ("medusa-64, single, chain-N, level counts like 1-10-16-17, or a .json file; "
+               "any of them with +lookup-N, or lookup-N alone")
 
 
 def load_tree(spec: str | Path) -> Tree:
-    """Resolve ``medusa-64``, ``single``, ``chain-N``, level counts or a JSON file.
+    """Resolve ``medusa-64``, ``single``, ``chain-N``, level counts or a JSON file, each
+    optionally with ``+lookup-N`` (a lookup chain of N nodes), or ``lookup-N`` alone.
 
     JSON may be a bare path list, ``{"paths": [...]}``, or
     ``{"parents": [-1, 0, ...], "ranks": [...]}`` (ranks default to sibling order).
     """
     text = str(spec)
+    if not isinstance(spec, Path) and (m := _LOOKUP_RE.match(text)):
+        base = load_tree(m.group(1)) if m.group(1) else Tree(name="single", paths=())
+        tree = base.with_lookup(int(m.group(2)))
+        return tree if m.group(1) else Tree(name=text, paths=(), lookup=tree.lookup)
     if not isinstance(spec, Path):
         if text == "medusa-64":
             return Tree.from_paths(MEDUSA_64_PATHS, name="medusa-64")

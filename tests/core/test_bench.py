@@ -79,14 +79,27 @@ def test_report_summarises_passes_into_one_object_keyed_by_method():
     assert hf["peak_bytes"] is None and hf["tree_buffer_bytes"] is None
     expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "mean_accepted",
                 "time_to_first_token_s", "new_tokens", "replies", "identical_to_vanilla", "tree_buffer_bytes",
-                "tree_buffer_source", "peak_bytes", "peak_source", "note", "vs_hf", "vs_vanilla"}
+                "tree_buffer_source", "peak_bytes", "peak_source", "note", "vs_hf", "vs_vanilla",
+                "identical_baseline"}
     assert all(set(entry) == expected for entry in out.values())
+    assert out["medusa-64"]["identical_baseline"] == "vanilla"
     assert "medusa-64" in format_table(out)
 
 
 def test_without_vanilla_there_is_no_identical_count():
     out = report([Method("hf", lambda: None)], {"hf": [_pass(1.0)]})
     assert out["hf"]["identical_to_vanilla"] is None and "vs_vanilla" not in out["hf"]
+    assert out["hf"]["identical_baseline"] is None
+
+
+def test_a_gpu_run_without_eager_vanilla_compares_with_the_graph_captured_one():
+    methods = [Method("vanilla+graphs", lambda: None), Method("medusa-64+graphs", lambda: None, "medusa-64", 64)]
+    passes = {"vanilla+graphs": [_pass(1.0)] * 3,
+              "medusa-64+graphs": [_pass(0.5, replies=((1, 2, 3), (4, 6)))] * 3}
+    out = report(methods, passes)
+    med = out["medusa-64+graphs"]
+    assert med["identical_baseline"] == "vanilla+graphs" and med["identical_to_vanilla"] == 1
+    assert med["vs_vanilla+graphs"] == 2.0 and "vs_vanilla" not in med
 
 
 def test_run_bench_interleaves_methods_after_an_untimed_warm_up():

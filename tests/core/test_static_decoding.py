@@ -59,7 +59,7 @@ def test_static_decoder_needs_a_static_cache():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["hydra", "medusa"])
-@pytest.mark.parametrize("tree_name", [None, "medusa-64", "1-10-16-17"])
+@pytest.mark.parametrize("tree_name", [None, "medusa-64", "1-10-16-17", "1-10-16-17+lookup-8"])
 def test_greedy_step_units_give_the_same_tokens(tree_name, kind, device):
     """The graph path (whole greedy steps as units: captured CUDA graphs on a GPU, run
     eagerly on CPU) decodes exactly as plain greedy, and the caches' device lengths
