@@ -228,7 +228,7 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> int:
         picked = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
                   else mtbench_conversations(args.queries))
         names = args.tree or ["medusa-64", "1-10-16-17"] + (
-            ["calibrated-64"] if folder and (folder / "calibration.json").exists() else [])
+            ["calibrated-64", "calibrated-56+lookup-8"] if folder and (folder / "calibration.json").exists() else [])
         trees = [resolve_tree(n, folder) for n in names]
         report = eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, engine.heads, trees,
                                  args.max_new_tokens, progress)
@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--prompts", default=None, help="JSONL with a 'turns' list per line (default: MT-Bench)")
     ev.add_argument("--queries", type=int, default=20)
     ev.add_argument("--tree", action="append", help="tree to evaluate (repeatable); default: medusa-64, "
-                                                    "1-10-16-17 and calibrated-64")
+                                                    "1-10-16-17, calibrated-64 and calibrated-56+lookup-8")
     ev.add_argument("--max-new-tokens", type=int, default=128)
     ev.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ev.add_argument("--device", default=_device_default())

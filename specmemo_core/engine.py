@@ -47,14 +47,15 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
 
 def default_tree(device: str | torch.device, heads_folder: Path | None) -> str | None:
     """The tree when no planner runs (``specmemo generate``/``chat``). On GPUs a 64-node
-    tree costs about one plain step. On CPUs whether a tree pays depends on the machine
+    tree costs about one plain step: 56 calibrated nodes and a lookup chain of 8. On CPUs
+    whether a tree pays depends on the machine
     (2 cores, packed weights: a 4-node tree gains ~1.1×; before packing it lost), so
     without the planner's start-up timing CPUs decode plainly (None); the app and
     ``bench --methods plan`` time the device and choose."""
     if torch.device(device).type == "cpu":
         return None
     if heads_folder is not None and (heads_folder / "calibration.json").exists():
-        return "calibrated-64"
+        return "calibrated-56+lookup-8"  # 64 nodes: the most tokens per step on MT-Bench (3.30)
     return DEFAULT_TREE
 
 
@@ -120,9 +121,9 @@ class Engine:
                 pack_linears(draft)
         if tree == "auto":
             tree = default_tree(device, folder)
-        chosen = resolve_tree(tree, folder) if tree is not None else None
-        if chosen is not None and draft is None and chosen.paths:
-            chosen = None  # a heads' tree without heads: plain decoding (a lookup chain alone needs none)
+        # without heads only a lookup chain alone (``lookup-N``) can speculate; other trees: plain
+        chosen = resolve_tree(tree, folder) if tree is not None and (
+            draft is not None or str(tree).startswith("lookup-")) else None
         if chosen is not None and draft is not None and chosen.depth > draft.num_heads:
             raise SpecMemoError(
                 f"tree {chosen.name} needs {chosen.depth} heads but only {draft.num_heads} were loaded; "

@@ -87,7 +87,7 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
     steps = 2 * repeats + 2
 
     def fastest(tree: Any) -> float:
-        width = tree.depth + 1 if tree is not None else 1
+        width = tree.width if tree is not None else 1
         nodes = tree.num_nodes if tree is not None else 1
         cache = new_static_cache(model, context + nodes + width * steps + 1)
         decoder = StaticDecoder(model, cache, heads if tree is not None else None, tree, graphs=True)

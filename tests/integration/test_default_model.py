@@ -95,3 +95,26 @@ def test_speculative_equals_greedy_on_twenty_mtbench_turns(loaded):
     assert sum(len(c) for c in conversations) == 20
     report = _exactness(loaded, conversations)
     print("\nmean accepted per step (random heads):", report)
+
+
+def test_shipped_heads_with_a_lookup_chain_stay_exact_and_accept_more(loaded):
+    """The shipped heads on MT-Bench's first two conversations (a blog post, then "rewrite
+    your previous response …"; an email, then "evaluate your own response"): adding a
+    lookup chain keeps every reply the plain greedy one and accepts more per step."""
+    from specmemo_core.engine import shipped_heads_dir
+    from specmemo_core.heads import load_heads
+
+    src, model, conversations = loaded
+    folder = shipped_heads_dir(src.identity)
+    heads = load_heads(folder, model.spec.hidden_size, model.spec.vocab_size, src.identity.fingerprint)
+    heads.use_draft_vocab(model.lm_head.weight)
+    plain = [_conversation_tokens(src, model, None, None, conv, 128)[0] for conv in conversations[:2]]
+    accepted = {}
+    for name in ("1-10-16-17", "1-10-16-17+lookup-8"):
+        total = steps = 0
+        for conv, want in zip(conversations[:2], plain):
+            spec, acc, n = _conversation_tokens(src, model, load_tree(name), heads, conv, 128)
+            assert spec == want, name
+            total, steps = total + acc, steps + n
+        accepted[name] = total / steps
+    assert accepted["1-10-16-17+lookup-8"] > accepted["1-10-16-17"] + 0.5, accepted
