@@ -178,9 +178,11 @@ def hf_runner(hf: Any, tokenizer: Any, stop_ids: frozenset[int], conversations: 
 
 # -- the benchmark ------------------------------------------------------------
 def run_bench(methods: Sequence[Method], repeats: int, warmup: int = 1, device: str | torch.device = "cpu",
-              progress: Callable[[str, float], None] | None = None) -> dict[str, list[Pass]]:
+              progress: Callable[[str, float], None] | None = None,
+              on_round: Callable[[dict[str, list[Pass]]], None] | None = None) -> dict[str, list[Pass]]:
     """The timed passes of each method: ``warmup`` untimed rounds, then ``repeats`` rounds,
-    the methods interleaved within each round."""
+    the methods interleaved within each round. ``on_round`` gets the passes so far after
+    every timed round (so a run cut short still leaves its finished rounds)."""
     if repeats < 1 or warmup < 0:
         raise SpecMemoError(f"--repeats must be at least 1, got {repeats}")
     device = torch.device(device)
@@ -200,6 +202,8 @@ def run_bench(methods: Sequence[Method], repeats: int, warmup: int = 1, device: 
                 result = replace(result, peak_bytes=torch.cuda.max_memory_allocated(device))
             if r >= warmup:
                 passes[method.name].append(result)
+        if on_round is not None and r >= warmup:
+            on_round(passes)
     return passes
 
 

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -175,7 +176,6 @@ def _device_default() -> str:
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from .train.pipeline import PipelineConfig, run_training
     from .train.trainer import TrainConfig
@@ -198,7 +198,6 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from .train.pipeline import PipelineConfig, calibrate_folder
 
@@ -436,12 +435,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             hf = hf_model_from(load_model(args.model), args.device, dtype)
         methods = build_methods(names, engine, hf, engine.heads_folder, convs, args.max_new_tokens, args.dtype)
-        passes = run_bench(methods, args.repeats, device=args.device, progress=progress)
+
+        def full_report(passes: dict) -> dict:
+            result = report(methods, passes)
+            result["_run"] = run_info(engine.identity.name, args.device, args.dtype, convs, args.max_new_tokens,
+                                      args.repeats, names) | {"rounds_done": len(next(iter(passes.values())))}
+            return result
+
+        def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured
+            tmp = Path(args.save).with_suffix(".tmp")
+            tmp.write_text(json.dumps(full_report(passes), indent=1), encoding="utf-8")
+            tmp.replace(args.save)
+
+        passes = run_bench(methods, args.repeats, device=args.device, progress=progress,
+                           on_round=save if args.save else None)
     finally:
         progress.close()
-    result = report(methods, passes)
-    result["_run"] = run_info(engine.identity.name, args.device, args.dtype, convs, args.max_new_tokens,
-                              args.repeats, names)
+    result = full_report(passes)
     if args.json:
         print(json.dumps(result))
     else:
@@ -541,6 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     bench.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
+    bench.add_argument("--save", default=None, metavar="FILE",
+                       help="also write the JSON report to FILE after every timed round (a run cut short "
+                            "keeps its finished rounds; _run.rounds_done says how many)")
     bench.set_defaults(func=cmd_bench)
     return parser
 

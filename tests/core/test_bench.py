@@ -111,10 +111,14 @@ def test_run_bench_interleaves_methods_after_an_untimed_warm_up():
             return _pass(float(len(calls)))
         return Method(name, run)
 
-    passes = run_bench([method("a"), method("b")], repeats=2, warmup=1)
+    rounds = []
+    passes = run_bench([method("a"), method("b")], repeats=2, warmup=1,
+                       on_round=lambda so_far: rounds.append({k: [p.seconds for p in v] for k, v in so_far.items()}))
     assert calls == ["a", "b", "a", "b", "a", "b"]
     assert [p.seconds for p in passes["a"]] == [3.0, 5.0]  # the warm-up pass (1.0) is dropped
     assert [p.seconds for p in passes["b"]] == [4.0, 6.0]
+    # after each timed round (not the warm-up) the caller sees every finished pass
+    assert rounds == [{"a": [3.0], "b": [4.0]}, {"a": [3.0, 5.0], "b": [4.0, 6.0]}]
 
 
 def _engine(vocab=300):
@@ -129,7 +133,8 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     exactly; transformers' generate over the same weights is counted too."""
     engine = _engine()
     hf = tiny_hf_model(seed=3, vocab_size=300)
-    names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs"]
+    names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs",
+             "1-10-16-17+lookup-8", "lookup-4+graphs"]
     methods = build_methods(names, engine, hf, None, CONVERSATIONS, max_new_tokens=24, precision="fp32",
                             plan_step_time=lambda nodes, depth: 1.0)  # trees cost nothing extra: plan picks one
     out = report(methods, run_bench(methods, repeats=1, warmup=1))
@@ -137,8 +142,10 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     for name in names:
         assert out[name]["replies"] == 3
         assert out[name]["tokens_per_s"]["min"] > 0
-    for name in ("vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs"):
+    for name in ("vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs",
+                 "1-10-16-17+lookup-8", "lookup-4+graphs"):
         assert out[name]["identical_to_vanilla"] == 3, name
+    assert out["1-10-16-17+lookup-8"]["tree_nodes"] == 52 and out["lookup-4+graphs"]["tree_nodes"] == 5
     assert "static shapes" in out["1-10-16-17+graphs"]["note"]
     assert out["vanilla"]["mean_accepted"] == 1.0 and out["hf"]["mean_accepted"] == 1.0
     assert out["plan"]["tree"] is not None and "planner chose" in out["plan"]["note"]

@@ -8,7 +8,7 @@ import pytest
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.memory import HeadsShape, known_shape
 from specmemo_core.planner import (
-    LOOKUP_GAIN, Budget, PlanRequest, calibrated_options, linear_step_time, plan, specmemo_prior_options,
+    LOOKUP_ALONE, LOOKUP_GAIN, Budget, PlanRequest, calibrated_options, linear_step_time, plan, specmemo_prior_options,
     tree_options,
 )
 
@@ -145,3 +145,16 @@ def test_a_lookup_chain_is_taken_where_nodes_are_cheap_and_not_where_they_cost()
     assert "+lookup-" in gpu_like.tree and gpu_like.tree_nodes <= 64
     steep = plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.035, 0.035 * 10, 64, 0.002))
     assert steep.tree is None or "+lookup-" not in steep.tree
+
+
+def test_a_model_without_heads_can_still_speculate_with_a_lookup_chain():
+    """No heads: only chains alone (no head levels) are candidates; taken where nodes are
+    nearly free (never a heads' tree), left where they cost more than they bring."""
+    smol = known_shape("smollm2-135m")
+    budget = Budget("cpu", 24 * GiB, 20 * GiB)
+    trees = tree_options(None)
+    cheap = plan(budget, smol, None, PlanRequest(), trees, linear_step_time(0.002, 0.0026, 64, 0.0001))
+    assert cheap.tree in {f"lookup-{n}" for n in LOOKUP_ALONE} and cheap.heads_used == 0
+    # each node half a plain step: a 4-node chain costs 2.5 steps for ~1.5 tokens
+    steep = plan(budget, smol, None, PlanRequest(), trees, linear_step_time(0.035, 0.035 * 32.5, 64, 0.002))
+    assert steep.tree is None
