@@ -173,7 +173,9 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
     logits N × V × b (the verify step's full-vocabulary scores), draft logits
     ``depth`` levels × ≤N × V × b, candidates and picks 2 × N × 8, retrieval indices
     N × (depth + 1) × 8, the ancestor mask N × N and the attention mask N × (S + N)
-    (1 byte each), and the final hidden states N × D × b.
+    (1 byte each), and the final hidden states N × D × b. A lookup chain's nodes are
+    counted like the heads' (no draft logits exist for them: a safe overestimate of
+    chain × V × b), and the cache's token ids (8 bytes a slot) are left out: kilobytes.
     """
     b = activation_bytes(precision)
     if nodes <= 1:

@@ -268,9 +268,9 @@ def prior_expected_accepted(tree) -> float:
 def tree_options(record: dict | None) -> list[TreeOption]:
     """The candidate trees: the heads' calibrated ones (else SpecMemo's prior), each also
     with a lookup chain (``lookup.py``) of every length in ``LOOKUP_GAIN``, and the chains
-    alone (the only speculation for a model without heads). The chain's
-    extra nodes are charged by the step time like any node, so where nodes are nearly
-    free (a GPU replaying graphs) the chain is taken, and on a small CPU it is not."""
+    alone (the only speculation for a model without heads). A chain's nodes are charged
+    by the step time like any others, so the chain is taken where nodes are nearly free
+    (a GPU replaying graphs) and left where they cost more than its extra tokens bring."""
     base = calibrated_options(record) if record else specmemo_prior_options()
     chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, t.expected_accepted + gain)
                for t in base for n, gain in LOOKUP_GAIN.items()]
