@@ -134,9 +134,10 @@ def test_running_past_the_cache_is_a_clear_error():
         _greedy_tokens(_decoder(model, capacity=40), list(range(45)), 5)
 
 
-def test_sampling_is_reproducible_for_a_seed_and_uses_typical_acceptance():
+@pytest.mark.parametrize("tree_name", ["1-10-16-17", "1-10-16-17+lookup-8"])
+def test_sampling_is_reproducible_for_a_seed_and_uses_typical_acceptance(tree_name):
     model = tiny_model(seed=17, vocab_size=16)
-    tree = load_tree("1-10-16-17")
+    tree = load_tree(tree_name)
     heads = random_heads(5, 64, 16, seed=2, scale=0.5)
     cfg = GenerationConfig(max_new_tokens=50, temperature=0.8, seed=4)
     a = [t for s in _decoder(model, tree, heads).generate(list(range(8)), cfg) for t in s.token_ids]
