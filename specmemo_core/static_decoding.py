@@ -229,6 +229,16 @@ class StaticDecoder(Decoder):
         m = self._context.mspec
         return StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity, self.model.dtype, self.model.device)
 
+    def capture(self) -> None:
+        """Make the step units greedy decoding will use (capturing their CUDA graphs) now,
+        on an empty cache, so the first steps of a conversation do not pay for it."""
+        if not self.graphs or self.cache.length:
+            return
+        if self.speculative:
+            self._greedy_step(self._buffers, self.heads)
+        else:
+            self._greedy_step(self._single, None)
+
     def _greedy_step(self, buffers, heads) -> GreedyStep:
         n = buffers.depths.shape[0]
         if n not in self._steps:

@@ -100,3 +100,23 @@ def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs, device)
     b = [(s.token_ids, s.accepted) for s in static.generate(prompt, GenerationConfig(max_new_tokens=80))]
     assert a == b and max(n for _, n in b) > 1
     assert int(static._context_cache.length_t) == static._context_cache.length == static.cache.length
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree_name", [None, "1-10-16-17+lookup-8"])
+def test_units_made_before_the_first_turn_decode_alike(tree_name, device):
+    """``capture`` makes the step unit on the empty cache (as the bench does before its
+    clock starts); the conversation then decodes exactly as plain greedy, with the cache
+    and its device length untouched by the capture's trial runs."""
+    torch.set_num_threads(1)
+    model = tiny_model(seed=11, vocab_size=16, device=device)
+    prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = _tokens(Decoder(model, model.new_cache(300)), prompt, 60)
+    tree = load_tree(tree_name) if tree_name else None
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra").to(device) if tree else None
+    static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
+    static.capture()
+    assert list(static._steps) == [tree.num_nodes if tree else 1]
+    assert int(static.cache.length_t) == static.cache.length == 0
+    assert _tokens(static, prompt, 60) == plain
+    assert len(static._steps) == 1  # the captured unit was the one used
