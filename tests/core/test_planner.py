@@ -94,7 +94,12 @@ def test_timing_decides_where_a_tree_stops_paying():
     assert mid.tree == by_hand.name and mid.tree_nodes == by_hand.nodes
     assert mid.predicted_tokens_per_s == pytest.approx(by_hand.expected_accepted / mid_time(by_hand.nodes,
                                                                                           by_hand.depth), rel=1e-3)
-    assert 1 < mid.tree_nodes < gpu_like.tree_nodes
+    # and as a node gets dearer the chosen tree shrinks, never grows: from the biggest
+    # candidate through mid sizes down to plain decoding
+    sizes = [plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.035, 0.035 + cost, 64, 0.002)).tree_nodes
+             for cost in (0.001, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[0] == max(t.nodes for t in trees) and sizes[-1] == 1 and len(set(sizes)) >= 4
 
 
 @pytest.mark.parametrize("bad", [dict(turns=-1), dict(turns=0), dict(prefer=1.5), dict(prefer=float("nan")),
