@@ -96,8 +96,9 @@ def test_timing_decides_where_a_tree_stops_paying():
                                                                                           by_hand.depth), rel=1e-3)
     # and as a node gets dearer the chosen tree shrinks, never grows: from the biggest
     # candidate through mid sizes down to plain decoding
-    sizes = [plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.035, 0.035 + cost, 64, 0.002)).tree_nodes
-             for cost in (0.001, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0)]
+    costs = (0.001, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0)
+    sizes = [plan(budget, smol, HYDRA, PlanRequest(), trees, linear_step_time(0.035, 0.035 + c, 64, 0.002)).tree_nodes
+             for c in costs]
     assert sizes == sorted(sizes, reverse=True)
     assert sizes[0] == max(t.nodes for t in trees) and sizes[-1] == 1 and len(set(sizes)) >= 4
 
