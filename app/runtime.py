@@ -77,15 +77,14 @@ class EngineBackend:
         """The same weights and heads with another tree (None: plain decoding; without
         heads only a lookup chain alone, ``lookup-N``, can speculate)."""
         from specmemo_core.engine import resolve_tree
+        from specmemo_core.tree import is_lookup_only
 
-        if tree is None or (self.engine.heads is None and not tree.startswith("lookup-")):
+        if tree is None or (self.engine.heads is None and not is_lookup_only(tree)):
             return replace(self, engine=replace(self.engine, tree=None))
         if self.engine.tree is not None and self.engine.tree.name == tree:
             return self
         chosen = resolve_tree(tree, self.heads_dir)
-        if chosen.depth > (self.engine.heads.num_heads if self.engine.heads is not None else 0):
-            raise SpecMemoError(f"tree {chosen.name} needs {chosen.depth} heads but only "
-                                f"{self.engine.heads.num_heads} are loaded; choose a shallower tree")
+        chosen.check_heads(self.engine.heads.num_heads if self.engine.heads is not None else None)
         return replace(self, engine=replace(self.engine, tree=chosen))
 
 

@@ -357,11 +357,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
             methods.append(ours(full_name, tree, note, graphs))
         else:
             tree = resolve_tree(name, heads_folder)
-            if engine.heads is None and tree.paths:
-                raise SpecMemoError(f"method {name} needs draft heads; this model has none shipped (give --heads)")
-            if tree.depth > (engine.heads.num_heads if engine.heads is not None else 0):
-                raise SpecMemoError(f"tree {name} needs {tree.depth} heads but only {engine.heads.num_heads} "
-                                    f"were loaded")
+            tree.check_heads(engine.heads.num_heads if engine.heads is not None else None)
             methods.append(ours(full_name, tree, graph_note, graphs))
     return methods
 

@@ -101,16 +101,10 @@ class Decoder:
     history: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.tree is not None and not self.tree.paths:
-            self.heads = None  # a lookup chain alone (or no tree): the heads would draft nothing
-        if self.tree is not None and self.tree.paths:
-            if self.heads is None:
-                raise SpecMemoError("a speculation tree needs draft heads; give heads or use plain decoding")
-            if self.tree.depth > self.heads.num_heads:
-                raise SpecMemoError(
-                    f"tree {self.tree.name} is {self.tree.depth} levels deep but the heads have only "
-                    f"{self.heads.num_heads}; choose a shallower tree"
-                )
+        if self.tree is not None:
+            if not self.tree.paths:
+                self.heads = None  # a lookup chain alone (or a 1-node tree): the heads would draft nothing
+            self.tree.check_heads(self.heads.num_heads if self.heads is not None else None)
         self._buffers = self.tree.buffers.to(self.model.device) if self.speculative else None
         # The heads' context layer (if any) keeps its own one-layer cache in lock-step
         # with ``cache``: allocated here, once, at the same capacity.
@@ -123,7 +117,7 @@ class Decoder:
     @property
     def speculative(self) -> bool:
         """A tree to verify: heads' nodes (given heads) and/or a lookup chain."""
-        return self.tree is not None and self.tree.num_nodes > 1 and (self.heads is not None or not self.tree.paths)
+        return self.tree is not None and self.tree.speculates(self.heads)
 
     def reset(self) -> None:
         self.cache.reset()

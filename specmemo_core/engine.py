@@ -15,7 +15,7 @@ from .errors import SpecMemoError
 from .heads import DraftHeads, load_heads, random_heads
 from .model import CausalLM
 from .sources import ModelIdentity, load_model
-from .tree import Tree, load_tree
+from .tree import Tree, is_lookup_only, load_tree
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TREE = "medusa-64"
@@ -123,18 +123,15 @@ class Engine:
             tree = default_tree(device, folder)
         # without heads only a lookup chain alone (``lookup-N``) can speculate; other trees: plain
         chosen = resolve_tree(tree, folder) if tree is not None and (
-            draft is not None or str(tree).startswith("lookup-")) else None
-        if chosen is not None and draft is not None and chosen.depth > draft.num_heads:
-            raise SpecMemoError(
-                f"tree {chosen.name} needs {chosen.depth} heads but only {draft.num_heads} were loaded; "
-                f"choose a shallower tree"
-            )
+            draft is not None or is_lookup_only(str(tree))) else None
+        if chosen is not None and draft is not None:
+            chosen.check_heads(draft.num_heads)
         return cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, chosen,
                    folder if draft is not None else None)
 
     @property
     def speculative(self) -> bool:
-        return self.tree is not None and self.tree.num_nodes > 1 and (self.heads is not None or not self.tree.paths)
+        return self.tree is not None and self.tree.speculates(self.heads)
 
     def new_session(
         self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True,

@@ -106,6 +106,20 @@ class Tree:
         """Levels the heads draft (the lookup chain needs no head)."""
         return max((len(p) for p in self.paths), default=0)
 
+    def speculates(self, heads: object | None) -> bool:
+        """Whether decoding on this tree verifies more than one node: with heads any tree
+        of two nodes or more; without heads only a lookup chain alone."""
+        return self.num_nodes > 1 and (heads is not None or not self.paths)
+
+    def check_heads(self, num_heads: int | None) -> None:
+        """Raise unless ``num_heads`` draft heads (None: none loaded) can draft this tree."""
+        if self.paths and num_heads is None:
+            raise TreeError(f"tree {self.name} needs draft heads; load heads, or decode plainly or with a "
+                            "lookup chain alone (lookup-N)")
+        if num_heads is not None and self.depth > num_heads:
+            raise TreeError(f"tree {self.name} needs {self.depth} draft heads but only {num_heads} are loaded; "
+                            "choose a shallower tree")
+
     @property
     def width(self) -> int:
         """Nodes on the longest root-to-leaf path, root included: most tokens a step accepts."""
@@ -354,6 +368,11 @@ _CHAIN_RE = re.compile(r"^chain-(\d+)$")
 _LOOKUP_RE = re.compile(r"^(?:(.+)\+)?lookup-(\d+)$")
 _NAMES_HELP = ("medusa-64, single, chain-N, level counts like 1-10-16-17, or a .json file; "
                "any of them with +lookup-N, or lookup-N alone")
+
+
+def is_lookup_only(name: str) -> bool:
+    """A tree name that needs no heads: a lookup chain alone (``lookup-N``)."""
+    return re.fullmatch(r"lookup-\d+", name) is not None
 
 
 def load_tree(spec: str | Path) -> Tree:
