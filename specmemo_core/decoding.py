@@ -71,15 +71,25 @@ class _State:
     # (after the heads' context layer, when they have one)
 
 
+def longest_accepted(ok: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The path (row of ``retrieve`` [L, d+1], -1 padded) accepted furthest from the root,
+    and how many of its nodes are accepted, root included; both stay on the device (no
+    host read, so a CUDA graph can hold it). ``ok`` [L, d]: each path's draft j accepted
+    given its parent."""
+    lengths = (ok & (retrieve[:, 1:] >= 0)).int().cumprod(dim=1).sum(dim=1)  # [L] accepted drafts
+    best = lengths.argmax().view(1)  # index_select, not [t]: indexing by a 0-dim tensor syncs
+    return retrieve.index_select(0, best)[0], lengths.index_select(0, best)[0] + 1
+
+
 def draft_tokens(model: CausalLM, heads: DraftHeads | None, cache: KVCache, buf: TreeBuffers,
-                 hidden: torch.Tensor, root: torch.Tensor, length: torch.Tensor | int) -> torch.Tensor:
+                 hidden: torch.Tensor, root: torch.Tensor | int, length: torch.Tensor | int) -> torch.Tensor:
     """Every tree node's token [N]: the root, the heads' guesses, then the lookup chain
     (copied from the ``length`` committed tokens in ``cache.ids``)."""
     n = buf.depths.shape[0]
     if heads is not None and len(buf.level_starts) > 2:
         tokens = heads.draft(hidden, root, buf, model.model.embed_tokens, model.lm_head)  # [N]
     else:
-        tokens = root.view(1).expand(n)
+        tokens = torch.as_tensor(root, device=cache.ids.device).view(1).expand(n)
     if not buf.lookup:
         return tokens
     chain = lookup_draft(cache.ids, length, root, buf.lookup)  # [lookup]
@@ -220,8 +230,8 @@ class Decoder:
             return self._plain_step(state, config, gen)
         buf = self._buffers
         n = self.tree.num_nodes
-        tokens = draft_tokens(self.model, self.heads, self.cache, buf, state.hidden,
-                              torch.tensor(state.root, device=self.model.device), self.cache.length)  # [N]
+        tokens = draft_tokens(self.model, self.heads, self.cache, buf, state.hidden, state.root,
+                              self.cache.length)  # [N]
         past = self.cache.length
         hidden = self._run(tokens, buf.depths, buf.attn_mask)  # [N, D]
         logits = self.model.logits(hidden)  # [N, V]
@@ -266,7 +276,6 @@ class Decoder:
 
         tokens: [N], logits: [N, V], retrieve: [L, depth+1] (-1 padded).
         """
-        valid = retrieve >= 0  # [L, d+1]
         nodes = retrieve.clamp(min=0)  # [L, d+1]
         drafts = tokens[nodes[:, 1:]]  # [L, d] token at each child along each path
         if config.temperature == 0.0:
@@ -282,8 +291,5 @@ class Decoder:
             p_child = probs[parent, drafts]  # [L, d]
             ok = p_child > threshold[parent]
             picks = torch.tensor(self._pick(logits, config, gen), device=logits.device)
-        ok = ok & valid[:, 1:]
-        lengths = ok.int().cumprod(dim=1).sum(dim=1)  # [L] accepted drafts per path
-        best = int(lengths.argmax())
-        count = int(lengths[best])
-        return retrieve[best, : count + 1], picks
+        row, count = longest_accepted(ok, retrieve)
+        return row[: int(count)], picks

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding import Decoder, GenerationConfig, _State, draft_tokens
+from .decoding import Decoder, GenerationConfig, _State, draft_tokens, longest_accepted
 from .kv_cache import KVCache
 from .tree import load_tree
 
@@ -201,12 +201,8 @@ class GreedyStep:
 def greedy_path(tokens: torch.Tensor, picks: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The longest path whose every draft equals its parent's pick: (its fixed-size row of
     ``retrieve`` [d+1], how many of its nodes are accepted [] ), both on the device."""
-    valid = retrieve >= 0
     nodes = retrieve.clamp(min=0)
-    ok = (tokens[nodes[:, 1:]] == picks[nodes[:, :-1]]) & valid[:, 1:]
-    lengths = ok.int().cumprod(dim=1).sum(dim=1)  # [L]
-    best = lengths.argmax().view(1)
-    return retrieve.index_select(0, best)[0], lengths.index_select(0, best)[0] + 1
+    return longest_accepted(tokens[nodes[:, 1:]] == picks[nodes[:, :-1]], retrieve)
 
 
 @dataclass
