@@ -88,6 +88,17 @@ def _sequences(path: Path, make: Callable[[], Sequences]) -> Sequences:
     return seqs
 
 
+def _distilled(folder: Path, hf: Any, loaded: LoadedModel, cfg: PipelineConfig, held_out: bool,
+               progress: Progress | None) -> Sequences:
+    """The model's own replies to the training (or held-out) conversations, generated once
+    and kept in ``folder`` (distill.safetensors / heldout.safetensors)."""
+    stops = sorted(end_of_turn_ids(loaded.tokenizer, loaded.config))
+    name = "heldout.safetensors" if held_out else "distill.safetensors"
+    return _sequences(folder / name, lambda: generate_replies(
+        hf, loaded.tokenizer, _conversations(cfg, held_out), max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
+
+
 def _context_shape(cfg: PipelineConfig, config: Any) -> dict[str, int]:
     """A context layer with the base model's attention shape and an MLP as wide as D."""
     if not cfg.context:
@@ -118,16 +129,8 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     loaded = load_model(cfg.model, progress=progress)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     hf = hf_model_from(loaded, device, dtype)
-    stops = sorted(end_of_turn_ids(loaded.tokenizer, loaded.config))
-
-    def distilled(held_out: bool) -> Sequences:
-        name = "heldout.safetensors" if held_out else "distill.safetensors"
-        return _sequences(out / name, lambda: generate_replies(
-            hf, loaded.tokenizer, _conversations(cfg, held_out), max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
-
     t0 = time.perf_counter()
-    train_seqs = distilled(False)
+    train_seqs = _distilled(out, hf, loaded, cfg, False, progress)
     log(f"distilled {len(train_seqs.starts)} replies, {train_seqs.reply_tokens} tokens ({time.perf_counter() - t0:.0f} s)")
     t0 = time.perf_counter()
     feats = build_features(hf, train_seqs, cfg.num_heads, progress=progress, keep_all=cfg.context)
@@ -146,7 +149,8 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
         heads.vocab_ids.copy_(frequent_tokens(train_seqs, vocab, draft_vocab))
     save_heads(heads.float(), out, dtype=torch.bfloat16)
     del feats
-    record = run_calibration(out, loaded, hf, cfg, device, progress, distilled(True))
+    heldout = _distilled(out, hf, loaded, cfg, True, progress)
+    record = run_calibration(out, loaded, hf, cfg, device, progress, heldout)
     card = {
         "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
         "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "context_layer": cfg.context,
@@ -183,8 +187,5 @@ def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: P
     loaded = load_model(cfg.model, progress=progress)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     hf = hf_model_from(loaded, device, dtype)
-    stops = sorted(end_of_turn_ids(loaded.tokenizer, loaded.config))
-    heldout = _sequences(folder / "heldout.safetensors", lambda: generate_replies(
-        hf, loaded.tokenizer, _conversations(cfg, True), max_new_tokens=cfg.max_new_tokens,
-        batch_size=cfg.gen_batch, stop_ids=stops, progress=progress))
+    heldout = _distilled(folder, hf, loaded, cfg, True, progress)
     return run_calibration(folder, loaded, hf, cfg, device, progress, heldout)
