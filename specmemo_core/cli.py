@@ -176,15 +176,13 @@ def _device_default() -> str:
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
-
     from .train.pipeline import PipelineConfig, run_training
     from .train.trainer import TrainConfig
 
     cfg = PipelineConfig(
         model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
         context=args.context_layer, train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
-        heldout_prompts=args.heldout_prompts,
-        max_new_tokens=args.reply_tokens,
+        heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
         gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
     )
@@ -198,7 +196,6 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-
     from .train.pipeline import PipelineConfig, calibrate_folder
 
     cfg = PipelineConfig(model=args.model, heldout_prompts=args.heldout_prompts, heldout_file=args.heldout_file,
