@@ -15,7 +15,7 @@ from .errors import SpecMemoError
 from .heads import DraftHeads, load_heads, random_heads
 from .model import CausalLM
 from .sources import ModelIdentity, load_model
-from .tree import Tree, is_lookup_only, load_tree
+from .tree import Tree, is_lookup_only, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_TREE = "medusa-64"
@@ -27,10 +27,8 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
     heads' calibration file (``calibrated`` alone: 64 nodes); ``+lookup-N`` adds a lookup
     chain to either."""
     name = str(spec)
-    if "+lookup-" in name and not isinstance(spec, Path):
-        base, count = name.rsplit("+lookup-", 1)
-        if count.isdigit():
-            return resolve_tree(base, heads_folder).with_lookup(int(count))
+    if not isinstance(spec, Path) and (parts := split_lookup(name)) and parts[0]:
+        return resolve_tree(parts[0], heads_folder).with_lookup(parts[1])
     if name.startswith("calibrated"):
         from .train.calibrate import load_calibration, tree_from_calibration
 

@@ -370,9 +370,17 @@ _NAMES_HELP = ("medusa-64, single, chain-N, level counts like 1-10-16-17, or a .
                "any of them with +lookup-N, or lookup-N alone")
 
 
+def split_lookup(name: str) -> tuple[str | None, int] | None:
+    """``"BASE+lookup-N"`` → (BASE, N); ``"lookup-N"`` → (None, N); a name without a
+    lookup chain → None."""
+    m = _LOOKUP_RE.match(name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def is_lookup_only(name: str) -> bool:
     """A tree name that needs no heads: a lookup chain alone (``lookup-N``)."""
-    return re.fullmatch(r"lookup-\d+", name) is not None
+    parts = split_lookup(name)
+    return parts is not None and parts[0] is None
 
 
 def load_tree(spec: str | Path) -> Tree:
@@ -383,10 +391,9 @@ def load_tree(spec: str | Path) -> Tree:
     ``{"parents": [-1, 0, ...], "ranks": [...]}`` (ranks default to sibling order).
     """
     text = str(spec)
-    if not isinstance(spec, Path) and (m := _LOOKUP_RE.match(text)):
-        base = load_tree(m.group(1)) if m.group(1) else Tree(name="single", paths=())
-        tree = base.with_lookup(int(m.group(2)))
-        return tree if m.group(1) else Tree(name=text, paths=(), lookup=tree.lookup)
+    if not isinstance(spec, Path) and (parts := split_lookup(text)):
+        base, count = parts
+        return load_tree(base).with_lookup(count) if base else Tree(name=text, paths=(), lookup=count)
     if not isinstance(spec, Path):
         if text == "medusa-64":
             return Tree.from_paths(MEDUSA_64_PATHS, name="medusa-64")
