@@ -1,11 +1,14 @@
-"""Milliseconds per greedy step of the static decoder, eager and as CUDA graphs, on a
-random-weight model of a known shape (no weights to carry to a GPU machine).
+"""Milliseconds per greedy step of the static decoder, eager, as CUDA graphs, and
+compiled with torch.compile then captured, on a random-weight model of a known shape (no
+weights to carry to a GPU machine); with ``--kernels``, how many GPU kernels one step
+launches (what a graph replay pays for, ~2 µs each, on a model this small).
 
 Random heads accept ~nothing, so this times the step itself: what a tree of N nodes
 costs against a plain step. Speed = accepted tokens per step / step time; with the
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
+        [--modes eager,graphs,compiled] [--no-fuse] [--kernels]
 """
 
 from __future__ import annotations
@@ -20,12 +23,30 @@ from specmemo_core.decoding import GenerationConfig
 from specmemo_core.heads import random_heads
 from specmemo_core.memory import known_shape
 from specmemo_core.plan_check import random_model
-from specmemo_core.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.static_decoding import GreedyStep, StaticDecoder, new_static_cache
 from specmemo_core.tree import load_tree
 
 
-def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000) -> float:
-    decoder = StaticDecoder(model, new_static_cache(model, context + 2 * steps * 5 + 64), heads, tree, graphs=graphs)
+def count_kernels(model, heads, tree, compile: bool, context: int = 1000) -> int:
+    """GPU kernels launched by one greedy step unit, run uncaptured under the profiler."""
+    decoder = StaticDecoder(model, new_static_cache(model, context + 200), heads, tree)
+    prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    next(decoder.generate(prompt, GenerationConfig(max_new_tokens=2)))  # prefill
+    buffers = decoder._buffers if tree is not None else decoder._single
+    step = GreedyStep(model, decoder.cache, buffers, heads if tree is not None else None, decoder._context,
+                      decoder._context_cache, compile=compile)
+    for _ in range(3):  # compile and warm up
+        step._run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step._run()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, compile: bool = False) -> float:
+    decoder = StaticDecoder(model, new_static_cache(model, context + 2 * steps * 5 + 64), heads, tree, graphs=graphs,
+                            compile=compile)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     config = GenerationConfig(max_new_tokens=steps)
     for _ in decoder.generate(prompt, GenerationConfig(max_new_tokens=20)):  # warm-up, captures
@@ -49,20 +70,35 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--trees", default="single,1-10-16-17,medusa-64")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", default="eager,graphs,compiled")
+    ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
+    ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     args = ap.parse_args()
     shape = known_shape(args.shape)
     model = random_model(shape, args.dtype, args.device)
+    fused = False if args.no_fuse else model.fuse_projections()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    out = {"shape": args.shape, "dtype": args.dtype, "device": name, "ms_per_step": {}}
+    out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "ms_per_step": {},
+           "kernels_per_step": {}, "first_step_s": {}}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
         heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(shape.hidden_size,
                  shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=args.device, dtype=model.dtype)
                  if tree else None)
-        for graphs in (False, True):
-            ms = time_steps(model, heads, tree, graphs, args.steps)
-            out["ms_per_step"][f"{name}{'+graphs' if graphs else ''}"] = round(ms, 3)
-            print(json.dumps({"tree": name, "graphs": graphs, "ms_per_step": round(ms, 3)}), flush=True)
+        for mode in args.modes.split(","):
+            t0 = time.perf_counter()
+            ms = time_steps(model, heads, tree, mode != "eager", args.steps, compile=mode == "compiled")
+            key = name + ("" if mode == "eager" else f"+{mode}")
+            out["ms_per_step"][key] = round(ms, 3)
+            out["first_step_s"][key] = round(time.perf_counter() - t0, 1)  # includes any compile and capture
+            print(json.dumps({"tree": name, "mode": mode, "ms_per_step": round(ms, 3),
+                              "total_s": out["first_step_s"][key]}), flush=True)
+        if args.kernels and args.device == "cuda":
+            for compile in (False, True):
+                key = name + ("+compiled" if compile else "")
+                out["kernels_per_step"][key] = count_kernels(model, heads, tree, compile)
+                print(json.dumps({"tree": name, "compiled": compile, "kernels": out["kernels_per_step"][key]}),
+                      flush=True)
     print(json.dumps(out))
 
 

@@ -150,7 +150,7 @@ class ContextLayer(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         h = hidden + att.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-        return h + self.layer.mlp(self.layer.post_attention_layernorm(h))
+        return self.layer.mlp(self.layer.post_attention_layernorm(h), h)
 
 
 class MedusaHeads(nn.Module):

@@ -97,33 +97,78 @@ def rope_inverse_frequencies(config: Any) -> tuple[torch.Tensor, float]:
 
 def rope_tables(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, hd] of rotary embeddings at ``positions`` [T]."""
+    """cos and *signed* sin [T, hd] of rotary embeddings at ``positions`` [T]: the sin's
+    first half is negated, which folds rotate-half's minus sign into the table (one
+    kernel fewer per ``apply_rope``, which runs twice in every layer of every step)."""
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    cos, sin = freqs.cos() * scale, freqs.sin() * scale
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
 class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in fp32 whatever the activations' dtype (as HF's
+    Llama does); ``F.rms_norm`` is one fused kernel on CUDA instead of eight."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, T, hd]; cos, sin: [T, hd] (rotate-half convention, as HF checkpoints use)."""
+    """x: [..., T, hd]; cos, signed sin: [T, hd] from ``rope_tables`` (rotate-half
+    convention, as HF checkpoints use): x·cos + (x₂, x₁)·(−sin, sin)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, rotated, sin)
+
+
+def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """The [T, S] bool mask (True = may attend) as the additive bias [groups·T, S] that
+    ``Attention`` takes: built once per forward, not converted again in every layer, and
+    repeated for the query heads that share a key/value head (see ``Attention``)."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return bias.repeat(groups, 1) if groups > 1 else bias
+
+
+def _plain_weight(module: nn.Module) -> bool:
+    """An ``nn.Linear`` holding an ordinary tensor (not packed for oneDNN, not quantized)."""
+    return type(module) is nn.Linear and type(module.weight) in (torch.Tensor, nn.Parameter)
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears over the same input, whose own
+    parameters become views of it: one matmul instead of several, no extra memory, and
+    the HF parameter names (and state dict) unchanged."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
+    start = 0
+    for m in linears:
+        rows = m.out_features
+        m.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
+        if bias is not None:
+            m.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Module, fused: bool) -> torch.Tensor:
+    """``residual + linear(x)``; with a plain bias-free weight as one GEMM (the add rides
+    in its epilogue), which saves a kernel twice per layer."""
+    if fused and linear.bias is None:
+        return torch.addmm(residual, x, linear.weight.t())
+    return residual + linear(x)
 
 
 class Attention(nn.Module):
+    """Self-attention over a KV cache. Query heads that share a key/value head are
+    stacked along the token axis ([Hkv, groups·T, hd]), so every SDPA backend sees plain
+    multi-head attention over the cache as it is stored: no key/value copies per group,
+    no fallback to the unfused kernel that grouped-query attention can force."""
+
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
         self.spec = spec
@@ -133,26 +178,34 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias)
         self.v_proj = nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias)
         self.o_proj = nn.Linear(spec.num_heads * hd, d, bias=spec.o_bias)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        self.qkv = _fuse([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
         self,
         x: torch.Tensor,  # [T, D]
         cos: torch.Tensor,  # [T, hd]
-        sin: torch.Tensor,  # [T, hd]
-        mask: torch.Tensor,  # [T, S] bool
+        sin: torch.Tensor,  # [T, hd] signed (rope_tables)
+        bias: torch.Tensor,  # [groups·T, S] additive (attention_bias)
         cache: KVCache,
+        residual: torch.Tensor,  # [T, D]
     ) -> torch.Tensor:
-        t, hd = x.shape[0], self.spec.head_dim
-        q = self.q_proj(x).view(t, self.spec.num_heads, hd).transpose(0, 1)  # [H, T, hd]
-        k = self.k_proj(x).view(t, self.spec.num_kv_heads, hd).transpose(0, 1)  # [Hkv, T, hd]
-        v = self.v_proj(x).view(t, self.spec.num_kv_heads, hd).transpose(0, 1)  # [Hkv, T, hd]
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        keys, values = cache.write(self.layer, k, v)  # [Hkv, S, hd]
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
-        )  # [1, H, T, hd]
-        return self.o_proj(out[0].transpose(0, 1).reshape(t, -1))  # [T, D]
+        """``residual`` + attention output [T, D]."""
+        s = self.spec
+        t, hd, h, hkv = x.shape[0], s.head_dim, s.num_heads, s.num_kv_heads
+        if self.qkv is not None:
+            qkv = F.linear(x, *self.qkv)
+        else:
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        qkv = qkv.view(t, h + 2 * hkv, hd)
+        qk = apply_rope(qkv[:, : h + hkv].transpose(0, 1), cos, sin)  # [H + Hkv, T, hd]
+        keys, values = cache.write(self.layer, qk[h:], qkv[:, h + hkv:].transpose(0, 1))  # [Hkv, S, hd]
+        q = qk[:h].reshape(hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [Hkv, g·T, hd]
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, g·T, hd]
+        out = out.unflatten(1, (h // hkv, t)).permute(2, 0, 1, 3).reshape(t, h * hd)
+        return _linear_add(residual, out, self.o_proj, self.qkv is not None)
 
 
 class MLP(nn.Module):
@@ -162,22 +215,46 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, i, bias=spec.mlp_bias)
         self.up_proj = nn.Linear(d, i, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(i, d, bias=spec.mlp_bias)
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def fuse(self) -> None:
+        self.gate_up = _fuse([self.gate_proj, self.up_proj])
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` + MLP output."""
+        if self.gate_up is not None:
+            gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return _linear_add(residual, F.silu(gate) * up, self.down_proj, self.gate_up is not None)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
+        self.spec = spec
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.self_attn = Attention(spec, layer)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, bias: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """``bias``: from ``attention_bias`` (a bool [T, S] mask is converted here)."""
+        if bias.dtype == torch.bool:
+            bias = attention_bias(bias, self.spec.num_heads // self.spec.num_kv_heads, x.dtype)
+        x = self.self_attn(self.input_layernorm(x), cos, sin, bias, cache, x)
+        return self.mlp(self.post_attention_layernorm(x), x)
+
+    def fuse(self) -> bool:
+        """Fuse q/k/v and gate/up into single matmuls where the weights are plain (CUDA;
+        on CPU the linears are packed for oneDNN instead). Returns whether it did."""
+        linears = (self.self_attn.q_proj, self.self_attn.k_proj, self.self_attn.v_proj, self.self_attn.o_proj,
+                   self.mlp.gate_proj, self.mlp.up_proj, self.mlp.down_proj)
+        if not all(_plain_weight(m) for m in linears):
+            return False
+        self.self_attn.fuse()
+        self.mlp.fuse()
+        return True
 
 
 class Backbone(nn.Module):
@@ -257,10 +334,18 @@ class CausalLM(nn.Module):
         """
         cache.ensure_room(tokens.shape[0])
         cos, sin = self.rope(positions)
+        bias = attention_bias(mask, self.spec.num_heads // self.spec.num_kv_heads, self.dtype)
         x = self.model.embed_tokens(tokens)  # [T, D]
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache)
+            x = layer(x, cos, sin, bias, cache)
         return self.model.norm(x)  # [T, D]
+
+    def fuse_projections(self) -> bool:
+        """Fuse each layer's q/k/v and gate/up projections (``DecoderLayer.fuse``): on a
+        GPU a step is bound by kernel launches, and this saves three of ~17 per layer.
+        Call after the weights are on their device and in their final form (not for
+        packed or quantized weights: then it does nothing and returns False)."""
+        return all([layer.fuse() for layer in self.model.layers])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [..., V]

@@ -134,15 +134,22 @@ class GreedyStep:
     """
 
     def __init__(self, model, cache: StaticKVCache, buffers, heads=None, context=None,
-                 context_cache: StaticKVCache | None = None, capture: bool = False, warmup: int = 2) -> None:
+                 context_cache: StaticKVCache | None = None, capture: bool = False, warmup: int = 2,
+                 compile: bool = False) -> None:
         self.model, self.cache, self.buffers, self.heads = model, cache, buffers, heads
         self.context, self.context_cache = context, context_cache
         device = cache.k.device
         self.width = buffers.retrieve_indices.shape[1]  # d + 1
-        self.root = torch.zeros((), dtype=torch.long, device=device)
-        self.state = torch.zeros(model.spec.hidden_size, dtype=model.dtype, device=device)
+        with torch.inference_mode(False):  # ordinary tensors: a compiled step mutates them
+            self.root = torch.zeros((), dtype=torch.long, device=device)
+            self.state = torch.zeros(model.spec.hidden_size, dtype=model.dtype, device=device)
         self.graph = None
         self.out = None
+        self.compiled = compile
+        self._body = self._compute
+        if compile:
+            self._body = torch.compile(self._compute, fullgraph=True, dynamic=False,
+                                       backend="inductor" if device.type == "cuda" else "aot_eager")
         if capture:
             caches = [c for c in (cache, context_cache) if c is not None]
             lengths = [c.length_t.clone() for c in caches]
@@ -150,8 +157,17 @@ class GreedyStep:
             for c, length in zip(caches, lengths):  # the warm-up runs committed: undo that
                 c.length_t.copy_(length)
 
-    @torch.inference_mode()
     def _run(self) -> torch.Tensor:
+        if not self.compiled:
+            with torch.inference_mode():
+                return self._body()
+        # torch.compile cannot trace in-place updates under inference mode. Each tree size
+        # compiles once (units of equal shapes share it); a bench may use more than the
+        # default limit of 8 sizes, and a fullgraph step past the limit raises
+        with torch.inference_mode(False), torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64):
+            return self._body()
+
+    def _compute(self) -> torch.Tensor:
         buf, m = self.buffers, self.model
         tokens = draft_tokens(m, self.heads, self.cache, buf, self.state, self.root, self.cache.length_t)  # [N]
         positions, mask = self.cache.prepare(buf.depths, buf.attn_mask)
@@ -212,6 +228,7 @@ class StaticDecoder(Decoder):
     a CUDA device (``graphs``); other steps run as in ``Decoder``."""
 
     graphs: bool = False
+    compile: bool = False  # also torch.compile each step unit (inductor on CUDA) before capture
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, StaticKVCache):
@@ -239,7 +256,7 @@ class StaticDecoder(Decoder):
         n = buffers.depths.shape[0]
         if n not in self._steps:
             self._steps[n] = GreedyStep(self.model, self.cache, buffers, heads, self._context, self._context_cache,
-                                        capture=self.model.device.type == "cuda")
+                                        capture=self.model.device.type == "cuda", compile=self.compile)
         return self._steps[n]
 
     @torch.inference_mode()

@@ -89,3 +89,32 @@ def test_tree_forward_scores_each_node_as_its_own_chain():
         seq = torch.cat([prefix, tokens[chain]])
         ref = ours.logits(ours(seq, torch.arange(len(seq)), causal_mask(0, len(seq)), ours.new_cache(32)))
         assert torch.allclose(tree_logits[i], ref[-1], atol=1e-5), i
+
+
+@pytest.mark.parametrize("name,hf", list(_hf_models())[::3], ids=lambda x: x if isinstance(x, str) else "")
+def test_fused_projections_compute_the_same_and_keep_the_parameters(name, hf):
+    """q/k/v and gate/up fused into one matmul each: same logits, no copy of the weights
+    (the per-projection parameters are views of the fused ones), same state dict."""
+    ours = CausalLM.from_state_dict(hf.config, hf.state_dict())
+    ids = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(3))
+    before = ours.logits(ours(ids, torch.arange(20), causal_mask(0, 20), ours.new_cache(32)))
+    keys = list(ours.state_dict())
+    assert ours.fuse_projections()
+    after = ours.logits(ours(ids, torch.arange(20), causal_mask(0, 20), ours.new_cache(32)))
+    attn, mlp = ours.model.layers[0].self_attn, ours.model.layers[0].mlp
+    assert attn.qkv is not None and mlp.gate_up is not None
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == attn.qkv[0].untyped_storage().data_ptr()
+    assert torch.equal(attn.qkv[0][attn.q_proj.out_features:][: attn.k_proj.out_features], attn.k_proj.weight)
+    assert list(ours.state_dict()) == keys
+    assert (after - before).abs().max().item() <= 1e-5
+
+
+def test_packed_linears_are_not_fused():
+    from specmemo_core.cpu_linear import pack_linears, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN packing")
+    ours = CausalLM.from_state_dict(tiny_hf_model(seed=1).config, tiny_hf_model(seed=1).state_dict())
+    pack_linears(ours)
+    assert not ours.fuse_projections()
+    assert ours.model.layers[0].self_attn.qkv is None
