@@ -27,9 +27,10 @@ from specmemo_core.static_decoding import GreedyStep, StaticDecoder, new_static_
 from specmemo_core.tree import load_tree
 
 
-def count_kernels(model, heads, tree, compile: bool, context: int = 1000) -> int:
-    """GPU kernels launched by one greedy step unit, run uncaptured under the profiler."""
-    decoder = StaticDecoder(model, new_static_cache(model, context + 200), heads, tree)
+def count_kernels(model, heads, tree, compile: bool, context: int = 1000, capacity: int = 4096) -> int:
+    """GPU kernels launched by one greedy step unit, run uncaptured under the profiler
+    (printing where their time goes)."""
+    decoder = StaticDecoder(model, new_static_cache(model, capacity), heads, tree)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     next(decoder.generate(prompt, GenerationConfig(max_new_tokens=2)))  # prefill
     buffers = decoder._buffers if tree is not None else decoder._single
@@ -41,12 +42,20 @@ def count_kernels(model, heads, tree, compile: bool, context: int = 1000) -> int
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step._run()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:60], []).append(e.device_time_total)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
+                      "top": [(n, len(t), round(sum(t), 1)) for n, t in top]}), flush=True)
+    return len(kernels)
 
 
-def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, compile: bool = False) -> float:
-    decoder = StaticDecoder(model, new_static_cache(model, context + 2 * steps * 5 + 64), heads, tree, graphs=graphs,
-                            compile=compile)
+def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, compile: bool = False,
+               capacity: int = 4096) -> float:
+    decoder = StaticDecoder(model, new_static_cache(model, max(capacity, context + 2 * steps * 5 + 64)), heads, tree,
+                            graphs=graphs, compile=compile)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     config = GenerationConfig(max_new_tokens=steps)
     for _ in decoder.generate(prompt, GenerationConfig(max_new_tokens=20)):  # warm-up, captures
@@ -73,6 +82,8 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs,compiled")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
+    ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
+    ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (the static step attends over all)")
     args = ap.parse_args()
     shape = known_shape(args.shape)
     model = random_model(shape, args.dtype, args.device)
@@ -87,16 +98,17 @@ def main() -> None:
                  if tree else None)
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
-            ms = time_steps(model, heads, tree, mode != "eager", args.steps, compile=mode == "compiled")
+            ms = time_steps(model, heads, tree, mode != "eager", args.steps, args.context, mode == "compiled",
+                            args.capacity)
             key = name + ("" if mode == "eager" else f"+{mode}")
             out["ms_per_step"][key] = round(ms, 3)
             out["first_step_s"][key] = round(time.perf_counter() - t0, 1)  # includes any compile and capture
             print(json.dumps({"tree": name, "mode": mode, "ms_per_step": round(ms, 3),
                               "total_s": out["first_step_s"][key]}), flush=True)
         if args.kernels and args.device == "cuda":
-            for compile in (False, True):
+            for compile in [False, True] if "compiled" in args.modes.split(",") else [False]:
                 key = name + ("+compiled" if compile else "")
-                out["kernels_per_step"][key] = count_kernels(model, heads, tree, compile)
+                out["kernels_per_step"][key] = count_kernels(model, heads, tree, compile, args.context, args.capacity)
                 print(json.dumps({"tree": name, "compiled": compile, "kernels": out["kernels_per_step"][key]}),
                       flush=True)
     print(json.dumps(out))
