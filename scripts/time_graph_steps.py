@@ -1,14 +1,13 @@
-"""Milliseconds per greedy step of the static decoder, eager, as CUDA graphs, and
-compiled with torch.compile then captured, on a random-weight model of a known shape (no
-weights to carry to a GPU machine); with ``--kernels``, how many GPU kernels one step
-launches (what a graph replay pays for, ~2 µs each, on a model this small).
+"""Milliseconds per greedy step of the static decoder, eager and as CUDA graphs, on a
+random-weight model of a known shape (no weights to carry to a GPU machine); with
+``--kernels``, how many GPU kernels one step launches and where their time goes.
 
 Random heads accept ~nothing, so this times the step itself: what a tree of N nodes
 costs against a plain step. Speed = accepted tokens per step / step time; with the
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
-        [--modes eager,graphs,compiled] [--no-fuse] [--kernels]
+        [--modes eager,graphs] [--no-fuse] [--kernels] [--context N] [--capacity N]
 """
 
 from __future__ import annotations
@@ -27,16 +26,17 @@ from specmemo_core.static_decoding import GreedyStep, StaticDecoder, new_static_
 from specmemo_core.tree import load_tree
 
 
-def count_kernels(model, heads, tree, compile: bool, context: int = 1000, capacity: int = 4096) -> int:
+def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096) -> int:
     """GPU kernels launched by one greedy step unit, run uncaptured under the profiler
     (printing where their time goes)."""
     decoder = StaticDecoder(model, new_static_cache(model, capacity), heads, tree)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     next(decoder.generate(prompt, GenerationConfig(max_new_tokens=2)))  # prefill
     buffers = decoder._buffers if tree is not None else decoder._single
+    n = buffers.depths.shape[0]
     step = GreedyStep(model, decoder.cache, buffers, heads if tree is not None else None, decoder._context,
-                      decoder._context_cache, compile=compile)
-    for _ in range(3):  # compile and warm up
+                      decoder._context_cache, span=decoder.cache.span_for(n))
+    for _ in range(3):  # warm up
         step._run()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -52,10 +52,9 @@ def count_kernels(model, heads, tree, compile: bool, context: int = 1000, capaci
     return len(kernels)
 
 
-def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, compile: bool = False,
-               capacity: int = 4096) -> float:
+def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, capacity: int = 4096) -> float:
     decoder = StaticDecoder(model, new_static_cache(model, max(capacity, context + 2 * steps * 5 + 64)), heads, tree,
-                            graphs=graphs, compile=compile)
+                            graphs=graphs)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     config = GenerationConfig(max_new_tokens=steps)
     for _ in decoder.generate(prompt, GenerationConfig(max_new_tokens=20)):  # warm-up, captures
@@ -79,7 +78,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--trees", default="single,1-10-16-17,medusa-64")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--modes", default="eager,graphs,compiled")
+    ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
@@ -98,19 +97,15 @@ def main() -> None:
                  if tree else None)
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
-            ms = time_steps(model, heads, tree, mode != "eager", args.steps, args.context, mode == "compiled",
-                            args.capacity)
+            ms = time_steps(model, heads, tree, mode != "eager", args.steps, args.context, args.capacity)
             key = name + ("" if mode == "eager" else f"+{mode}")
             out["ms_per_step"][key] = round(ms, 3)
-            out["first_step_s"][key] = round(time.perf_counter() - t0, 1)  # includes any compile and capture
+            out["first_step_s"][key] = round(time.perf_counter() - t0, 1)  # includes the captures
             print(json.dumps({"tree": name, "mode": mode, "ms_per_step": round(ms, 3),
                               "total_s": out["first_step_s"][key]}), flush=True)
         if args.kernels and args.device == "cuda":
-            for compile in [False, True] if "compiled" in args.modes.split(",") else [False]:
-                key = name + ("+compiled" if compile else "")
-                out["kernels_per_step"][key] = count_kernels(model, heads, tree, compile, args.context, args.capacity)
-                print(json.dumps({"tree": name, "compiled": compile, "kernels": out["kernels_per_step"][key]}),
-                      flush=True)
+            out["kernels_per_step"][name] = count_kernels(model, heads, tree, args.context, args.capacity)
+            print(json.dumps({"tree": name, "kernels": out["kernels_per_step"][name]}), flush=True)
     print(json.dumps(out))
 
 

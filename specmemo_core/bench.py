@@ -98,14 +98,13 @@ class Method:
 
 # -- runners ------------------------------------------------------------------
 def ours_runner(model: Any, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], heads: Any,
-                tree: Any, max_new_tokens: int, graphs: bool = False, compile: bool = False) -> Callable[[], Pass]:
+                tree: Any, max_new_tokens: int, graphs: bool = False) -> Callable[[], Pass]:
     """Our decoder (plain when ``tree`` is None) over the conversations, via evaluate.run_conversations;
-    ``graphs``: the static-shape decoder (CUDA graphs on a GPU); ``compile``: its steps
-    compiled with torch.compile before capture."""
+    ``graphs``: the static-shape decoder (CUDA graphs on a GPU)."""
 
     def run() -> Pass:
         r = run_conversations(model, tokenizer, config, conversations, heads if tree is not None else None, tree,
-                              max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, compile=compile)
+                              max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
 
     return run
@@ -325,26 +324,20 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
     stops = end_of_turn_ids(engine.tokenizer, engine.config)
     methods: list[Method] = []
 
-    def ours(name: str, tree: Any, note: str = "", graphs: bool = False, compile: bool = False) -> Method:
+    def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
         run = ours_runner(engine.model, engine.tokenizer, engine.config, conversations, engine.heads, tree,
-                          max_new_tokens, graphs, compile)
+                          max_new_tokens, graphs)
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
 
     for full_name in names:
-        # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU);
-        # NAME+compiled: that, with each step compiled by torch.compile before capture
-        name, suffix = full_name, ""
-        for s in ("+graphs", "+compiled"):
-            if full_name.endswith(s):
-                name, suffix = full_name[: -len(s)], s
-        compile = suffix == "+compiled"
-        graphs = bool(suffix) or (name == "plan" and kind == "cuda")  # plan runs as the app does: graphs on CUDA
-        graph_note = ("static shapes" + (", CUDA graphs" if kind == "cuda" else ", eager (no GPU)")
-                      + (", torch.compile" if compile else "")) if graphs else ""
+        # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU)
+        name, graphs = (full_name[: -len("+graphs")], True) if full_name.endswith("+graphs") else (full_name, False)
+        graphs = graphs or (name == "plan" and kind == "cuda")  # plan runs as the app does: graphs on CUDA
+        graph_note = "static shapes" + (", CUDA graphs" if kind == "cuda" else ", eager (no GPU)") if graphs else ""
         if graphs and name in HF_METHODS:
-            raise SpecMemoError(f"method {full_name}: {suffix} applies to our decoder, not to transformers")
+            raise SpecMemoError(f"method {full_name}: +graphs applies to our decoder, not to transformers")
         if name in HF_METHODS:
             if hf is None:
                 raise SpecMemoError(f"method {name} needs the transformers model")
@@ -353,7 +346,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
             methods.append(Method(name, hf_runner(hf, engine.tokenizer, stops, conversations, max_new_tokens, pld),
                                   note=note + ("; " if note else "") + "re-prefills the conversation every turn"))
         elif name == "vanilla":
-            methods.append(ours(full_name, None, graph_note, graphs, compile))
+            methods.append(ours(full_name, None, graph_note, graphs))
         elif name == "plan":
             chosen = planner_choice(engine.model, engine.heads, heads_folder, precision, max_new_tokens,
                                     plan_step_time)
@@ -361,11 +354,11 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
             speed = chosen.predicted_tokens_per_s
             note = (f"planner chose {chosen.tree or 'plain decoding'}"
                     + (f", predicted {speed:.1f} tokens/s" if speed else "") + (f"; {graph_note}" if graphs else ""))
-            methods.append(ours(full_name, tree, note, graphs, compile))
+            methods.append(ours(full_name, tree, note, graphs))
         else:
             tree = resolve_tree(name, heads_folder)
             tree.check_heads(engine.heads.num_heads if engine.heads is not None else None)
-            methods.append(ours(full_name, tree, graph_note, graphs, compile))
+            methods.append(ours(full_name, tree, graph_note, graphs))
     return methods
 
 

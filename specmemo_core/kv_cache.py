@@ -48,11 +48,7 @@ class KVCache:
         return self.capacity - self.length
 
     def ensure_room(self, new_tokens: int) -> None:
-        """Raise a clear error if ``new_tokens`` more scratch slots do not fit. A host
-        check: skipped while ``torch.compile`` traces a step (its caller checks before
-        each run; tracing it would recompile the step for every cache length)."""
-        if torch.compiler.is_compiling():
-            return
+        """Raise a clear error if ``new_tokens`` more scratch slots do not fit."""
         if self.length + new_tokens > self.capacity:
             raise ContextFullError(
                 f"The conversation needs {self.length + new_tokens} tokens of context but "

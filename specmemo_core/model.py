@@ -201,7 +201,9 @@ class Attention(nn.Module):
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         qkv = qkv.view(t, h + 2 * hkv, hd)
         qk = apply_rope(qkv[:, : h + hkv].transpose(0, 1), cos, sin)  # [H + Hkv, T, hd]
-        keys, values = cache.write(self.layer, qk[h:], qkv[:, h + hkv:].transpose(0, 1))  # [Hkv, S, hd]
+        keys, values = cache.write(self.layer, qk[h:], qkv[:, h + hkv:].transpose(0, 1))
+        span = bias.shape[-1]  # a static cache may be attended over its first slots only
+        keys, values = keys[:, :span], values[:, :span]  # [Hkv, S, hd]
         q = qk[:h].reshape(hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [Hkv, g·T, hd]
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, g·T, hd]
         out = out.unflatten(1, (h // hkv, t)).permute(2, 0, 1, 3).reshape(t, h * hd)

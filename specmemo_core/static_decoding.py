@@ -31,6 +31,8 @@ from .decoding import Decoder, GenerationConfig, _State, draft_tokens, longest_a
 from .kv_cache import KVCache
 from .tree import load_tree
 
+MIN_SPAN = 256  # the smallest span a step unit attends over (``StaticKVCache.spans``)
+
 
 class StaticKVCache(KVCache):
     """A KV cache written at device-tensor slots and read whole (see the module doc)."""
@@ -42,13 +44,15 @@ class StaticKVCache(KVCache):
         self.length_t = torch.zeros((), dtype=torch.long, device=device)  # == length, on the device
         self.columns = torch.arange(capacity, device=device)  # [C]
 
-    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``KVCache.prepare``, in fixed shapes from ``length_t``: the mask is [T, C] —
-        the committed slots, plus each new token's ancestors (itself included) at slots
-        length + j (None: the causal chain) — and ``slots`` is set for ``write``."""
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
+                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``KVCache.prepare``, in fixed shapes from ``length_t``: the mask is [T, span]
+        (default: every slot) — the committed slots, plus each new token's ancestors
+        (itself included) at slots length + j (None: the causal chain) — and ``slots`` is
+        set for ``write``. The forward attends over the mask's ``span`` slots only."""
         t = offsets.shape[0]
         self.slots = self.length_t + torch.arange(t, device=offsets.device)
-        rel = self.columns[None, :] - self.length_t  # [1, C]
+        rel = self.columns[None, : span or self.capacity] - self.length_t  # [1, span]
         if ancestors is None:
             mask = rel <= torch.arange(t, device=offsets.device)[:, None]
         else:
@@ -64,6 +68,21 @@ class StaticKVCache(KVCache):
 
     def write_ids(self, tokens: torch.Tensor) -> None:
         self.ids.index_copy_(0, self.slots, tokens)
+
+    def spans(self) -> list[int]:
+        """The spans step units attend over: powers of two from ``MIN_SPAN``, then the
+        capacity. A decoding step attends over the smallest that holds the conversation
+        and the tree (``span_for``), not over the whole cache: with one query row per
+        head, attention's cost grows with the slots it reads (on an H200, 4,096 slots
+        took 61% of a plain step's kernel time, 1,364 slots 39%)."""
+        spans, span = [], MIN_SPAN
+        while span < self.capacity:
+            spans.append(span)
+            span *= 2
+        return spans + [self.capacity]
+
+    def span_for(self, new_tokens: int) -> int:
+        return next(s for s in self.spans() if s >= min(self.length + new_tokens, self.capacity))
 
     def _move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the keys, values and ids of slots ``src`` to slots ``dst``."""
@@ -102,10 +121,10 @@ class StaticKVCache(KVCache):
         self.length_t.zero_()
 
 
-def capture_graph(run, warmup: int = 2):
+def capture_graph(run, warmup: int = 2, pool=None):
     """Capture ``run()`` as a CUDA graph after ``warmup`` runs on a side stream (as capture
     requires); returns the graph and the outputs of the captured run, which every replay
-    rewrites in place."""
+    rewrites in place. ``pool``: a memory pool shared with other graphs."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -113,7 +132,7 @@ def capture_graph(run, warmup: int = 2):
             run()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         out = run()
     return graph, out
 
@@ -135,42 +154,28 @@ class GreedyStep:
 
     def __init__(self, model, cache: StaticKVCache, buffers, heads=None, context=None,
                  context_cache: StaticKVCache | None = None, capture: bool = False, warmup: int = 2,
-                 compile: bool = False) -> None:
+                 span: int | None = None, pool=None) -> None:
         self.model, self.cache, self.buffers, self.heads = model, cache, buffers, heads
         self.context, self.context_cache = context, context_cache
         device = cache.k.device
         self.width = buffers.retrieve_indices.shape[1]  # d + 1
-        with torch.inference_mode(False):  # ordinary tensors: a compiled step mutates them
-            self.root = torch.zeros((), dtype=torch.long, device=device)
-            self.state = torch.zeros(model.spec.hidden_size, dtype=model.dtype, device=device)
+        self.span = span or cache.capacity  # slots attended: [0, span)
+        self.root = torch.zeros((), dtype=torch.long, device=device)
+        self.state = torch.zeros(model.spec.hidden_size, dtype=model.dtype, device=device)
         self.graph = None
         self.out = None
-        self.compiled = compile
-        self._body = self._compute
-        if compile:
-            self._body = torch.compile(self._compute, fullgraph=True, dynamic=False,
-                                       backend="inductor" if device.type == "cuda" else "aot_eager")
         if capture:
             caches = [c for c in (cache, context_cache) if c is not None]
             lengths = [c.length_t.clone() for c in caches]
-            self.graph, self.out = capture_graph(self._run, warmup)
+            self.graph, self.out = capture_graph(self._run, warmup, pool)
             for c, length in zip(caches, lengths):  # the warm-up runs committed: undo that
                 c.length_t.copy_(length)
 
+    @torch.inference_mode()
     def _run(self) -> torch.Tensor:
-        if not self.compiled:
-            with torch.inference_mode():
-                return self._body()
-        # torch.compile cannot trace in-place updates under inference mode. Each tree size
-        # compiles once (units of equal shapes share it); a bench may use more than the
-        # default limit of 8 sizes, and a fullgraph step past the limit raises
-        with torch.inference_mode(False), torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64):
-            return self._body()
-
-    def _compute(self) -> torch.Tensor:
         buf, m = self.buffers, self.model
         tokens = draft_tokens(m, self.heads, self.cache, buf, self.state, self.root, self.cache.length_t)  # [N]
-        positions, mask = self.cache.prepare(buf.depths, buf.attn_mask)
+        positions, mask = self.cache.prepare(buf.depths, buf.attn_mask, self.span)
         self.cache.write_ids(tokens)
         hidden = m(tokens, positions, mask, self.cache)  # [N, D]
         picks = m.logits(hidden).argmax(-1)  # [N]
@@ -180,7 +185,7 @@ class GreedyStep:
         path_hidden = hidden[nodes]  # [d+1, D]
         if self.context is not None:
             c = self.context_cache
-            positions, mask = c.prepare(torch.arange(self.width, device=hidden.device))
+            positions, mask = c.prepare(torch.arange(self.width, device=hidden.device), span=self.span)
             path_hidden = self.context(path_hidden, *m.rope(positions), mask, c)
             c.length_t += count
         # index_select, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync,
@@ -198,6 +203,8 @@ class GreedyStep:
         """The tokens this step emits (accepted drafts, then the bonus) and the next draft
         state (this unit's own buffer: rewritten by the next call)."""
         self.cache.ensure_room(self.buffers.depths.shape[0])
+        if self.cache.length + self.buffers.depths.shape[0] > self.span:
+            raise ValueError(f"this step unit attends over {self.span} slots; the cache needs a larger span")
         self.root.fill_(root)
         if state is not self.state:
             self.state.copy_(state)
@@ -228,14 +235,16 @@ class StaticDecoder(Decoder):
     a CUDA device (``graphs``); other steps run as in ``Decoder``."""
 
     graphs: bool = False
-    compile: bool = False  # also torch.compile each step unit (inductor on CUDA) before capture
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, StaticKVCache):
             raise TypeError("StaticDecoder needs a StaticKVCache")
         super().__post_init__()
-        self._steps: dict[int, GreedyStep] = {}
+        self._steps: dict[tuple[int, int], GreedyStep] = {}  # by (tree nodes, span)
         self._single = load_tree("single").buffers.to(self.model.device)
+        # one memory pool for every unit's graph: they never run at once, and nothing a
+        # graph allocates outlives its replay (roots, states and caches live outside)
+        self._pool = torch.cuda.graph_pool_handle() if self.model.device.type == "cuda" else None
 
     def _new_context_cache(self) -> StaticKVCache:
         """The heads' context layer gets a static cache too."""
@@ -244,20 +253,22 @@ class StaticDecoder(Decoder):
 
     def capture(self) -> None:
         """Make the step units greedy decoding will use (capturing their CUDA graphs) now,
-        on an empty cache, so the first steps of a conversation do not pay for it."""
+        one per span, on an empty cache, so no step of a conversation pays for it."""
         if not self.graphs or self.cache.length:
             return
-        if self.speculative:
-            self._greedy_step(self._buffers, self.heads)
-        else:
-            self._greedy_step(self._single, None)
+        buffers, heads = (self._buffers, self.heads) if self.speculative else (self._single, None)
+        for span in self.cache.spans():
+            self._greedy_step(buffers, heads, span)
 
-    def _greedy_step(self, buffers, heads) -> GreedyStep:
+    def _greedy_step(self, buffers, heads, span: int | None = None) -> GreedyStep:
+        """The unit for this tree over the smallest span that holds the next step."""
         n = buffers.depths.shape[0]
-        if n not in self._steps:
-            self._steps[n] = GreedyStep(self.model, self.cache, buffers, heads, self._context, self._context_cache,
-                                        capture=self.model.device.type == "cuda", compile=self.compile)
-        return self._steps[n]
+        span = span or self.cache.span_for(n)
+        if (n, span) not in self._steps:
+            self._steps[n, span] = GreedyStep(self.model, self.cache, buffers, heads, self._context,
+                                              self._context_cache, capture=self.model.device.type == "cuda",
+                                              span=span, pool=self._pool)
+        return self._steps[n, span]
 
     @torch.inference_mode()
     def _plain_step(self, state: _State, config: GenerationConfig, gen: torch.Generator) -> tuple[list[int], _State]:
