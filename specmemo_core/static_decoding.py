@@ -7,18 +7,21 @@ place. ``decoding.Decoder`` slices the cache to ``length + T`` and builds masks 
 Python ints; this decoder instead
 
 - writes keys/values at slots given by a device tensor (``index_copy_``) and attends over
-  the whole capacity, with a mask that hides the slots not (yet) in the conversation;
+  a fixed span of slots (the whole capacity, or in a step unit the smallest power of two
+  that holds the conversation: ``StaticKVCache.spans``), with a mask that hides the slots
+  not (yet) in the conversation;
 - keeps the cache length as a device scalar too, and derives slots, positions and masks
   from it with tensor ops of fixed shape (``StaticKVCache.prepare``);
 
 so a verify forward has the same shapes every time. ``Decoder`` asks its cache for
 positions and masks, so with a ``StaticKVCache`` it already decodes this way;
 ``StaticDecoder`` adds ``GreedyStep``: a whole greedy step (draft, verify, accept,
-commit, context layer) as one unit that ``torch.cuda.graph`` captures and replays. On
+commit, context layer) as one unit that ``torch.cuda.graph`` captures and replays, one
+unit per tree size and span. On
 CPU (and in the CPU tests) the same function runs eagerly; the CUDA tests capture it.
 
 Masked slots contribute exact zeros to attention, so its outputs equal the sliced
-decoder's (checked in the tests); the cost on CPU is attention over the whole capacity.
+decoder's (checked in the tests); the cost on CPU is attention over whole spans.
 """
 
 from __future__ import annotations
