@@ -115,10 +115,10 @@ class Engine:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
             pack_linears(lm)
-        else:
-            lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
             if draft is not None:
                 pack_linears(draft)
+        else:
+            lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
         if tree == "auto":
             tree = default_tree(device, folder)
         # without heads only a lookup chain alone (``lookup-N``) can speculate; other trees: plain

@@ -63,3 +63,24 @@ def test_memory_model_counts_the_packed_copy_of_a_tied_lm_head():
     pack_linears(model)
     grown = measured_bytes(model) - before
     assert grown == weight_bytes(shape, "fp32", device_kind="cpu") - weight_bytes(shape, "fp32") == 300 * 64 * 4
+
+
+def test_the_engine_packs_the_model_and_its_heads_on_cpu(tmp_path, monkeypatch):
+    """On CPU every linear layer of the model and of the draft heads is packed (the
+    heads draft every step: unpacked they cost ~1.5× more), and none is fused (fusing is
+    the GPU's alternative)."""
+    from specmemo_core.engine import Engine
+    from tests.tiny import tiny_hf_model, tiny_tokenizer
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN packing")
+    monkeypatch.setenv("SPECMEMO_DATA_DIR", str(tmp_path / "data"))
+    folder = tmp_path / "tiny-llama"
+    tiny_hf_model(seed=3).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    engine = Engine.load(str(folder), heads="random", tree="1-3-2")
+    assert engine.heads is not None
+    for root in (engine.model, engine.heads):
+        assert [name for name, m in root.named_modules() if type(m) is nn.Linear] == []
+        assert any(isinstance(m, PackedLinear) for m in root.modules())
+    assert engine.model.model.layers[0].self_attn.qkv is None
