@@ -187,15 +187,19 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
 def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precision: str,
                           device_kind: str = "cuda") -> int:
     """Peak temporaries of one forward over ``tokens`` (T) new tokens seeing ``context``
-    (S) slots, all × b.
+    (S) slots, all × b unless said otherwise.
 
     Every device: the residual stream and its normed copy (2 × T × D) and q/k/v
-    (T × (H + 2 Hkv) × hd). CUDA, as measured on an H200 (torch 2.11): SDPA with a
-    boolean mask runs a fused kernel that never holds the H × T × S scores; what it does
-    hold is the mask as an additive bias (T × S) and, for grouped-query models, the keys
-    and values repeated to H heads (2 × H × S × hd); the MLP holds gate, SiLU(gate), up
-    and their product (4 × T × I); int8 weight-only matmuls dequantize one weight at a
-    time (the largest, out × in). Elsewhere (CPU, MPS) the unfused bound: scores and
+    (T × (H + 2 Hkv) × hd). CUDA (``model.py``'s forward): the boolean mask (T × S, one
+    byte each) becomes one additive bias per forward, repeated for the g = H / Hkv query
+    heads that share a key/value head ((g + 1) × T × S while the repeat is made); SDPA
+    runs a fused kernel that never holds the H × T × S scores, and the keys and values
+    are read in place (queries, not keys, are regrouped), with 2 × Hkv × S × hd allowed
+    for a backend that copies a span of them contiguous; the MLP holds gate and up, SiLU
+    (gate) and their product (4 × T × I); int8 weight-only matmuls dequantize one weight
+    at a time (the largest, out × in). Measured on an H200 (torch 2.11) before queries
+    were regrouped, when the keys and values were repeated to H heads instead
+    (``docs/results/plan_verify``). Elsewhere (CPU, MPS) the unfused bound: scores and
     their softmax (2 × H × T × S) and the MLP's 3 × T × I.
     """
     b = activation_bytes(precision)
@@ -203,9 +207,11 @@ def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precisio
     common = 2 * t * d + t * (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
     if device_kind != "cuda":
         return b * (common + 2 * shape.num_heads * t * s + 3 * t * shape.intermediate_size)
-    gqa = 2 * shape.num_heads * s * shape.head_dim if shape.num_kv_heads < shape.num_heads else 0
+    groups = shape.num_heads // shape.num_kv_heads
+    bias = (groups + 1) * t * s
+    kv_copies = 2 * shape.num_kv_heads * s * shape.head_dim
     dequant = max(o * i for o, i in shape.layer_linear_params()) if precision == "int8" else 0
-    return b * (common + t * s + gqa + 4 * t * shape.intermediate_size + dequant)
+    return t * s + b * (common + bias + kv_copies + 4 * t * shape.intermediate_size + dequant)
 
 
 def overhead_bytes(device_kind: str, planned_bytes: int) -> int:
