@@ -48,7 +48,7 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
-                      "top": [(n, len(t), round(sum(t), 1)) for n, t in top]}), flush=True)
+                      "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top]}), flush=True)
     return len(kernels)
 
 
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
-    ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (the static step attends over all)")
+    ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (a step attends over the smallest span that holds the conversation)")
     args = ap.parse_args()
     shape = known_shape(args.shape)
     model = random_model(shape, args.dtype, args.device)
