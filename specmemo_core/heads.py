@@ -54,7 +54,7 @@ from torch import nn
 
 from .errors import HeadsError
 from .kv_cache import KVCache
-from .model import DecoderLayer, ModelSpec, apply_rope
+from .model import DecoderLayer, ModelSpec, apply_rope, attention_bias
 from .tree import TreeBuffers
 
 FORMAT_NAME = "specmemo-heads"
@@ -134,9 +134,10 @@ class ContextLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache) -> torch.Tensor:
-        """hidden [T, D] at scratch slots ``cache.length + i`` → h' [T, D] (caller commits)."""
+        """hidden [T, D] at scratch slots ``cache.length + i`` → h' [T, D] (caller commits);
+        ``mask`` [T, S] bool, as ``CausalLM.forward`` takes it."""
         cache.ensure_room(hidden.shape[0])
-        return self.layer(hidden, cos, sin, mask, cache)
+        return self.layer(hidden, cos, sin, attention_bias(mask, self.mspec, hidden.dtype), cache)
 
     def forward_batch(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Training: hidden [B, T, D], causal within each row (right padding is harmless:

@@ -126,10 +126,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.addcmul(x * cos, rotated, sin)
 
 
-def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+def attention_bias(mask: torch.Tensor, spec: ModelSpec, dtype: torch.dtype) -> torch.Tensor:
     """The [T, S] bool mask (True = may attend) as the additive bias [groups·T, S] that
     ``Attention`` takes: built once per forward, not converted again in every layer, and
-    repeated for the query heads that share a key/value head (see ``Attention``)."""
+    repeated for the ``groups`` query heads that share a key/value head (see ``Attention``)."""
+    groups = spec.num_heads // spec.num_kv_heads
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
     return bias.repeat(groups, 1) if groups > 1 else bias
 
@@ -234,16 +235,13 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
-        self.spec = spec
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.self_attn = Attention(spec, layer)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
     def forward(self, x, cos, sin, bias: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """``bias``: from ``attention_bias`` (a bool [T, S] mask is converted here)."""
-        if bias.dtype == torch.bool:
-            bias = attention_bias(bias, self.spec.num_heads // self.spec.num_kv_heads, x.dtype)
+        """``bias``: from ``attention_bias``, made once per forward by the caller."""
         x = self.self_attn(self.input_layernorm(x), cos, sin, bias, cache, x)
         return self.mlp(self.post_attention_layernorm(x), x)
 
@@ -336,7 +334,7 @@ class CausalLM(nn.Module):
         """
         cache.ensure_room(tokens.shape[0])
         cos, sin = self.rope(positions)
-        bias = attention_bias(mask, self.spec.num_heads // self.spec.num_kv_heads, self.dtype)
+        bias = attention_bias(mask, self.spec, self.dtype)
         x = self.model.embed_tokens(tokens)  # [T, D]
         for layer in self.model.layers:
             x = layer(x, cos, sin, bias, cache)
