@@ -37,8 +37,17 @@ from .tree import load_tree
 MIN_SPAN = 256  # the smallest span a step unit attends over (``StaticKVCache.spans``)
 
 
+def _spans(capacity: int) -> tuple[int, ...]:
+    """Powers of two from ``MIN_SPAN`` below ``capacity``, then ``capacity``."""
+    spans, span = [], MIN_SPAN
+    while span < capacity:
+        spans.append(span)
+        span *= 2
+    return (*spans, capacity)
+
+
 class StaticKVCache(KVCache):
-    """A KV cache written at device-tensor slots and read whole (see the module doc)."""
+    """A KV cache written at device-tensor slots and read over fixed spans (see the module doc)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
@@ -46,6 +55,7 @@ class StaticKVCache(KVCache):
         self.slots = torch.zeros(0, dtype=torch.long, device=device)  # set by prepare()
         self.length_t = torch.zeros((), dtype=torch.long, device=device)  # == length, on the device
         self.columns = torch.arange(capacity, device=device)  # [C]
+        self._spans = _spans(capacity)
 
     def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
                 span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,14 +88,10 @@ class StaticKVCache(KVCache):
         and the tree (``span_for``), not over the whole cache: with one query row per
         head, attention's cost grows with the slots it reads (on an H200, 4,096 slots
         took 61% of a plain step's kernel time, 1,364 slots 39%)."""
-        spans, span = [], MIN_SPAN
-        while span < self.capacity:
-            spans.append(span)
-            span *= 2
-        return spans + [self.capacity]
+        return list(self._spans)
 
     def span_for(self, new_tokens: int) -> int:
-        return next(s for s in self.spans() if s >= min(self.length + new_tokens, self.capacity))
+        return next(s for s in self._spans if s >= min(self.length + new_tokens, self.capacity))
 
     def _move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the keys, values and ids of slots ``src`` to slots ``dst``."""
