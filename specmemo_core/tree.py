@@ -88,7 +88,8 @@ class Tree:
 
     def with_lookup(self, count: int) -> Tree:
         """This tree plus a lookup chain of ``count`` nodes, named ``NAME+lookup-count``."""
-        base = self.name.split("+lookup-")[0]
+        parts = split_lookup(self.name)
+        base = parts[0] if parts and parts[0] else self.name
         return Tree(name=f"{base}+lookup-{count}" if count else base, paths=self.paths, lookup=count)
 
     @classmethod
