@@ -55,7 +55,7 @@ class PlanInputs:
 
 def request_for(settings: ChatSettings, turns: int | None = None) -> PlanRequest:
     return PlanRequest(turns=turns or settings.turns, prefer=settings.prefer, precision=settings.precision,
-                       reply_tokens=settings.max_reply_tokens)
+                       reply_tokens=settings.max_reply_tokens, sampling=settings.temperature > 0)
 
 
 def make_plan(inputs: PlanInputs, settings: ChatSettings) -> Plan:

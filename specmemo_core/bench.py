@@ -285,8 +285,9 @@ def predicted_memory(model: Any, heads: Any, tree: Any, precision: str, device_k
 
     shape = ModelShape.from_spec(model.spec)
     nodes, depth = (tree.num_nodes, tree.depth) if tree is not None else (1, 0)
+    widest = tree.widest_drafting_level if tree is not None else None
     heads_shape = HeadsShape.from_spec(heads.spec) if (heads is not None and nodes > 1) else None
-    terms = _fixed_bytes(shape, heads_shape, precision, device_kind, BENCH_CONTEXT, nodes, depth)
+    terms = _fixed_bytes(shape, heads_shape, precision, device_kind, BENCH_CONTEXT, nodes, depth, widest)
     return terms["tree_buffers"], sum(terms.values())
 
 

@@ -322,7 +322,7 @@ def _tree_option(name: str, options, record, heads_folder):
         accepted = expected_accepted(tree, {tuple(p): r for p, r in record["paths"]})
     else:
         accepted = prior_expected_accepted(tree)
-    return TreeOption(name, tree.num_nodes, tree.depth, accepted)
+    return TreeOption(name, tree.num_nodes, tree.depth, accepted, tree.widest_drafting_level)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

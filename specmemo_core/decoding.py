@@ -199,7 +199,7 @@ class Decoder:
         new_ids = self._reuse_prefix(prompt_ids)
         t0 = time.perf_counter()
         last_hidden, draft_state = self._prefill(new_ids)
-        first = self._pick(self.model.logits(last_hidden)[None], config, gen)[0]
+        first = self._pick(last_hidden[None], config, gen)[0]
         state = _State(root=int(first), hidden=draft_state)
         emitted = 1
         stop = first in config.stop_token_ids
@@ -234,8 +234,7 @@ class Decoder:
                               self.cache.length)  # [N]
         past = self.cache.length
         hidden = self._run(tokens, buf.depths, buf.attn_mask)  # [N, D]
-        logits = self.model.logits(hidden)  # [N, V]
-        path, picks = self._accept(tokens, logits, buf.retrieve_indices, config, gen)  # path: [A] node ids
+        path, picks = self._accept(tokens, hidden, buf.retrieve_indices, config, gen)  # path: [A] node ids
         self.cache.commit(path)
         path_list = path.tolist()
         token_list = tokens.tolist()
@@ -253,35 +252,41 @@ class Decoder:
         hidden = self._run(tokens, torch.zeros(1, dtype=torch.long, device=device))
         self.cache.commit_prefix(1)
         self.history.append(state.root)
-        nxt = int(self._pick(self.model.logits(hidden), config, gen)[0])
+        nxt = int(self._pick(hidden, config, gen)[0])
         self._nodes_used = 1
         return [nxt], _State(root=nxt, hidden=self._contextualize(hidden, past)[0])
 
     _nodes_used: int = 1
 
     # -- acceptance ------------------------------------------------------------
-    @staticmethod
-    def _pick(logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> list[int]:
-        """The base model's own choice at each row: argmax, or a sample at temperature > 0."""
+    def _pick(self, hidden: torch.Tensor, config: GenerationConfig, gen: torch.Generator,
+              logits: torch.Tensor | None = None) -> list[int]:
+        """The base model's own choice after each hidden state [T, D]: the argmax (without
+        full logits: ``CausalLM.greedy_picks``), or at temperature > 0 a sample from
+        ``logits`` (computed here when not given)."""
         if config.temperature == 0.0:
-            return logits.argmax(-1).tolist()
+            return self.model.greedy_picks(hidden).tolist()
+        if logits is None:
+            logits = self.model.logits(hidden)
         probs = torch.softmax(logits.float() / config.temperature, dim=-1).cpu()
         return torch.multinomial(probs, 1, generator=gen)[:, 0].tolist()
 
     def _accept(
-        self, tokens: torch.Tensor, logits: torch.Tensor, retrieve: torch.Tensor,
+        self, tokens: torch.Tensor, hidden: torch.Tensor, retrieve: torch.Tensor,
         config: GenerationConfig, gen: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the accepted path (node ids, root first) and each node's own pick.
 
-        tokens: [N], logits: [N, V], retrieve: [L, depth+1] (-1 padded).
+        tokens: [N], hidden: [N, D] (the verify forward's), retrieve: [L, depth+1] (-1 padded).
+        Greedy needs no [N, V] logits; typical acceptance needs every node's distribution.
         """
         nodes = retrieve.clamp(min=0)  # [L, d+1]
         drafts = tokens[nodes[:, 1:]]  # [L, d] token at each child along each path
         if config.temperature == 0.0:
-            picks = logits.argmax(-1)  # [N]
+            picks = self.model.greedy_picks(hidden)  # [N]
             ok = drafts == picks[nodes[:, :-1]]  # [L, d] child equals parent's argmax
         else:
+            logits = self.model.logits(hidden)  # [N, V]
             probs = torch.softmax(logits.float() / config.temperature, dim=-1)  # [N, V]
             entropy = -(probs * torch.log(probs.clamp_min(1e-10))).sum(-1)  # [N]
             threshold = torch.minimum(
@@ -290,6 +295,6 @@ class Decoder:
             parent = nodes[:, :-1]
             p_child = probs[parent, drafts]  # [L, d]
             ok = p_child > threshold[parent]
-            picks = torch.tensor(self._pick(logits, config, gen), device=logits.device)
+            picks = torch.tensor(self._pick(hidden, config, gen, logits), device=logits.device)
         row, count = longest_accepted(ok, retrieve)
         return row[: int(count)], picks

@@ -17,6 +17,9 @@ from typing import Any
 from .errors import SpecMemoError
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# LM-head rows scored at once where only the argmax is needed (``model.CausalLM.greedy_picks``);
+# here, not in model.py, so that the memory model and the planner stay free of torch
+PICK_ROWS = 16384
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 QUANT_SCALE_BYTES = 2  # int4 scales / zero points are stored in 16 bits
 INT8_ROW_BYTES = 5  # torchao's int8 rows: a float32 scale and an int8 zero point each
@@ -167,20 +170,32 @@ def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:
     return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens * activation_bytes(precision)
 
 
-def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: str, depth: int = 4) -> int:
-    """What one verify step keeps besides the KV cache.
+def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: str, depth: int = 4,
+                      drafted: int | None = None, sampling: bool = False, whole_head: bool = False) -> int:
+    """What one verify step keeps besides the KV cache and the forward's activations.
 
-    logits N × V × b (the verify step's full-vocabulary scores), draft logits
-    ``depth`` levels × ≤N × V × b, candidates and picks 2 × N × 8, retrieval indices
-    N × (depth + 1) × 8, the ancestor mask N × N and the attention mask N × (S + N)
-    (1 byte each), and the final hidden states N × D × b. A lookup chain's nodes are
-    counted like the heads' (no draft logits exist for them: a safe overestimate of
-    chain × V × b), and the cache's token ids (8 bytes a slot) are left out: kilobytes.
+    The base model's scores: greedy keeps one block of the LM head's, N × R × b with
+    R = min(V, ``PICK_ROWS``) (``CausalLM.greedy_picks``), or R = V where the head is
+    scored whole (``whole_head``: packed for oneDNN on CPU, or quantized); typical
+    acceptance (``sampling``) keeps every node's distribution: the logits N × V × b and
+    three fp32 N × V temporaries (probabilities, their log, the product summed for the
+    entropy). The heads' draft logits: ``drafted`` rows × V × b (None: N): Medusa heads
+    score all K heads on one state (K rows), chained heads one level's states at a time
+    (the widest drafting level), a tree the heads do not draft none. Candidates and picks
+    2 × N × 8, retrieval indices N × (depth + 1) × 8, the ancestor mask N × N and the
+    attention mask N × (S + N) (1 byte each), and the final hidden states N × D × b.
+    Drafting through a smaller vocabulary (``HeadsShape.draft_vocab``) is still counted at
+    V: a safe overestimate. The cache's token ids (8 bytes a slot) are left out: kilobytes.
     """
     b = activation_bytes(precision)
+    v = shape.vocab_size
+    per_score = b + 12 if sampling else b
+    rows = v if (sampling or whole_head) else min(v, PICK_ROWS)
+    scores = nodes * rows * per_score
     if nodes <= 1:
-        return shape.vocab_size * b + shape.hidden_size * b + context + 1
-    return (nodes * shape.vocab_size * b * 2 + 2 * nodes * 8 + nodes * (depth + 1) * 8
+        return scores + shape.hidden_size * b + context + 1
+    drafts = (nodes if drafted is None else drafted) * v * b
+    return (scores + drafts + 2 * nodes * 8 + nodes * (depth + 1) * 8
             + nodes * nodes + nodes * (context + nodes) + nodes * shape.hidden_size * b)
 
 

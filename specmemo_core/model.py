@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
+from .memory import PICK_ROWS
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -349,3 +350,21 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [..., V]
+
+    def greedy_picks(self, hidden: torch.Tensor, rows: int = PICK_ROWS) -> torch.Tensor:
+        """``logits(hidden).argmax(-1)`` [T] without holding the [T, V] logits.
+
+        Why: greedy verification needs one token per tree node, and the full logits were
+        a tree step's largest buffer (64 nodes × 49,152 × 2 bytes = 6.3 MB for the default
+        model in bf16). The LM head's rows are scored ``rows`` at a time, one matmul
+        per block (the weight is still read once), each block keeping its best; ties go
+        to the lowest token id, as argmax's do. A packed or quantized head (no plain rows
+        to slice) and a bias are scored whole."""
+        head = self.lm_head
+        if not _plain_weight(head) or head.bias is not None or head.out_features <= rows:
+            return head(hidden).argmax(-1)
+        blocks = [F.linear(hidden, head.weight[lo:lo + rows]).max(-1) for lo in range(0, head.out_features, rows)]
+        values = torch.stack([b.values for b in blocks])  # [B, T]
+        best = values.argmax(0, keepdim=True)  # [1, T] the first block holding the maximum
+        ids = torch.stack([b.indices for b in blocks]).gather(0, best)  # [1, T] within that block
+        return (ids + best * rows)[0]

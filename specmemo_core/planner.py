@@ -70,6 +70,7 @@ class PlanRequest:
     precision: str | None = None  # None: the planner chooses
     safety_margin: float = 0.10  # of free memory, left unused
     max_tree_nodes: int = 64
+    sampling: bool = False  # temperature > 0: typical acceptance keeps every node's distribution
 
     def __post_init__(self) -> None:
         if not isinstance(self.turns, int) or self.turns < 1:
@@ -88,12 +89,14 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class TreeOption:
-    """A candidate tree: its size, depth and expected tokens per verify step."""
+    """A candidate tree: its size, depth, expected tokens per verify step, and its widest
+    drafting level (``Tree.widest_drafting_level``; None: as many as its nodes)."""
 
     name: str
     nodes: int
     depth: int
     expected_accepted: float
+    widest: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,13 +124,17 @@ StepTime = Callable[[int, int], float]  # (tree nodes, depth) -> seconds per ver
 
 
 def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, kind: str,
-                 kv_tokens: int, nodes: int, depth: int) -> dict[str, int]:
+                 kv_tokens: int, nodes: int, depth: int, widest: int | None = None,
+                 sampling: bool = False) -> dict[str, int]:
     chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
     terms = {
         "weights": weight_bytes(model, precision, device_kind=kind),
         "heads": heads_bytes(heads, model, precision, kv_tokens + nodes) if nodes > 1 else 0,
         "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
-        "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth),
+        # on CPU the LM head is packed for oneDNN (fp32) and scored whole
+        "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth,
+                                          _drafted_rows(heads, nodes, depth, widest), sampling,
+                                          whole_head=kind == "cpu"),
         "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),
                            activation_peak_bytes(model, nodes, kv_tokens + nodes, precision, kind)),
     }
@@ -147,12 +154,21 @@ def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], b
     return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
 
 
+def _drafted_rows(heads: HeadsShape | None, nodes: int, depth: int, widest: int | None) -> int:
+    """Rows of draft logits a step holds at once: Medusa heads score all their heads on
+    one state, chained (Hydra) heads one level's states; none where the heads draft nothing."""
+    if heads is None or depth == 0 or nodes <= 1:
+        return 0
+    return heads.num_heads if heads.kind == "medusa" else (nodes if widest is None else widest)
+
+
 def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
             trees: Sequence[TreeOption], precision: str, step_time: StepTime | None) -> Plan:
     """The plan at one precision (fits=False if even a plain step with the turns does not fit)."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     want_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
-    base = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, 1, 0)
+    sampling = request.sampling
+    base = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, 1, 0, sampling=sampling)
     if sum(base.values()) > usable:
         return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable)
     spare = usable - sum(base.values())
@@ -161,20 +177,21 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     options = [t for t in trees if t.nodes <= request.max_tree_nodes and (heads is not None or t.depth == 0)]
 
     def afford(t: TreeOption) -> bool:
-        extra = sum(_fixed_bytes(model, heads, precision, budget.kind, want_tokens, t.nodes, t.depth).values())
+        extra = sum(_fixed_bytes(model, heads, precision, budget.kind, want_tokens, t.nodes, t.depth, t.widest,
+                                 sampling).values())
         return extra - sum(base.values()) <= max(speed_share, 0)
 
     tree = _choose_tree(options, afford, step_time)
-    nodes, depth = (tree.nodes, tree.depth) if tree else (1, 0)
-    terms = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, nodes, depth)
+    nodes, depth, widest = (tree.nodes, tree.depth, tree.widest) if tree else (1, 0, None)
+    terms = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, nodes, depth, widest, sampling)
     # What is left (the turns share) extends the KV cache, up to the model's context.
     per_token = kv_bytes(model, 1, precision) * 1.04  # overhead grows with it
     extra_tokens = int((usable - sum(terms.values())) // per_token)
     kv_tokens = min(model.max_context, want_tokens + max(extra_tokens, 0))
-    terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth)
+    terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth, widest, sampling)
     while sum(terms.values()) > usable and kv_tokens > want_tokens:  # rounding of the 3% term
         kv_tokens = max(want_tokens, kv_tokens - 64)
-        terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth)
+        terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth, widest, sampling)
     turns = max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn)
     speed = None
     if step_time is not None:
@@ -214,7 +231,7 @@ def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, reques
     """Nothing fits: say what would, before anything is loaded."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     precision = smallest.precision
-    fixed = _fixed_bytes(model, heads, precision, budget.kind, 0, 1, 0)
+    fixed = _fixed_bytes(model, heads, precision, budget.kind, 0, 1, 0, sampling=request.sampling)
     per_turn = kv_bytes(model, request.tokens_per_turn, precision)
     suggestions = []
     room = usable - sum(fixed.values())
@@ -256,7 +273,8 @@ def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:
         if n == 1:
             continue
         t = specmemo_pruned_tree(levels=max_depth, node_budget=n)
-        options.setdefault(t.name, TreeOption(t.name, t.num_nodes, t.depth, prior_expected_accepted(t)))
+        options.setdefault(t.name, TreeOption(t.name, t.num_nodes, t.depth, prior_expected_accepted(t),
+                                              t.widest_drafting_level))
     return list(options.values())
 
 
@@ -272,9 +290,9 @@ def tree_options(record: dict | None) -> list[TreeOption]:
     by the step time like any others, so the chain is taken where nodes are nearly free
     (a GPU replaying graphs) and left where they cost more than its extra tokens bring."""
     base = calibrated_options(record) if record else specmemo_prior_options()
-    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, t.expected_accepted + gain)
+    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, t.expected_accepted + gain, t.widest)
                for t in base for n, gain in LOOKUP_GAIN.items()]
-    alone = [TreeOption(f"lookup-{n}", n + 1, 0, accepted) for n, accepted in LOOKUP_ALONE.items()]
+    alone = [TreeOption(f"lookup-{n}", n + 1, 0, accepted, 1) for n, accepted in LOOKUP_ALONE.items()]
     return base + chained + alone
 
 
@@ -288,5 +306,6 @@ def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[
         if n <= 1:
             continue
         t = tree_from_calibration(record, n)
-        options.append(TreeOption(f"calibrated-{n}", t.num_nodes, t.depth, expected_accepted(t, rates)))
+        options.append(TreeOption(f"calibrated-{n}", t.num_nodes, t.depth, expected_accepted(t, rates),
+                                  t.widest_drafting_level))
     return options

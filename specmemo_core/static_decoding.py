@@ -187,7 +187,7 @@ class GreedyStep:
         positions, mask = self.cache.prepare(buf.depths, buf.attn_mask, self.span)
         self.cache.write_ids(tokens)
         hidden = m(tokens, positions, mask, self.cache)  # [N, D]
-        picks = m.logits(hidden).argmax(-1)  # [N]
+        picks = m.greedy_picks(hidden)  # [N], without [N, V] logits
         row, count = greedy_path(tokens, picks, buf.retrieve_indices)  # [d+1], []
         nodes = row.clamp(min=0)
         self.cache.commit_row(nodes, count)

@@ -130,6 +130,12 @@ class Tree:
     def level_counts(self) -> tuple[int, ...]:
         return _level_counts(self.paths)
 
+    @property
+    def widest_drafting_level(self) -> int:
+        """Most states one drafting level scores at once (chained heads draft level by
+        level; the last level's states are not scored): the memory model's draft rows."""
+        return max(self.level_counts[:-1], default=1)
+
     @cached_property
     def buffers(self) -> TreeBuffers:
         return build_tree_buffers(self)

@@ -67,12 +67,13 @@ def test_accept_rule_on_fixed_logits():
     model = tiny_model(seed=0, vocab_size=16)
     dec = _decoder(model, tree, random_heads(2, 64, 16))
     tokens = torch.tensor([3, 4, 5, 6])  # node order: root, a(0,), b(1,), c(0,0)
-    logits = torch.zeros(4, 16)
-    logits[0, 5] = 1.0  # root picks 5 = b
-    logits[1, 6] = 1.0  # a would pick 6 = c, but a is rejected
-    logits[2, 9] = 1.0  # b picks 9 -> bonus
-    logits[3, 1] = 1.0
-    path, picks = dec._accept(tokens, logits, tree.retrieve_indices, GenerationConfig(), None)
+    model.lm_head.weight = torch.nn.Parameter(torch.eye(16, 64))  # logits = the hidden's first 16 values
+    hidden = torch.zeros(4, 64)
+    hidden[0, 5] = 1.0  # root picks 5 = b
+    hidden[1, 6] = 1.0  # a would pick 6 = c, but a is rejected
+    hidden[2, 9] = 1.0  # b picks 9 -> bonus
+    hidden[3, 1] = 1.0
+    path, picks = dec._accept(tokens, hidden, tree.retrieve_indices, GenerationConfig(), None)
     assert path.tolist() == [0, 2]
     assert int(picks[2]) == 9
 

@@ -118,3 +118,35 @@ def test_packed_linears_are_not_fused():
     pack_linears(ours)
     assert not ours.fuse_projections()
     assert ours.model.layers[0].self_attn.qkv is None
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("rows", [7, 64, 299, 300])
+def test_greedy_picks_are_the_logits_argmax_in_blocks(rows, device):
+    """Scoring the LM head ``rows`` at a time (the last block partial) picks what the
+    full logits' argmax picks. Integer weights and states make every score exact, and
+    each weight row appears about ten times, so every best score is an exact tie, and the lowest id must win them."""
+    hf = tiny_hf_model(seed=1)
+    ours = CausalLM.from_state_dict(hf.config, hf.state_dict(), device=device)
+    g = torch.Generator().manual_seed(5)
+    distinct = torch.randint(-2, 3, (30, 64), generator=g).float()
+    weight = distinct[torch.randint(0, 30, (300,), generator=g)]  # each row ~10 times, spread over blocks
+    ours.lm_head.weight = torch.nn.Parameter(weight.to(device), requires_grad=False)
+    hidden = torch.randint(-2, 3, (40, 64), generator=g).float().to(device)
+    full = ours.logits(hidden)
+    assert ((full == full.max(-1, keepdim=True).values).sum(-1) > 1).all()  # every row has ties
+    assert torch.equal(ours.greedy_picks(hidden, rows=rows), full.argmax(-1))
+
+
+def test_a_packed_head_is_scored_whole():
+    from specmemo_core.cpu_linear import pack_linears, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN packing")
+    ours = CausalLM.from_state_dict(tiny_hf_model(seed=1).config, tiny_hf_model(seed=1).state_dict())
+    ids = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(6))
+    hidden = ours(ids, torch.arange(12), causal_mask(0, 12), ours.new_cache(16))
+    expected = ours.logits(hidden).argmax(-1)
+    pack_linears(ours)
+    assert type(ours.lm_head).__name__ == "PackedLinear"
+    assert torch.equal(ours.greedy_picks(hidden, rows=7), expected)
