@@ -90,6 +90,7 @@ class SettingsDialog(QDialog):
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
         self.temperature.setValue(s.temperature)
+        self.temperature.valueChanged.connect(self.replan)  # sampling keeps every node's distribution
         form.addRow("Temperature", self.temperature)
         self.max_reply = QSpinBox()
         self.max_reply.setRange(1, 8192)

@@ -8,10 +8,13 @@ buffers plus the forward's activations at that many nodes
 (``memory.tree_buffer_bytes`` + ``memory.activation_peak_bytes``), which this prints
 side by side. Steps: ``eager`` (``decoding.Decoder``, greedy), ``sampled`` (the same at
 temperature 0.7: typical acceptance) and ``graphs`` (``static_decoding.StaticDecoder``'s
-first step unit, captured: the graph pool keeps what the step allocates).
+first step unit, captured: the graph pool keeps what the step allocates). With
+``--captures``, also what making every span's step unit costs (``StaticDecoder.capture``)
+for a first session and for a second one that shares its capture stream, as an engine's
+sessions do.
 
     python scripts/measure_tree_buffers.py [--shape smollm2-135m] [--dtype bf16]
-        [--trees single,1-9-6-1,1-10-16-17,medusa-64] [--context 1000] [--save FILE]
+        [--trees single,1-9-6-1,1-10-16-17,medusa-64] [--context 1000] [--captures] [--save FILE]
 """
 
 from __future__ import annotations
@@ -53,12 +56,24 @@ def measured_step_bytes(model, heads, tree, context: int, how: str) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
+def capture_bytes(model, heads, tree, capacity: int, stream=None) -> tuple[int, torch.cuda.Stream]:
+    """Bytes that stay allocated after a new session's step units are made for every span."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    decoder = StaticDecoder(model, new_static_cache(model, capacity), heads, tree, graphs=True, capture_stream=stream)
+    decoder.capture()
+    torch.cuda.synchronize()
+    used = torch.cuda.memory_allocated() - before - decoder.cache.nbytes
+    return used, decoder._capture_stream
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="smollm2-135m")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--trees", default="single,1-9-6-1,1-10-16-17,medusa-64")
     ap.add_argument("--context", type=int, default=1000)
+    ap.add_argument("--captures", action="store_true", help="also measure making every span's step unit")
     ap.add_argument("--save", type=Path)
     args = ap.parse_args()
     shape = known_shape(args.shape)
@@ -76,7 +91,7 @@ def main() -> None:
         for how, temperature in STEPS.items():
             buffers = tree_buffer_bytes(shape, nodes, context, args.dtype, depth,
                                         _drafted_rows(heads_shape if tree else None, nodes, depth, widest),
-                                        sampling=temperature > 0)
+                                        sampling=temperature > 0, draft_vocab=heads_shape.draft_vocab)
             activations = activation_peak_bytes(shape, nodes, context, args.dtype, "cuda")
             measured = measured_step_bytes(model, heads if tree is not None else None, tree, args.context, how)
             row = {"tree": name, "nodes": nodes, "step": how, "measured_bytes": measured,
@@ -85,8 +100,17 @@ def main() -> None:
                    "error": round((buffers + activations - measured) / max(measured, 1), 3)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    captures = {}
+    if args.captures:
+        tree = load_tree("1-10-16-17")
+        first, stream = capture_bytes(model, heads, tree, 4096 + tree.num_nodes)
+        second, _ = capture_bytes(model, heads, tree, 4096 + tree.num_nodes, stream)
+        captures = {"tree": tree.name, "spans": len(new_static_cache(model, 4096 + tree.num_nodes).spans()),
+                    "first_session_bytes": first, "second_session_same_stream_bytes": second}
+        print(json.dumps(captures), flush=True)
     out = {"shape": args.shape, "dtype": args.dtype, "context": args.context,
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+           "captures": captures}
     if args.save:
         args.save.write_text(json.dumps(out, indent=1))
 

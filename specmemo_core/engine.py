@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,6 +72,7 @@ class Engine:
     heads: DraftHeads | None
     tree: Tree | None
     heads_folder: Path | None = None  # where the heads (and their calibration.json) came from
+    capture_stream: Any = field(default=None, repr=False)  # CUDA graphs of every session: see StaticDecoder
 
     @classmethod
     def load(
@@ -149,8 +150,10 @@ class Engine:
         if graphs:
             from .static_decoding import StaticDecoder, new_static_cache
 
+            if self.capture_stream is None and self.model.device.type == "cuda":
+                self.capture_stream = torch.cuda.Stream(self.model.device)
             decoder: Decoder = StaticDecoder(self.model, new_static_cache(self.model, capacity + scratch), heads, tree,
-                                             graphs=True)
+                                             graphs=True, capture_stream=self.capture_stream)
         else:
             decoder = Decoder(self.model, self.model.new_cache(capacity + scratch), heads, tree)
         return ChatSession(decoder, self.tokenizer, end_of_turn_ids(self.tokenizer, self.config), system_prompt)

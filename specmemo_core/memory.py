@@ -171,7 +171,8 @@ def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:
 
 
 def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: str, depth: int = 4,
-                      drafted: int | None = None, sampling: bool = False, whole_head: bool = False) -> int:
+                      drafted: int | None = None, sampling: bool = False, whole_head: bool = False,
+                      draft_vocab: int = 0) -> int:
     """What one verify step keeps besides the KV cache and the forward's activations.
 
     The base model's scores: greedy keeps one block of the LM head's, N × R × b with
@@ -179,13 +180,13 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
     scored whole (``whole_head``: packed for oneDNN on CPU, or quantized); typical
     acceptance (``sampling``) keeps every node's distribution: the logits N × V × b and
     three fp32 N × V temporaries (probabilities, their log, the product summed for the
-    entropy). The heads' draft logits: ``drafted`` rows × V × b (None: N): Medusa heads
-    score all K heads on one state (K rows), chained heads one level's states at a time
-    (the widest drafting level), a tree the heads do not draft none. Candidates and picks
+    entropy). The heads' draft logits: ``drafted`` rows × V' × b (None: N rows; V' the
+    heads' drafting vocabulary, ``draft_vocab``, or V): Medusa heads score all K heads on
+    one state (K rows), chained heads one level's states at a time (the widest drafting
+    level), a tree the heads do not draft none. Candidates and picks
     2 × N × 8, retrieval indices N × (depth + 1) × 8, the ancestor mask N × N and the
     attention mask N × (S + N) (1 byte each), and the final hidden states N × D × b.
-    Drafting through a smaller vocabulary (``HeadsShape.draft_vocab``) is still counted at
-    V: a safe overestimate. The cache's token ids (8 bytes a slot) are left out: kilobytes.
+    The cache's token ids (8 bytes a slot) are left out: kilobytes.
     """
     b = activation_bytes(precision)
     v = shape.vocab_size
@@ -194,7 +195,7 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
     scores = nodes * rows * per_score
     if nodes <= 1:
         return scores + shape.hidden_size * b + context + 1
-    drafts = (nodes if drafted is None else drafted) * v * b
+    drafts = (nodes if drafted is None else drafted) * (draft_vocab or v) * b
     return (scores + drafts + 2 * nodes * 8 + nodes * (depth + 1) * 8
             + nodes * nodes + nodes * (context + nodes) + nodes * shape.hidden_size * b)
 

@@ -134,7 +134,7 @@ def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, ki
         # on CPU the LM head is packed for oneDNN (fp32) and scored whole
         "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth,
                                           _drafted_rows(heads, nodes, depth, widest), sampling,
-                                          whole_head=kind == "cpu"),
+                                          whole_head=kind == "cpu", draft_vocab=_draft_vocab(heads)),
         "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),
                            activation_peak_bytes(model, nodes, kv_tokens + nodes, precision, kind)),
     }
@@ -160,6 +160,12 @@ def _drafted_rows(heads: HeadsShape | None, nodes: int, depth: int, widest: int 
     if heads is None or depth == 0 or nodes <= 1:
         return 0
     return heads.num_heads if heads.kind == "medusa" else (nodes if widest is None else widest)
+
+
+def _draft_vocab(heads: HeadsShape | None) -> int:
+    """Columns of the heads' draft logits: chained heads may draft through the LM head's
+    most frequent rows only (``HeadsShape.draft_vocab``); 0: the whole vocabulary."""
+    return heads.draft_vocab if heads is not None and heads.kind == "hydra" else 0
 
 
 def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,

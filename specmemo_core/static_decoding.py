@@ -130,11 +130,13 @@ class StaticKVCache(KVCache):
         self.length_t.zero_()
 
 
-def capture_graph(run, warmup: int = 2, pool=None):
+def capture_graph(run, warmup: int = 2, pool=None, stream: torch.cuda.Stream | None = None):
     """Capture ``run()`` as a CUDA graph after ``warmup`` runs on a side stream (as capture
     requires); returns the graph and the outputs of the captured run, which every replay
-    rewrites in place. ``pool``: a memory pool shared with other graphs."""
-    stream = torch.cuda.Stream()
+    rewrites in place. ``pool``: a memory pool shared with other graphs. ``stream``: the
+    side stream (None: a new one). Share one between captures: cuBLAS keeps a workspace
+    for every stream it has run on (32 MiB each on an H200), for the life of the process."""
+    stream = stream or torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -163,7 +165,7 @@ class GreedyStep:
 
     def __init__(self, model, cache: StaticKVCache, buffers, heads=None, context=None,
                  context_cache: StaticKVCache | None = None, capture: bool = False, warmup: int = 2,
-                 span: int | None = None, pool=None) -> None:
+                 span: int | None = None, pool=None, stream: torch.cuda.Stream | None = None) -> None:
         self.model, self.cache, self.buffers, self.heads = model, cache, buffers, heads
         self.context, self.context_cache = context, context_cache
         device = cache.k.device
@@ -176,7 +178,7 @@ class GreedyStep:
         if capture:
             caches = [c for c in (cache, context_cache) if c is not None]
             lengths = [c.length_t.clone() for c in caches]
-            self.graph, self.out = capture_graph(self._run, warmup, pool)
+            self.graph, self.out = capture_graph(self._run, warmup, pool, stream)
             for c, length in zip(caches, lengths):  # the warm-up runs committed: undo that
                 c.length_t.copy_(length)
 
@@ -244,6 +246,9 @@ class StaticDecoder(Decoder):
     a CUDA device (``graphs``); other steps run as in ``Decoder``."""
 
     graphs: bool = False
+    # the side stream its graphs are captured on (None: its own); sessions of one engine
+    # share one, as cuBLAS keeps a workspace per stream for the life of the process
+    capture_stream: torch.cuda.Stream | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cache, StaticKVCache):
@@ -252,8 +257,11 @@ class StaticDecoder(Decoder):
         self._steps: dict[tuple[int, int], GreedyStep] = {}  # by (tree nodes, span)
         self._single = load_tree("single").buffers.to(self.model.device)
         # one memory pool for every unit's graph: they never run at once, and nothing a
-        # graph allocates outlives its replay (roots, states and caches live outside)
-        self._pool = torch.cuda.graph_pool_handle() if self.model.device.type == "cuda" else None
+        # graph allocates outlives its replay (roots, states and caches live outside);
+        # one side stream to capture them all (see capture_graph)
+        cuda = self.model.device.type == "cuda"
+        self._pool = torch.cuda.graph_pool_handle() if cuda else None
+        self._capture_stream = self.capture_stream or (torch.cuda.Stream(self.model.device) if cuda else None)
 
     def _new_context_cache(self) -> StaticKVCache:
         """The heads' context layer gets a static cache too."""
@@ -276,7 +284,7 @@ class StaticDecoder(Decoder):
         if (n, span) not in self._steps:
             self._steps[n, span] = GreedyStep(self.model, self.cache, buffers, heads, self._context,
                                               self._context_cache, capture=self.model.device.type == "cuda",
-                                              span=span, pool=self._pool)
+                                              span=span, pool=self._pool, stream=self._capture_stream)
         return self._steps[n, span]
 
     @torch.inference_mode()

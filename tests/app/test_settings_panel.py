@@ -25,6 +25,20 @@ def test_slider_replans_live(qtbot):
     assert dialog.settings().prefer == 1.0 and dialog.settings().precision == "int4"
 
 
+def test_temperature_replans_with_room_for_sampling(qtbot):
+    """Typical acceptance keeps every tree node's distribution, greedy one block of scores:
+    raising the temperature above 0 re-plans with larger tree buffers."""
+    dialog = SettingsDialog(ChatSettings(prefer=1.0), fake_inputs())
+    qtbot.addWidget(dialog)
+    greedy = dialog.plan
+    assert greedy.tree is not None
+    dialog.temperature.setValue(0.7)
+    sampled = dialog.plan
+    assert sampled is not greedy and sampled.fits
+    assert sampled.predicted_bytes["tree_buffers"] > greedy.predicted_bytes["tree_buffers"] * (sampled.tree_nodes
+                                                                                                / greedy.tree_nodes)
+
+
 def test_plan_says_what_fits(qtbot):
     small = SettingsDialog(ChatSettings(), fake_inputs(free=2**30))
     qtbot.addWidget(small)

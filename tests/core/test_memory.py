@@ -75,7 +75,23 @@ def test_tree_buffers_grow_with_nodes():
     s = known_shape("smollm2-135m")
     small, big = tree_buffer_bytes(s, 16, 1000, "fp32"), tree_buffer_bytes(s, 64, 1000, "fp32")
     assert big > 3.5 * small
-    assert tree_buffer_bytes(s, 64, 1000, "fp32") >= 64 * 49152 * 4  # the verify logits alone
+    assert tree_buffer_bytes(s, 64, 1000, "fp32", sampling=True) >= 64 * 49152 * (4 + 12)  # logits, fp32 probs
+
+
+def test_greedy_steps_hold_one_block_of_scores_and_the_heads_draft_rows():
+    """Greedy verification keeps PICK_ROWS of the LM head's scores per node (a packed CPU
+    head all of them), typical acceptance every node's logits and three fp32 copies; the
+    heads' draft logits are their rows × the drafting vocabulary."""
+    from specmemo_core.memory import PICK_ROWS
+
+    s, n = known_shape("smollm2-135m"), 64
+    greedy = tree_buffer_bytes(s, n, 1000, "bf16", drafted=0)
+    whole = tree_buffer_bytes(s, n, 1000, "bf16", drafted=0, whole_head=True)
+    sampled = tree_buffer_bytes(s, n, 1000, "bf16", drafted=0, sampling=True)
+    assert whole - greedy == n * (49152 - PICK_ROWS) * 2
+    assert sampled - whole == n * 49152 * 12
+    assert tree_buffer_bytes(s, n, 1000, "bf16", drafted=28, draft_vocab=8192) - greedy == 28 * 8192 * 2
+    assert tree_buffer_bytes(s, n, 1000, "bf16", drafted=4) - greedy == 4 * 49152 * 2
 
 
 def test_unknown_names_are_refused():

@@ -164,3 +164,18 @@ def test_a_model_without_heads_can_still_speculate_with_a_lookup_chain():
     # each node half a plain step: a 4-node chain costs 2.5 steps for ~1.5 tokens
     steep = plan(budget, smol, None, PlanRequest(), trees, linear_step_time(0.035, 0.035 * 32.5, 64, 0.002))
     assert steep.tree is None
+
+
+def test_sampling_plans_room_for_every_nodes_distribution():
+    """At temperature > 0 typical acceptance keeps each node's fp32 distribution: the same
+    tree then needs more buffer memory, and the same budget holds fewer KV tokens."""
+    smol = known_shape("smollm2-135m")
+    trees = [t for t in calibrated_options(json.loads(CALIBRATION.read_text())) if t.name == "calibrated-64"]
+    budget = Budget("cuda", 2 * GiB, int(0.95 * GiB))
+    greedy = plan(budget, smol, HYDRA, PlanRequest(turns=2, prefer=1.0), trees)
+    sampled = plan(budget, smol, HYDRA, PlanRequest(turns=2, prefer=1.0, sampling=True), trees)
+    assert greedy.tree == sampled.tree == "calibrated-64"
+    extra = sampled.predicted_bytes["tree_buffers"] - greedy.predicted_bytes["tree_buffers"]
+    assert extra >= 64 * smol.vocab_size * 12
+    assert sampled.kv_tokens < greedy.kv_tokens
+    assert sampled.total_bytes <= sampled.budget_bytes
