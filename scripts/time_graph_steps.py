@@ -39,9 +39,15 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     for _ in range(3):  # warm up
         step._run()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
         step._run()
         torch.cuda.synchronize()
+    # the operators that launch kernels, by calls: where a tree step's extra kernels come from
+    ops = sorted(((e.key, e.count, round(e.self_device_time_total, 1)) for e in prof.key_averages()
+                  if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CPU),
+                 key=lambda o: -o[1])
+    print(json.dumps({"ops_by_calls": ops[:30]}), flush=True)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for e in kernels:

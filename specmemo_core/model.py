@@ -121,10 +121,14 @@ class RMSNorm(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [..., T, hd]; cos, signed sin: [T, hd] from ``rope_tables`` (rotate-half
-    convention, as HF checkpoints use): x·cos + (x₂, x₁)·(−sin, sin)."""
+    convention, as HF checkpoints use): x·cos + (x₂, x₁)·(−sin, sin).
+
+    The result is contiguous whatever x's strides (``cat`` makes ``rotated`` so, and the
+    other two kernels write into it): ``Attention`` passes a transposed view of its
+    projections, and its query regrouping is then a view, not a copy per layer."""
     half = x.shape[-1] // 2
     rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos, rotated, sin)
+    return rotated.mul_(sin).addcmul_(x, cos)
 
 
 def attention_bias(mask: torch.Tensor, spec: ModelSpec, dtype: torch.dtype) -> torch.Tensor:
