@@ -98,13 +98,13 @@ class Method:
 
 # -- runners ------------------------------------------------------------------
 def ours_runner(model: Any, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], heads: Any,
-                tree: Any, max_new_tokens: int, graphs: bool = False) -> Callable[[], Pass]:
+                tree: Any, max_new_tokens: int, graphs: bool = False, capture_stream: Any = None) -> Callable[[], Pass]:
     """Our decoder (plain when ``tree`` is None) over the conversations, via evaluate.run_conversations;
-    ``graphs``: the static-shape decoder (CUDA graphs on a GPU)."""
+    ``graphs``: the static-shape decoder (CUDA graphs on a GPU, captured on ``capture_stream``)."""
 
     def run() -> Pass:
         r = run_conversations(model, tokenizer, config, conversations, heads if tree is not None else None, tree,
-                              max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs)
+                              max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, capture_stream=capture_stream)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
 
     return run
@@ -327,8 +327,9 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
 
     def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
+        # every pass of every method captures on the engine's one stream, as the app's sessions do
         run = ours_runner(engine.model, engine.tokenizer, engine.config, conversations, engine.heads, tree,
-                          max_new_tokens, graphs)
+                          max_new_tokens, graphs, engine.graph_capture_stream())
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
 

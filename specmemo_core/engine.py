@@ -72,7 +72,7 @@ class Engine:
     heads: DraftHeads | None
     tree: Tree | None
     heads_folder: Path | None = None  # where the heads (and their calibration.json) came from
-    capture_stream: Any = field(default=None, repr=False)  # CUDA graphs of every session: see StaticDecoder
+    capture_stream: Any = field(default=None, repr=False)  # made by graph_capture_stream()
 
     @classmethod
     def load(
@@ -134,6 +134,15 @@ class Engine:
     def speculative(self) -> bool:
         return self.tree is not None and self.tree.speculates(self.heads)
 
+    def graph_capture_stream(self) -> torch.cuda.Stream | None:
+        """The side stream every CUDA graph of this engine's sessions is captured on (made
+        once; None off CUDA). cuBLAS keeps a workspace for each stream it has run on, for
+        the life of the process (32 MiB on an H200): a stream per session would add one
+        for every new chat."""
+        if self.capture_stream is None and self.model.device.type == "cuda":
+            self.capture_stream = torch.cuda.Stream(self.model.device)
+        return self.capture_stream
+
     def new_session(
         self, capacity: int = DEFAULT_CAPACITY, system_prompt: str | None = None, speculate: bool = True,
         graphs: bool | None = None,
@@ -150,10 +159,8 @@ class Engine:
         if graphs:
             from .static_decoding import StaticDecoder, new_static_cache
 
-            if self.capture_stream is None and self.model.device.type == "cuda":
-                self.capture_stream = torch.cuda.Stream(self.model.device)
             decoder: Decoder = StaticDecoder(self.model, new_static_cache(self.model, capacity + scratch), heads, tree,
-                                             graphs=True, capture_stream=self.capture_stream)
+                                             graphs=True, capture_stream=self.graph_capture_stream())
         else:
             decoder = Decoder(self.model, self.model.new_cache(capacity + scratch), heads, tree)
         return ChatSession(decoder, self.tokenizer, end_of_turn_ids(self.tokenizer, self.config), system_prompt)
