@@ -29,7 +29,6 @@ from specmemo_core.decoding import Decoder, GenerationConfig
 from specmemo_core.heads import load_heads
 from specmemo_core.memory import HeadsShape, activation_peak_bytes, known_shape, tree_buffer_bytes
 from specmemo_core.plan_check import random_model
-from specmemo_core.planner import _drafted_rows
 from specmemo_core.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.tree import load_tree
 
@@ -89,9 +88,8 @@ def main() -> None:
         widest = tree.widest_drafting_level if tree is not None else None
         context = args.context + nodes
         for how, temperature in STEPS.items():
-            buffers = tree_buffer_bytes(shape, nodes, context, args.dtype, depth,
-                                        _drafted_rows(heads_shape if tree else None, nodes, depth, widest),
-                                        sampling=temperature > 0, draft_vocab=heads_shape.draft_vocab)
+            buffers = tree_buffer_bytes(shape, nodes, context, args.dtype, depth, heads_shape if tree else None,
+                                        widest, sampling=temperature > 0)
             activations = activation_peak_bytes(shape, nodes, context, args.dtype, "cuda")
             measured = measured_step_bytes(model, heads if tree is not None else None, tree, args.context, how)
             row = {"tree": name, "nodes": nodes, "step": how, "measured_bytes": measured,

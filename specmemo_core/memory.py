@@ -171,8 +171,8 @@ def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:
 
 
 def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: str, depth: int = 4,
-                      drafted: int | None = None, sampling: bool = False, whole_head: bool = False,
-                      draft_vocab: int = 0) -> int:
+                      heads: HeadsShape | None = None, widest: int | None = None, sampling: bool = False,
+                      whole_head: bool = False) -> int:
     """What one verify step keeps besides the KV cache and the forward's activations.
 
     The base model's scores: greedy keeps one block of the LM head's, N × R × b with
@@ -180,10 +180,8 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
     scored whole (``whole_head``: packed for oneDNN on CPU, or quantized); typical
     acceptance (``sampling``) keeps every node's distribution: the logits N × V × b and
     three fp32 N × V temporaries (probabilities, their log, the product summed for the
-    entropy). The heads' draft logits: ``drafted`` rows × V' × b (None: N rows; V' the
-    heads' drafting vocabulary, ``draft_vocab``, or V): Medusa heads score all K heads on
-    one state (K rows), chained heads one level's states at a time (the widest drafting
-    level), a tree the heads do not draft none. Candidates and picks
+    entropy). The ``heads``' draft logits: rows × V' × b (``draft_rows``; V' their drafting
+    vocabulary, or V), none without heads. Candidates and picks
     2 × N × 8, retrieval indices N × (depth + 1) × 8, the ancestor mask N × N and the
     attention mask N × (S + N) (1 byte each), and the final hidden states N × D × b.
     The cache's token ids (8 bytes a slot) are left out: kilobytes.
@@ -195,9 +193,20 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
     scores = nodes * rows * per_score
     if nodes <= 1:
         return scores + shape.hidden_size * b + context + 1
-    drafts = (nodes if drafted is None else drafted) * (draft_vocab or v) * b
+    vocab = heads.draft_vocab if heads is not None and heads.kind == "hydra" and heads.draft_vocab else v
+    drafts = draft_rows(heads, nodes, depth, widest) * vocab * b
     return (scores + drafts + 2 * nodes * 8 + nodes * (depth + 1) * 8
             + nodes * nodes + nodes * (context + nodes) + nodes * shape.hidden_size * b)
+
+
+def draft_rows(heads: HeadsShape | None, nodes: int, depth: int, widest: int | None = None) -> int:
+    """Rows of draft logits a step holds at once: Medusa heads score all K heads on one
+    state (K rows), chained (Hydra) heads one level's states at a time (the ``widest``
+    drafting level, ``Tree.widest_drafting_level``; None: as many as the nodes); none
+    without heads or for a tree they do not draft (a lookup chain alone)."""
+    if heads is None or depth == 0 or nodes <= 1:
+        return 0
+    return heads.num_heads if heads.kind == "medusa" else (nodes if widest is None else widest)
 
 
 def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precision: str,

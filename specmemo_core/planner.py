@@ -132,9 +132,8 @@ def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, ki
         "heads": heads_bytes(heads, model, precision, kv_tokens + nodes) if nodes > 1 else 0,
         "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
         # on CPU the LM head is packed for oneDNN (fp32) and scored whole
-        "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth,
-                                          _drafted_rows(heads, nodes, depth, widest), sampling,
-                                          whole_head=kind == "cpu", draft_vocab=_draft_vocab(heads)),
+        "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth, heads, widest,
+                                          sampling, whole_head=kind == "cpu"),
         "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),
                            activation_peak_bytes(model, nodes, kv_tokens + nodes, precision, kind)),
     }
@@ -152,20 +151,6 @@ def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], b
     plain = 1.0 / step_time(1, 0)
     best = max(fitting, key=lambda t: (t.expected_accepted / step_time(t.nodes, t.depth), -t.nodes))
     return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
-
-
-def _drafted_rows(heads: HeadsShape | None, nodes: int, depth: int, widest: int | None) -> int:
-    """Rows of draft logits a step holds at once: Medusa heads score all their heads on
-    one state, chained (Hydra) heads one level's states; none where the heads draft nothing."""
-    if heads is None or depth == 0 or nodes <= 1:
-        return 0
-    return heads.num_heads if heads.kind == "medusa" else (nodes if widest is None else widest)
-
-
-def _draft_vocab(heads: HeadsShape | None) -> int:
-    """Columns of the heads' draft logits: chained heads may draft through the LM head's
-    most frequent rows only (``HeadsShape.draft_vocab``); 0: the whole vocabulary."""
-    return heads.draft_vocab if heads is not None and heads.kind == "hydra" else 0
 
 
 def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,

@@ -85,13 +85,16 @@ def test_greedy_steps_hold_one_block_of_scores_and_the_heads_draft_rows():
     from specmemo_core.memory import PICK_ROWS
 
     s, n = known_shape("smollm2-135m"), 64
-    greedy = tree_buffer_bytes(s, n, 1000, "bf16", drafted=0)
-    whole = tree_buffer_bytes(s, n, 1000, "bf16", drafted=0, whole_head=True)
-    sampled = tree_buffer_bytes(s, n, 1000, "bf16", drafted=0, sampling=True)
+    greedy = tree_buffer_bytes(s, n, 1000, "bf16")  # no heads: a lookup chain alone
+    whole = tree_buffer_bytes(s, n, 1000, "bf16", whole_head=True)
+    sampled = tree_buffer_bytes(s, n, 1000, "bf16", sampling=True)
     assert whole - greedy == n * (49152 - PICK_ROWS) * 2
     assert sampled - whole == n * 49152 * 12
-    assert tree_buffer_bytes(s, n, 1000, "bf16", drafted=28, draft_vocab=8192) - greedy == 28 * 8192 * 2
-    assert tree_buffer_bytes(s, n, 1000, "bf16", drafted=4) - greedy == 4 * 49152 * 2
+    hydra = HeadsShape("hydra", 4, 1, draft_vocab=8192)
+    assert tree_buffer_bytes(s, n, 1000, "bf16", 4, hydra, widest=28) - greedy == 28 * 8192 * 2
+    assert tree_buffer_bytes(s, n, 1000, "bf16", 4, hydra) - greedy == n * 8192 * 2  # widest unknown: every node
+    assert tree_buffer_bytes(s, n, 1000, "bf16", 4, HeadsShape("medusa", 4, 1), widest=28) - greedy == 4 * 49152 * 2
+    assert tree_buffer_bytes(s, n, 1000, "bf16", 0, hydra, widest=28) == tree_buffer_bytes(s, n, 1000, "bf16", 0)
 
 
 def test_unknown_names_are_refused():
