@@ -26,12 +26,13 @@ def plot_png(result: dict[str, dict[str, Any]], path: str | Path, title: str = "
     # A QApplication (not just a QGuiApplication): a process that later opens a window
     # (the app, or pytest-qt) must find a QApplication or Qt aborts.
     app = QApplication.instance() or QApplication(["specmemo-bench", "-platform", "offscreen"])  # noqa: F841
-    rows = [(n if r["tree"] in (None, n) else f"{n}: {r['tree']}", r["tokens_per_s"])
+    # the tree is named when the method's name does not say it already ("plan": which tree)
+    rows = [(n if r["tree"] is None or n.startswith(r["tree"]) else f"{n}: {r['tree']}", r["tokens_per_s"])
             for n, r in result.items() if not n.startswith("_")]
     if not rows:
         raise SpecMemoError("nothing to plot: the report has no methods")
-    width, height = max(640, 110 * len(rows) + 120), 420
-    left, right, top, bottom = 70, 20, 40, 60
+    width, height = max(640, 130 * len(rows) + 120), 440
+    left, right, top, bottom = 70, 20, 40, 80
     image = QImage(width, height, QImage.Format.Format_ARGB32)
     image.fill(QColor("white"))
     painter = QPainter(image)
@@ -64,7 +65,10 @@ def plot_png(result: dict[str, dict[str, Any]], path: str | Path, title: str = "
             painter.setPen(QPen(QColor("black"), 1))
             painter.drawText(QRectF(x0 - 20, y(s["max"]) - 20, bar_w + 40, 16), Qt.AlignmentFlag.AlignCenter,
                              f"{s['median']:.1f}")
-            painter.drawText(QRectF(left + i * slot, y(0) + 6, slot, 18), Qt.AlignmentFlag.AlignCenter, name)
+            # long names wrap (at "+" and ":" too) within the bar's slot
+            painter.drawText(QRectF(left + i * slot + 2, y(0) + 6, slot - 4, bottom - 10),
+                             Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap,
+                             name.replace("+", "+\u200b").replace(": ", ":\n"))
         painter.drawLine(QPointF(left, y(0)), QPointF(width - right, y(0)))
     finally:
         painter.end()

@@ -23,7 +23,11 @@ plan         our decoder with the tree the planner picks after timing this devic
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -274,6 +278,20 @@ def run_info(model_name: str, device: str, dtype: str, conversations: Sequence[S
         "max_new_tokens": max_new_tokens, "repeats": repeats, "warmup_rounds": warmup, "methods": list(methods),
         "torch": torch.__version__, "transformers": transformers.__version__,
     }
+
+
+def plot_report(result: dict[str, Any], png: str | Path) -> Path:
+    """Draw ``result`` as a PNG bar chart (``app.bench_plot``) in a child process: the chart
+    is drawn with Qt, and the core never imports Qt."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "bench.json"
+        src.write_text(json.dumps(result), encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "app.bench_plot", str(src), str(png)],
+                              capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise SpecMemoError(f"could not draw the chart {png}: {why}")
+    return Path(png)
 
 
 # -- memory model and the planner's choice ------------------------------------

@@ -407,7 +407,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import ALL_METHODS, HF_METHODS, build_methods, format_table, report, run_bench, run_info
+    from .bench import ALL_METHODS, HF_METHODS, build_methods, format_table, plot_report, report, run_bench, run_info
     from .datasets import first_queries, load_prompt_file, mtbench_conversations
     from .engine import Engine
 
@@ -416,6 +416,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecMemoError(f"--methods needs distinct names, e.g. {','.join(ALL_METHODS)}; got {args.methods!r}")
     if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
         raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
+    if args.plot and not args.plot.lower().endswith(".png"):  # refused now, not after the run
+        raise SpecMemoError(f"--plot needs a .png file name, got {args.plot!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
@@ -453,6 +455,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(format_table(result))
+    if args.plot:
+        print(f"chart: {plot_report(result, args.plot)}", file=sys.stderr)
     return 0
 
 
@@ -551,6 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--save", default=None, metavar="FILE",
                        help="also write the JSON report to FILE after every timed round (a run cut short "
                             "keeps its finished rounds; _run.rounds_done says how many)")
+    bench.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="also draw tokens/s per method (median, min–max) as a PNG bar chart")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -33,3 +33,24 @@ def test_plot_from_the_bench_json(tmp_path, qapp, capsys):
     assert QImage(str(tmp_path / "b.png")).width() >= 640
     assert main([str(tmp_path / "missing.json"), str(tmp_path / "c.png")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_bench_draws_its_chart_in_a_child_process(tmp_path, qapp):
+    """``specmemo bench --plot``: the core hands the report to ``app.bench_plot`` in a
+    child process (it never imports Qt itself); a failure there is an error that says why."""
+    import pytest
+
+    from specmemo_core.bench import plot_report
+    from specmemo_core.errors import SpecMemoError
+
+    path = plot_report(_report(), tmp_path / "chart.png")
+    assert QImage(str(path)).width() >= 640
+    with pytest.raises(SpecMemoError, match="could not draw the chart"):
+        plot_report({"_run": {}}, tmp_path / "empty.png")  # no methods: nothing to plot
+
+
+def test_bench_refuses_a_plot_name_that_is_not_a_png_before_loading(capsys):
+    from specmemo_core.cli import main as cli_main
+
+    assert cli_main(["bench", "--methods", "vanilla", "--plot", "chart.jpg"]) == 2
+    assert ".png" in capsys.readouterr().err
