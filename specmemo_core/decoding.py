@@ -259,17 +259,21 @@ class Decoder:
     _nodes_used: int = 1
 
     # -- acceptance ------------------------------------------------------------
-    def _pick(self, hidden: torch.Tensor, config: GenerationConfig, gen: torch.Generator,
-              logits: torch.Tensor | None = None) -> list[int]:
+    def _pick(self, hidden: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> list[int]:
         """The base model's own choice after each hidden state [T, D]: the argmax (without
-        full logits: ``CausalLM.greedy_picks``), or at temperature > 0 a sample from
-        ``logits`` (computed here when not given)."""
+        full logits: ``CausalLM.greedy_picks``), or at temperature > 0 a sample."""
         if config.temperature == 0.0:
             return self.model.greedy_picks(hidden).tolist()
-        if logits is None:
-            logits = self.model.logits(hidden)
-        probs = torch.softmax(logits.float() / config.temperature, dim=-1).cpu()
-        return torch.multinomial(probs, 1, generator=gen)[:, 0].tolist()
+        return self._sample(self._probs(hidden, config), gen)
+
+    def _probs(self, hidden: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+        """The base model's distribution [T, V] after each hidden state, at the temperature."""
+        return torch.softmax(self.model.logits(hidden).float() / config.temperature, dim=-1)
+
+    @staticmethod
+    def _sample(probs: torch.Tensor, gen: torch.Generator) -> list[int]:
+        """One token from each row of ``probs`` (on the CPU generator ``gen``)."""
+        return torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].tolist()
 
     def _accept(
         self, tokens: torch.Tensor, hidden: torch.Tensor, retrieve: torch.Tensor,
@@ -286,8 +290,7 @@ class Decoder:
             picks = self.model.greedy_picks(hidden)  # [N]
             ok = drafts == picks[nodes[:, :-1]]  # [L, d] child equals parent's argmax
         else:
-            logits = self.model.logits(hidden)  # [N, V]
-            probs = torch.softmax(logits.float() / config.temperature, dim=-1)  # [N, V]
+            probs = self._probs(hidden, config)  # [N, V]
             entropy = -(probs * torch.log(probs.clamp_min(1e-10))).sum(-1)  # [N]
             threshold = torch.minimum(
                 torch.full_like(entropy, config.typical_epsilon), config.typical_delta * torch.exp(-entropy)
@@ -295,6 +298,6 @@ class Decoder:
             parent = nodes[:, :-1]
             p_child = probs[parent, drafts]  # [L, d]
             ok = p_child > threshold[parent]
-            picks = torch.tensor(self._pick(hidden, config, gen, logits), device=logits.device)
+            picks = torch.tensor(self._sample(probs, gen), device=probs.device)  # the same probs, once
         row, count = longest_accepted(ok, retrieve)
         return row[: int(count)], picks
