@@ -26,13 +26,14 @@ from pathlib import Path
 import torch
 
 from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.engine import ASSETS_DIR
 from specmemo_core.heads import load_heads
 from specmemo_core.memory import HeadsShape, activation_peak_bytes, known_shape, tree_buffer_bytes
 from specmemo_core.plan_check import random_model
 from specmemo_core.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.tree import load_tree
 
-HEADS = Path(__file__).resolve().parent.parent / "assets" / "heads" / "SmolLM2-135M-Instruct"
+HEADS = ASSETS_DIR / "heads" / "SmolLM2-135M-Instruct"
 STEPS = {"eager": 0.0, "sampled": 0.7, "graphs": 0.0}
 
 
