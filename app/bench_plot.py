@@ -16,7 +16,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QApplication
 
-from specmemo_core.bench import HF_METHODS
+from specmemo_core.tools.bench import HF_METHODS
 from specmemo_core.errors import SpecMemoError
 
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from specmemo_core.errors import SpecMemoError
-    from specmemo_core.sources import data_dir
+    from specmemo_core.storage.sources import data_dir
 
     if args.threads:
         import torch
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_app(folder: Path, args: argparse.Namespace, error_type: type) -> int:
     from PySide6.QtWidgets import QApplication, QMessageBox
 
-    from specmemo_core.chatstore import ChatStore
+    from specmemo_core.storage.chatstore import ChatStore
 
     from .main_window import MainWindow
     from .settings import load_settings

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from specmemo_core.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore
 
 
 class ConversationList(QWidget):

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import (
     QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressDialog, QPushButton, QSplitter, QVBoxLayout, QWidget,
 )
 
-from specmemo_core.chatstore import ChatStore, ChatStoreError
-from specmemo_core.decoding import GenerationConfig
+from specmemo_core.storage.chatstore import ChatStore, ChatStoreError
+from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.errors import SpecMemoError
 
 from .chat_input import ChatInput

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from specmemo_core.memory import HeadsShape, ModelShape
-from specmemo_core.planner import Budget, Plan, PlanRequest, StepTime, TreeOption, linear_step_time, plan
+from specmemo_core.planning.memory import HeadsShape, ModelShape
+from specmemo_core.planning.planner import Budget, Plan, PlanRequest, StepTime, TreeOption, linear_step_time, plan
 
 from .settings import ChatSettings
 

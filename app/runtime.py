@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterator, Protocol
 
 import psutil
 
-from specmemo_core.device import DeviceInfo
+from specmemo_core.planning.device import DeviceInfo
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.planner import Budget, Plan
+from specmemo_core.planning.planner import Budget, Plan
 
 from .planning import PlanInputs, StepTiming, cached_timing, make_plan, store_timing, timing_key
 from .settings import ChatSettings
@@ -33,7 +33,7 @@ class LoadCancelled(SpecMemoError):
 
 
 class Session(Protocol):
-    """What the worker needs of a chat session (``specmemo_core.chat.ChatSession`` is one)."""
+    """What the worker needs of a chat session (``specmemo_core.runtime.chat.ChatSession`` is one)."""
 
     messages: Messages
 
@@ -52,7 +52,7 @@ class ChatBackend(Protocol):
 
 @dataclass(frozen=True)
 class EngineBackend:
-    """A ``specmemo_core.engine.Engine`` seen through the ChatBackend interface."""
+    """A ``specmemo_core.runtime.engine.Engine`` seen through the ChatBackend interface."""
 
     engine: Any
     heads_dir: Path | None = None  # where calibrated trees are read from
@@ -69,15 +69,15 @@ class EngineBackend:
         return self.engine.new_session(capacity, system_prompt or None, speculate)
 
     def count_tokens(self, messages: Messages) -> int:
-        from specmemo_core.chat import encode_conversation
+        from specmemo_core.runtime.chat import encode_conversation
 
         return len(encode_conversation(self.engine.tokenizer, messages))
 
     def with_tree(self, tree: str | None) -> "EngineBackend":
         """The same weights and heads with another tree (None: plain decoding; without
         heads only a lookup chain alone, ``lookup-N``, can speculate)."""
-        from specmemo_core.engine import resolve_tree
-        from specmemo_core.tree import is_lookup_only
+        from specmemo_core.runtime.engine import resolve_tree
+        from specmemo_core.runtime.tree import is_lookup_only
 
         if tree is None or (self.engine.heads is None and not is_lookup_only(tree)):
             return replace(self, engine=replace(self.engine, tree=None))
@@ -143,11 +143,11 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     """
     import torch
 
-    from specmemo_core.engine import Engine
-    from specmemo_core.memory import HeadsShape, ModelShape
-    from specmemo_core.plan_check import time_forward
-    from specmemo_core.planner import tree_options
-    from specmemo_core.train.calibrate import load_calibration
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.planning.memory import HeadsShape, ModelShape
+    from specmemo_core.planning.plan_check import time_forward
+    from specmemo_core.planning.planner import tree_options
+    from specmemo_core.tools.train.calibrate import load_calibration
 
     def report(stage: str, fraction: float) -> None:
         if cancel is not None and cancel.is_set():
@@ -155,7 +155,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
         progress(stage, fraction)
 
     if device is None:
-        from specmemo_core.device import probe
+        from specmemo_core.planning.device import probe
 
         report("probing the device", 0.0)
         device = probe().best()

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from specmemo_core.decoding import GenerationConfig
+from specmemo_core.runtime.decoding import GenerationConfig
 
 from .runtime import Runtime, load_runtime
 from .settings import ChatSettings

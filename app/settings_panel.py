@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSlider, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from specmemo_core.planner import Plan
+from specmemo_core.planning.planner import Plan
 
 from .memory_chart import MemoryChart, gib
 from .planning import PlanInputs, make_plan

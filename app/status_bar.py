@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
-from specmemo_core.device import DeviceInfo
+from specmemo_core.planning.device import DeviceInfo
 
 from .memory_chart import gib
 from .runtime import Runtime

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from specmemo_core.decoding import GenerationConfig
+from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.errors import ContextFullError, SpecMemoError
 
 from .context_window import Messages, TooLongError, fit_window, system_messages

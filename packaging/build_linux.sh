@@ -52,7 +52,7 @@ BUNDLE="$BUILD/dist/specmemo-chat"
 # entry.py answers -c like Python: import what a chat needs, before packaging
 "$BUNDLE/specmemo-chat" -c "import numpy, torch, transformers, tokenizers, gguf, safetensors, PySide6.QtWidgets
 from transformers import AutoTokenizer, LlamaConfig
-import specmemo_core.engine, app.main_window
+import specmemo_core.runtime.engine, app.main_window
 print('bundle imports ok: torch', torch.__version__)"
 echo "bundle: $BUNDLE"
 

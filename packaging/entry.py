@@ -1,7 +1,7 @@
 """Entry point of the frozen (PyInstaller) app: ``specmemo-chat`` = app.cli:main.
 
 NOTE: in a bundle ``sys.executable`` is this program, not a Python. The GPU probe
-(specmemo_core/device.py) runs ``sys.executable -c CODE`` in a child process so a hung
+(specmemo_core/planning/device.py) runs ``sys.executable -c CODE`` in a child process so a hung
 driver cannot stall the app; this entry point answers that one form like Python would.
 """
 

@@ -12,12 +12,12 @@ import time
 
 import torch
 
-from specmemo_core.chat import encode_conversation
+from specmemo_core.runtime.chat import encode_conversation
 from specmemo_core.cli import stream_reply
-from specmemo_core.decoding import GenerationConfig
-from specmemo_core.engine import Engine, resolve_tree, shipped_heads_dir
-from specmemo_core.train.pipeline import hf_model_from
-from specmemo_core.sources import load_model
+from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.engine import Engine, resolve_tree, shipped_heads_dir
+from specmemo_core.tools.train.pipeline import hf_model_from
+from specmemo_core.storage.sources import load_model
 
 PROMPT = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
           "experiences and must-see attractions.")

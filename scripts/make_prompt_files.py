@@ -9,10 +9,10 @@ import json
 import sys
 from pathlib import Path
 
-from specmemo_core.chat import encode_conversation
-from specmemo_core.datasets import sharegpt_conversations
-from specmemo_core.sources import load_model
-from specmemo_core.train.distill import user_turns
+from specmemo_core.runtime.chat import encode_conversation
+from specmemo_core.storage.datasets import sharegpt_conversations
+from specmemo_core.storage.sources import load_model
+from specmemo_core.tools.train.distill import user_turns
 
 
 def main(out: str) -> None:

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from specmemo_core.decoding import Decoder, GenerationConfig
-from specmemo_core.engine import ASSETS_DIR
-from specmemo_core.heads import load_heads
-from specmemo_core.memory import HeadsShape, activation_peak_bytes, known_shape, tree_buffer_bytes
-from specmemo_core.plan_check import random_model
-from specmemo_core.static_decoding import StaticDecoder, new_static_cache
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.engine import ASSETS_DIR
+from specmemo_core.runtime.heads import load_heads
+from specmemo_core.planning.memory import HeadsShape, activation_peak_bytes, known_shape, tree_buffer_bytes
+from specmemo_core.planning.plan_check import random_model
+from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.runtime.tree import load_tree
 
 HEADS = ASSETS_DIR / "heads" / "SmolLM2-135M-Instruct"
 STEPS = {"eager": 0.0, "sampled": 0.7, "graphs": 0.0}

@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specmemo_core.chat import encode_conversation
-from specmemo_core.datasets import mtbench_questions
-from specmemo_core.decoding import Decoder, GenerationConfig
-from specmemo_core.model import CausalLM, causal_mask
-from specmemo_core.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
-from specmemo_core.sources import load_model
+from specmemo_core.runtime.chat import encode_conversation
+from specmemo_core.storage.datasets import mtbench_questions
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.model import CausalLM, causal_mask
+from specmemo_core.runtime.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
+from specmemo_core.storage.sources import load_model
 
 ROWS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8",), "int4": ("int4",),
         "int4-bf16": ("bf16", "int4")}  # row -> quantize_model steps

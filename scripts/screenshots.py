@@ -38,8 +38,8 @@ def main() -> int:
 
     from app.main_window import MainWindow
     from app.settings import ChatSettings
-    from specmemo_core.chatstore import ChatStore
-    from specmemo_core.sources import data_dir
+    from specmemo_core.storage.chatstore import ChatStore
+    from specmemo_core.storage.sources import data_dir
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

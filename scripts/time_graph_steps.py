@@ -18,12 +18,12 @@ import time
 
 import torch
 
-from specmemo_core.decoding import GenerationConfig
-from specmemo_core.heads import random_heads
-from specmemo_core.memory import known_shape
-from specmemo_core.plan_check import random_model
-from specmemo_core.static_decoding import GreedyStep, StaticDecoder, new_static_cache
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.planning.memory import known_shape
+from specmemo_core.planning.plan_check import random_model
+from specmemo_core.runtime.static_decoding import GreedyStep, StaticDecoder, new_static_cache
+from specmemo_core.runtime.tree import load_tree
 
 
 def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096) -> int:

@@ -54,9 +54,9 @@ def predicted_now(r: dict) -> int:
     """The recorded plan's peak as the current memory model predicts it (CUDA: without the
     runtime-overhead term, which the allocator does not count). Measured bytes do not
     depend on the formula, so old runs can be re-scored after a formula changes."""
-    from specmemo_core.memory import HeadsShape, known_shape
-    from specmemo_core.planner import _fixed_bytes
-    from specmemo_core.tree import load_tree
+    from specmemo_core.planning.memory import HeadsShape, known_shape
+    from specmemo_core.planning.planner import _fixed_bytes
+    from specmemo_core.runtime.tree import load_tree
 
     p = r["plan"]
     model = r["model"]

@@ -10,7 +10,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from specmemo_core.chatstore import ChatStore  # noqa: E402
+from specmemo_core.storage.chatstore import ChatStore  # noqa: E402
 
 from .scripted import fake_runtime  # noqa: E402
 

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from specmemo_core.chat import TextPiece
-from specmemo_core.decoding import GenerationConfig, Step
-from specmemo_core.device import DeviceInfo
+from specmemo_core.runtime.chat import TextPiece
+from specmemo_core.runtime.decoding import GenerationConfig, Step
+from specmemo_core.planning.device import DeviceInfo
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.memory import KNOWN_SHAPES, HeadsShape
-from specmemo_core.planner import Budget, specmemo_prior_options
+from specmemo_core.planning.memory import KNOWN_SHAPES, HeadsShape
+from specmemo_core.planning.planner import Budget, specmemo_prior_options
 
 from app.planning import PlanInputs, StepTiming, make_plan
 from app.runtime import Runtime

@@ -5,7 +5,7 @@ import json
 from PySide6.QtGui import QImage
 
 from app.bench_plot import main, plot_png
-from specmemo_core.bench import Method, Pass, report
+from specmemo_core.tools.bench import Method, Pass, report
 
 
 def _pass(seconds: float) -> Pass:
@@ -40,7 +40,7 @@ def test_the_bench_draws_its_chart_in_a_child_process(tmp_path, qapp):
     child process (it never imports Qt itself); a failure there is an error that says why."""
     import pytest
 
-    from specmemo_core.bench import plot_report
+    from specmemo_core.tools.bench import plot_report
     from specmemo_core.errors import SpecMemoError
 
     path = plot_report(_report(), tmp_path / "chart.png")

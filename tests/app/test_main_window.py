@@ -7,7 +7,7 @@ import json
 from PySide6.QtCore import Qt
 
 from app.chat_view import Entry
-from specmemo_core.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore
 
 from .scripted import ScriptedBackend, default_reply, fake_runtime
 

@@ -12,9 +12,9 @@ import pytest
 from app.main_window import MainWindow
 from app.runtime import load_runtime
 from app.settings import ChatSettings
-from specmemo_core.chatstore import ChatStore
-from specmemo_core.device import cpu_device
-from specmemo_core.heads import random_heads, save_heads
+from specmemo_core.storage.chatstore import ChatStore
+from specmemo_core.planning.device import cpu_device
+from specmemo_core.runtime.heads import random_heads, save_heads
 
 from .test_main_window import Answers, type_and_send, wait_reply
 

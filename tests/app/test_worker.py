@@ -6,7 +6,7 @@ import pytest
 
 from app.context_window import TooLongError, fit_window
 from app.worker import ChatThread, Job
-from specmemo_core.decoding import GenerationConfig
+from specmemo_core.runtime.decoding import GenerationConfig
 
 from .scripted import ScriptedBackend, default_reply
 

@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-from specmemo_core.bench import (
+from specmemo_core.tools.bench import (
     Method, Pass, Spread, build_methods, format_table, identical_count, report, run_bench,
 )
 from specmemo_core.cli import build_parser, main
-from specmemo_core.datasets import first_queries
-from specmemo_core.engine import Engine
-from specmemo_core.heads import random_heads
-from specmemo_core.sources import ModelIdentity
+from specmemo_core.storage.datasets import first_queries
+from specmemo_core.runtime.engine import Engine
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.storage.sources import ModelIdentity
 from tests.tiny import tiny_hf_model, tiny_model, tiny_tokenizer
 
 CONVERSATIONS = [["Hello, how are you today?", "Tell me about the quick brown fox."],

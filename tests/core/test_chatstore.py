@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specmemo_core.chatstore import MIGRATIONS, ChatStore, ChatStoreError, StoreVersionError, StoreWriteError
+from specmemo_core.storage.chatstore import MIGRATIONS, ChatStore, ChatStoreError, StoreVersionError, StoreWriteError
 from specmemo_core.errors import SpecMemoError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -294,7 +294,7 @@ def test_worker_thread_may_write_too(store: ChatStore) -> None:
 CHILD = """
 import os, random, signal, sys, threading, time
 from pathlib import Path
-from specmemo_core.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore
 store = ChatStore(Path(sys.argv[1]))
 conv = store.create("crash")
 if sys.argv[2] == "during":  # SIGKILL from another thread, most likely while a commit is under way

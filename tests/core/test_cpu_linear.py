@@ -4,12 +4,12 @@ import pytest
 import torch
 from torch import nn
 
-from specmemo_core.cpu_linear import PackedLinear, pack_linears, packing_available
-from specmemo_core.decoding import Decoder, GenerationConfig
-from specmemo_core.heads import random_heads
-from specmemo_core.memory import ModelShape, weight_bytes
-from specmemo_core.quantize import weight_bytes as measured_bytes
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.cpu_linear import PackedLinear, pack_linears, packing_available
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.planning.memory import ModelShape, weight_bytes
+from specmemo_core.runtime.quantize import weight_bytes as measured_bytes
+from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
@@ -69,7 +69,7 @@ def test_the_engine_packs_the_model_and_its_heads_on_cpu(tmp_path, monkeypatch):
     """On CPU every linear layer of the model and of the draft heads is packed (the
     heads draft every step: unpacked they cost ~1.5× more), and none is fused (fusing is
     the GPU's alternative)."""
-    from specmemo_core.engine import Engine
+    from specmemo_core.runtime.engine import Engine
     from tests.tiny import tiny_hf_model, tiny_tokenizer
 
     if not packing_available():

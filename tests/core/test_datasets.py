@@ -9,7 +9,7 @@ import pytest
 
 from specmemo_core import datasets
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.datasets import load_prompt_file, mtbench_conversations, parse_sharegpt, sharegpt_conversations
+from specmemo_core.storage.datasets import load_prompt_file, mtbench_conversations, parse_sharegpt, sharegpt_conversations
 
 
 def test_prompt_file_parses_turns_and_skips_blank_lines(tmp_path: Path) -> None:

@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
-from specmemo_core.chat import ChatSession, encode_conversation
-from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.chat import ChatSession, encode_conversation
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.errors import ContextFullError, SpecMemoError
-from specmemo_core.heads import random_heads
-from specmemo_core.tree import Tree, load_tree
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.runtime.tree import Tree, load_tree
 from tests.tiny import tiny_model, tiny_tokenizer
 
 
@@ -156,7 +156,7 @@ def test_bad_generation_settings_are_refused():
 
 def test_hydra_drafts_children_from_their_parent_token():
     """A hydra node's children must change when the node's token changes."""
-    from specmemo_core.heads import HydraHeads
+    from specmemo_core.runtime.heads import HydraHeads
     model = tiny_model(seed=18)
     heads = random_heads(3, 64, 300, seed=9, scale=0.5, kind="hydra")
     assert isinstance(heads, HydraHeads)
@@ -192,7 +192,7 @@ def test_greedy_with_a_context_layer_equals_plain_greedy_and_keeps_its_cache_in_
 def test_context_layer_state_equals_a_full_recompute():
     """The incremental context cache (prefill chunks + accepted paths) must give the draft
     state a one-shot run of the context layer over all committed hidden states gives."""
-    from specmemo_core.model import causal_mask
+    from specmemo_core.runtime.model import causal_mask
 
     model = tiny_model(seed=2, vocab_size=300)
     heads = random_heads(3, 64, 300, seed=1, scale=0.3, kind="hydra", context=CONTEXT)
@@ -214,8 +214,8 @@ def test_context_layer_state_equals_a_full_recompute():
 
 
 def test_untrained_context_layer_passes_hidden_through():
-    from specmemo_core.heads import HeadsSpec, HydraHeads
-    from specmemo_core.model import causal_mask
+    from specmemo_core.runtime.heads import HeadsSpec, HydraHeads
+    from specmemo_core.runtime.model import causal_mask
 
     heads = HydraHeads(HeadsSpec("hydra", 2, 1, 64, 300, False, context_mlp=64, context_heads=4,
                                  context_kv_heads=2, context_head_dim=16))

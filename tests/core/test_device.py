@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specmemo_core.device import DeviceError, DeviceInfo, ProbeReport, cpu_device, parse_size, probe
+from specmemo_core.planning.device import DeviceError, DeviceInfo, ProbeReport, cpu_device, parse_size, probe
 from specmemo_core.errors import SpecMemoError
 
 GIB = 2**30

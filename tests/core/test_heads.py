@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from specmemo_core.errors import HeadsError
-from specmemo_core.heads import HeadsSpec, MedusaHeads, load_heads, random_heads, save_heads
+from specmemo_core.runtime.heads import HeadsSpec, MedusaHeads, load_heads, random_heads, save_heads
 
 
 def test_each_head_owns_its_parameters():
@@ -99,7 +99,7 @@ def test_context_layer_needs_hydra_and_an_attention_shape():
 
 
 def _with_draft_vocab(ids: list[int], vocab: int = 300):
-    from specmemo_core.heads import new_heads
+    from specmemo_core.runtime.heads import new_heads
 
     base = random_heads(4, 64, vocab, seed=5, scale=0.5, kind="hydra")
     spec = HeadsSpec("hydra", 4, 1, 64, vocab, False, draft_vocab=len(ids))
@@ -125,8 +125,8 @@ def test_draft_vocab_round_trip_and_limits(tmp_path):
 def test_drafts_stay_in_the_vocabulary_and_decoding_stays_exact():
     """Heads drafting through a vocabulary cut propose only its tokens; greedy output is
     still plain greedy's, token for token (the base model verifies everything)."""
-    from specmemo_core.decoding import Decoder, GenerationConfig
-    from specmemo_core.tree import load_tree
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.tree import load_tree
     from tests.tiny import tiny_model
 
     torch.set_num_threads(1)

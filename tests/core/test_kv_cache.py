@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from specmemo_core.errors import ContextFullError
-from specmemo_core.kv_cache import KVCache
+from specmemo_core.runtime.kv_cache import KVCache
 
 
 def _filled(capacity=10):

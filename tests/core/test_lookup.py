@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.errors import TreeError
-from specmemo_core.heads import random_heads
-from specmemo_core.lookup import lookup_draft
-from specmemo_core.static_decoding import StaticDecoder, new_static_cache
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.runtime.lookup import lookup_draft
+from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
 
 

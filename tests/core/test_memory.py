@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.heads import random_heads
-from specmemo_core.memory import (
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.planning.memory import (
     HeadsShape, ModelShape, heads_bytes, known_shape, kv_bytes, tree_buffer_bytes, weight_bytes,
 )
-from specmemo_core.model import ModelSpec
+from specmemo_core.runtime.model import ModelSpec
 from tests.tiny import tiny_config, tiny_model
 
 
@@ -82,7 +82,7 @@ def test_greedy_steps_hold_one_block_of_scores_and_the_heads_draft_rows():
     """Greedy verification keeps PICK_ROWS of the LM head's scores per node (a packed CPU
     head all of them), typical acceptance every node's logits and three fp32 copies; the
     heads' draft logits are their rows × the drafting vocabulary."""
-    from specmemo_core.memory import PICK_ROWS
+    from specmemo_core.planning.memory import PICK_ROWS
 
     s, n = known_shape("smollm2-135m"), 64
     greedy = tree_buffer_bytes(s, n, 1000, "bf16")  # no heads: a lookup chain alone
@@ -105,8 +105,8 @@ def test_unknown_names_are_refused():
 
 
 def test_heads_with_a_context_layer_match_real_parameters_and_cache():
-    from specmemo_core.heads import random_heads
-    from specmemo_core.memory import HeadsShape
+    from specmemo_core.runtime.heads import random_heads
+    from specmemo_core.planning.memory import HeadsShape
 
     cfg = tiny_config(vocab_size=300)
     shape = ModelShape.from_spec(ModelSpec.from_config(cfg))

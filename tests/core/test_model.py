@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specmemo_core.model import CausalLM, ModelSpec, causal_mask, tree_mask
+from specmemo_core.runtime.model import CausalLM, ModelSpec, causal_mask, tree_mask
 from tests.tiny import tiny_config, tiny_hf_model
 
 SHAPES = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -110,7 +110,7 @@ def test_fused_projections_compute_the_same_and_keep_the_parameters(name, hf):
 
 
 def test_packed_linears_are_not_fused():
-    from specmemo_core.cpu_linear import pack_linears, packing_available
+    from specmemo_core.runtime.cpu_linear import pack_linears, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN packing")
@@ -139,7 +139,7 @@ def test_greedy_picks_are_the_logits_argmax_in_blocks(rows, device):
 
 
 def test_a_packed_head_is_scored_whole():
-    from specmemo_core.cpu_linear import pack_linears, packing_available
+    from specmemo_core.runtime.cpu_linear import pack_linears, packing_available
 
     if not packing_available():
         pytest.skip("this torch build has no oneDNN packing")

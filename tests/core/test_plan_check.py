@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-from specmemo_core.heads import random_heads
-from specmemo_core.memory import ModelShape, weight_bytes
-from specmemo_core.plan_check import random_model, verify
-from specmemo_core.planner import Budget, PlanRequest, plan
-from specmemo_core.quantize import weight_bytes as measured_weight_bytes
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.planning.memory import ModelShape, weight_bytes
+from specmemo_core.planning.plan_check import random_model, verify
+from specmemo_core.planning.planner import Budget, PlanRequest, plan
+from specmemo_core.runtime.quantize import weight_bytes as measured_weight_bytes
+from specmemo_core.runtime.tree import load_tree
 
 SHAPE = ModelShape("tiny", 512, 256, 512, 2, 4, 2, 64, False, 1024)
 
@@ -27,7 +27,7 @@ def test_random_model_weights_match_the_memory_model(precision):
 def test_random_model_is_deterministic_and_finite():
     a, b = random_model(SHAPE, "fp32", "cpu", seed=3), random_model(SHAPE, "fp32", "cpu", seed=3)
     ids = torch.arange(8)
-    from specmemo_core.model import causal_mask
+    from specmemo_core.runtime.model import causal_mask
 
     ha = a(ids, ids, causal_mask(0, 8), a.new_cache(8))
     hb = b(ids, ids, causal_mask(0, 8), b.new_cache(8))
@@ -51,7 +51,7 @@ def test_verify_runs_every_turn_and_slides_a_full_context():
 def test_graph_step_timing_gives_a_step_time_model(device):
     """The static decoder's whole steps (graph replays on CUDA) give a linear step-time
     model: plain step > 0, and a bigger or deeper tree never cheaper."""
-    from specmemo_core.plan_check import time_graph_steps
+    from specmemo_core.planning.plan_check import time_graph_steps
     from tests.tiny import tiny_model
 
     torch.set_num_threads(1)

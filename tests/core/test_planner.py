@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.memory import HeadsShape, known_shape
-from specmemo_core.planner import (
+from specmemo_core.planning.memory import HeadsShape, known_shape
+from specmemo_core.planning.planner import (
     LOOKUP_ALONE, LOOKUP_GAIN, Budget, PlanRequest, calibrated_options, linear_step_time, plan, specmemo_prior_options,
     tree_options,
 )

@@ -11,10 +11,10 @@ below leave about 2x headroom over those measurements.
 import pytest
 import torch
 
-from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.model import causal_mask
-from specmemo_core.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
+from specmemo_core.runtime.model import causal_mask
+from specmemo_core.runtime.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
 from tests.tiny import tiny_model
 
 INT8_REL_ERR = 0.035

@@ -15,7 +15,7 @@ import torch
 
 from specmemo_core import sources
 from specmemo_core.errors import FetchError, ModelFileError
-from specmemo_core.sources import DEFAULT_MODEL, ensure_default_model, load_model, model_name
+from specmemo_core.storage.sources import DEFAULT_MODEL, ensure_default_model, load_model, model_name
 
 
 def _byte_chars() -> list[str]:

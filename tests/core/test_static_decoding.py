@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from specmemo_core.decoding import Decoder, GenerationConfig
-from specmemo_core.heads import random_heads
-from specmemo_core.static_decoding import StaticDecoder, new_static_cache
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
 
 # CPU always; CUDA where present, so that on a GPU the graph captures themselves are checked

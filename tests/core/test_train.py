@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
-from specmemo_core.heads import HeadsSpec, load_heads, random_heads, save_heads
-from specmemo_core.train.calibrate import calibrate, head_ranks, path_rates, tree_from_calibration
-from specmemo_core.train.distill import Sequences, is_held_out
-from specmemo_core.train.features import IGNORE, build_features
-from specmemo_core.train.pipeline import frozen_io
-from specmemo_core.train.trainer import TrainConfig, train_heads
+from specmemo_core.runtime.heads import HeadsSpec, load_heads, random_heads, save_heads
+from specmemo_core.tools.train.calibrate import calibrate, head_ranks, path_rates, tree_from_calibration
+from specmemo_core.tools.train.distill import Sequences, is_held_out
+from specmemo_core.tools.train.features import IGNORE, build_features
+from specmemo_core.tools.train.pipeline import frozen_io
+from specmemo_core.tools.train.trainer import TrainConfig, train_heads
 from tests.tiny import tiny_hf_model, tiny_tokenizer
 
 
@@ -51,7 +51,7 @@ CONTEXT = {"context_mlp": 64, "context_heads": 4, "context_kv_heads": 2, "contex
 def test_heads_learn_a_repeating_pattern(kind):
     """Untrained heads guess the base model's next token (wrong here); after a few
     hundred steps on a periodic sequence they must predict 2..4 tokens ahead."""
-    from specmemo_core.train.pipeline import base_rope
+    from specmemo_core.tools.train.pipeline import base_rope
 
     hf = tiny_hf_model(seed=1)
     context = kind.endswith("+context")
@@ -125,8 +125,8 @@ def test_held_out_split_is_fixed_and_small():
 def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     """train-heads on a tiny HF folder model: heads, calibration and card are written,
     and the engine decodes with them exactly as plain greedy."""
-    from specmemo_core.engine import Engine
-    from specmemo_core.train.pipeline import PipelineConfig, run_training
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.tools.train.pipeline import PipelineConfig, run_training
 
     monkeypatch.setenv("SPECMEMO_DATA_DIR", str(tmp_path / "data"))
     folder = tmp_path / "tiny-llama"
@@ -158,8 +158,8 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
 def test_multi_turn_distillation_answers_each_turn_with_the_models_own_replies():
     """Turn 2's prompt is the templated conversation with the model's own first reply,
     so a second-turn sequence starts with the whole first-turn sequence's text."""
-    from specmemo_core.chat import encode_conversation
-    from specmemo_core.train.distill import generate_replies
+    from specmemo_core.runtime.chat import encode_conversation
+    from specmemo_core.tools.train.distill import generate_replies
 
     torch.manual_seed(0)
     model, tok = tiny_hf_model(seed=3), tiny_tokenizer()
@@ -182,7 +182,7 @@ def test_multi_turn_distillation_answers_each_turn_with_the_models_own_replies()
 
 
 def test_user_turns_keep_the_split_and_the_order():
-    from specmemo_core.train.distill import is_held_out, user_turns
+    from specmemo_core.tools.train.distill import is_held_out, user_turns
 
     convs = [[{"from": "human", "value": f"q{i}a"}, {"from": "gpt", "value": "x"},
               {"from": "human", "value": f"q{i}b"}, {"from": "human", "value": f"q{i}c"}] for i in range(300)]

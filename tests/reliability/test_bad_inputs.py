@@ -21,13 +21,13 @@ from typing import Callable
 import pytest
 import torch
 
-from specmemo_core.chat import ChatSession, encode_conversation, end_of_turn_ids
-from specmemo_core.chatstore import ChatStore, ChatStoreError, StoreWriteError
-from specmemo_core.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.chat import ChatSession, encode_conversation, end_of_turn_ids
+from specmemo_core.storage.chatstore import ChatStore, ChatStoreError, StoreWriteError
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.errors import ContextFullError, HeadsError, ModelFileError, SpecMemoError, TreeError
-from specmemo_core.heads import load_heads, random_heads, save_heads
-from specmemo_core.sources import load_model
-from specmemo_core.tree import MAX_TREE_NODES, load_tree
+from specmemo_core.runtime.heads import load_heads, random_heads, save_heads
+from specmemo_core.storage.sources import load_model
+from specmemo_core.runtime.tree import MAX_TREE_NODES, load_tree
 from tests.core.test_sources import write_tiny_gguf, write_tiny_hf
 from tests.tiny import tiny_model, tiny_tokenizer
 
@@ -262,7 +262,7 @@ def huge_message_core(tmp_path, monkeypatch):
 @case("100,000-character message (app window)", "TooLongError 'too long for the model's context'; text kept in the box")
 def huge_message_app(tmp_path, monkeypatch):
     from app.context_window import TooLongError, fit_window
-    from specmemo_core.chat import encode_conversation as encode
+    from specmemo_core.runtime.chat import encode_conversation as encode
 
     tok = tiny_tokenizer()
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
@@ -416,11 +416,11 @@ def history_not_sqlite(tmp_path, monkeypatch):
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("specmemo_core.chatstore").addHandler(handler)
+    logging.getLogger("specmemo_core.storage.chatstore").addHandler(handler)
     try:
         store = ChatStore(path)
     finally:
-        logging.getLogger("specmemo_core.chatstore").removeHandler(handler)
+        logging.getLogger("specmemo_core.storage.chatstore").removeHandler(handler)
     assert store.recovered_from is not None and store.recovered_from.read_bytes() == junk  # kept, byte for byte
     assert store.recovered_from.name.startswith("history.sqlite3.corrupt-")
     told = [r.getMessage() for r in records]
@@ -442,7 +442,7 @@ def read_only_folder(tmp_path, monkeypatch):
     store.add_message(conv.id, "user", "precious")
     store.close()
     before = tree_of(folder)
-    script = ("import sys\nfrom specmemo_core.chatstore import ChatStore, ChatStoreError\n"
+    script = ("import sys\nfrom specmemo_core.storage.chatstore import ChatStore, ChatStoreError\n"
               "try:\n    ChatStore(__import__('pathlib').Path(sys.argv[1]))\n"
               "except ChatStoreError as e:\n    print('refused:', e)\nelse:\n    print('opened')\n")
     out = _as_unprivileged(folder, script, str(folder / "history.sqlite3"))

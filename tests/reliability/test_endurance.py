@@ -10,10 +10,10 @@ import psutil
 
 from app.runtime import EngineBackend
 from app.worker import ChatWorker, Job
-from specmemo_core.chatstore import ChatStore
-from specmemo_core.decoding import GenerationConfig
-from specmemo_core.engine import Engine
-from specmemo_core.sources import ModelIdentity
+from specmemo_core.storage.chatstore import ChatStore
+from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.engine import Engine
+from specmemo_core.storage.sources import ModelIdentity
 from tests.tiny import tiny_config, tiny_model, tiny_tokenizer
 
 TURNS = 1000

@@ -20,12 +20,12 @@ from app.runtime import EngineBackend
 from app.settings import ChatSettings
 from app.worker import ChatWorker, Job
 from specmemo_core import sources
-from specmemo_core.chat import ChatSession, end_of_turn_ids
-from specmemo_core.chatstore import ChatStore
-from specmemo_core.decoding import Decoder, GenerationConfig
-from specmemo_core.engine import Engine
-from specmemo_core.model import CausalLM
-from specmemo_core.sources import DEFAULT_MODEL, ModelIdentity, ensure_default_model
+from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
+from specmemo_core.storage.chatstore import ChatStore
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.engine import Engine
+from specmemo_core.runtime.model import CausalLM
+from specmemo_core.storage.sources import DEFAULT_MODEL, ModelIdentity, ensure_default_model
 from tests.core.test_sources import _fake_wheel, local_index  # noqa: F401  (fixture)
 from tests.tiny import tiny_hf_model, tiny_tokenizer
 
@@ -107,7 +107,7 @@ def test_out_of_memory_mid_reply_worker(qapp) -> None:
 KILL_CHILD = r"""
 import sys
 from pathlib import Path
-from specmemo_core.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore
 store = ChatStore(Path(sys.argv[1]))
 conv = store.create("crash test")
 for turn in range(10_000):

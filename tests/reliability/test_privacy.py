@@ -2,7 +2,7 @@
 
 The socket guard is the proof: it refuses (and records) every connect and DNS lookup in this
 process, and every child process is recorded, since the only network path the app has is the
-explicit model fetch (pip, or specmemo_core/wheel_fetch.py in the frozen app).
+explicit model fetch (pip, or specmemo_core/storage/wheel_fetch.py in the frozen app).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specmemo_core.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,8 +73,8 @@ def test_chat_plan_and_restart_make_no_connection(guard: NetworkGuard, shared_da
     if not model_file.is_file():
         pytest.skip("the default model is not cached here (run tests -m integration once with network)")
     from specmemo_core import cli
-    from specmemo_core.decoding import GenerationConfig
-    from specmemo_core.engine import Engine
+    from specmemo_core.runtime.decoding import GenerationConfig
+    from specmemo_core.runtime.engine import Engine
 
     engine = Engine.load("default", heads="auto", tree="auto")
     session = engine.new_session(capacity=256)
@@ -120,7 +120,7 @@ NETWORK_MODULES = {"socket", "ssl", "http", "urllib.request", "urllib3", "reques
 TELEMETRY_MODULES = {"sentry_sdk", "posthog", "mixpanel", "analytics", "segment", "amplitude", "opentelemetry",
                      "datadog", "ddtrace", "bugsnag", "rollbar", "wandb", "mlflow", "statsd", "prometheus_client",
                      "newrelic", "honeybadger", "logfire"}
-FETCH_MODULES = {"specmemo_core/wheel_fetch.py"}  # the explicit model fetch of the frozen app
+FETCH_MODULES = {"specmemo_core/storage/wheel_fetch.py"}  # the explicit model fetch of the frozen app
 
 
 def _imports(path: Path) -> set[str]:

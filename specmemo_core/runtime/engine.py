@@ -8,16 +8,16 @@ from typing import Any, Callable
 
 import torch
 
-from .chat import ChatSession, end_of_turn_ids
-from .cpu_linear import pack_linears
-from .decoding import Decoder
-from .errors import SpecMemoError
-from .heads import DraftHeads, load_heads, random_heads
-from .model import CausalLM
-from .sources import ModelIdentity, load_model
-from .tree import Tree, is_lookup_only, load_tree, split_lookup
+from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
+from specmemo_core.runtime.cpu_linear import pack_linears
+from specmemo_core.runtime.decoding import Decoder
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
+from specmemo_core.runtime.model import CausalLM
+from specmemo_core.storage.sources import ModelIdentity, load_model
+from specmemo_core.runtime.tree import Tree, is_lookup_only, load_tree, split_lookup
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_TREE = "medusa-64"
 DEFAULT_CAPACITY = 4096
 
@@ -30,7 +30,7 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
     if not isinstance(spec, Path) and (parts := split_lookup(name)) and parts[0]:
         return resolve_tree(parts[0], heads_folder).with_lookup(parts[1])
     if name.startswith("calibrated"):
-        from .train.calibrate import load_calibration, tree_from_calibration
+        from specmemo_core.tools.train.calibrate import load_calibration, tree_from_calibration
 
         record = load_calibration(heads_folder) if heads_folder is not None else None
         if record is None:
@@ -94,7 +94,7 @@ class Engine:
         loaded = load_model(model, dtype=torch.float32, progress=progress)
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
         if precision in ("int8", "int4"):
-            from .quantize import QuantSpec, quantize_model
+            from specmemo_core.runtime.quantize import QuantSpec, quantize_model
 
             if progress is not None:
                 progress(f"quantizing to {precision}", 0.0)
@@ -157,7 +157,7 @@ class Engine:
         scratch = self.tree.num_nodes if use_tree else 1
         heads, tree = (self.heads, self.tree) if use_tree else (None, None)
         if graphs:
-            from .static_decoding import StaticDecoder, new_static_cache
+            from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
             decoder: Decoder = StaticDecoder(self.model, new_static_cache(self.model, capacity + scratch), heads, tree,
                                              graphs=True, capture_stream=self.graph_capture_stream())

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from .distill import Sequences
+from specmemo_core.tools.train.distill import Sequences
 
 IGNORE = -100
 

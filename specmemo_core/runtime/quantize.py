@@ -40,9 +40,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .errors import SpecMemoError
-from .memory import INT4_GROUP_SIZE
-from .model import CausalLM
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.planning.memory import INT4_GROUP_SIZE
+from specmemo_core.runtime.model import CausalLM
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)  # what both int4 kernels (CPU and CUDA tinygemm) take

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ContextFullError
+from specmemo_core.errors import ContextFullError
 
 
 class KVCache:

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from specmemo_core.errors import FetchError
-from specmemo_core.sources import Progress, _hash_copy
+from specmemo_core.storage.sources import Progress, _hash_copy
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 _TIMEOUT_S = 60

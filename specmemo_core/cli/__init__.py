@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from .chat import ChatSession
-from .decoding import GenerationConfig
-from .errors import SpecMemoError
+from specmemo_core.runtime.chat import ChatSession
+from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.errors import SpecMemoError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -106,7 +106,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace):
-    from .engine import Engine
+    from specmemo_core.runtime.engine import Engine
 
     progress = StageProgress()
     try:
@@ -176,8 +176,8 @@ def _device_default() -> str:
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
-    from .train.pipeline import PipelineConfig, run_training
-    from .train.trainer import TrainConfig
+    from specmemo_core.tools.train.pipeline import PipelineConfig, run_training
+    from specmemo_core.tools.train.trainer import TrainConfig
 
     cfg = PipelineConfig(
         model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
@@ -196,7 +196,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .train.pipeline import PipelineConfig, calibrate_folder
+    from specmemo_core.tools.train.pipeline import PipelineConfig, calibrate_folder
 
     cfg = PipelineConfig(model=args.model, heldout_prompts=args.heldout_prompts, heldout_file=args.heldout_file,
                          max_new_tokens=args.reply_tokens, gen_batch=args.gen_batch)
@@ -210,9 +210,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_acceptance(args: argparse.Namespace) -> int:
-    from .datasets import first_queries, load_prompt_file, mtbench_conversations
-    from .engine import Engine, resolve_tree
-    from .evaluate import eval_acceptance
+    from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
+    from specmemo_core.runtime.engine import Engine, resolve_tree
+    from specmemo_core.tools.evaluate import eval_acceptance
 
     progress = StageProgress()
     try:
@@ -241,7 +241,7 @@ def cmd_eval_acceptance(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .device import probe
+    from specmemo_core.planning.device import probe
 
     report = probe()
     if args.json:
@@ -273,8 +273,8 @@ def _prefer(text: str) -> float:
 def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engine):
     """Run the plan on the device with synthetic text. ``--vram SIZE`` on a CUDA GPU caps
     this process at SIZE first, so the run proves the plan fits a GPU of that size."""
-    from .engine import resolve_tree
-    from .plan_check import cap_device, random_model, verify
+    from specmemo_core.runtime.engine import resolve_tree
+    from specmemo_core.planning.plan_check import cap_device, random_model, verify
 
     device = "cuda" if budget.kind == "cuda" else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -282,13 +282,13 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
     if device == "cuda" and args.vram != "auto":
         cap_device(device, budget.total_bytes)
     if args.model.startswith("shape:"):  # random weights of that shape, random hydra heads
-        from .heads import random_heads
+        from specmemo_core.runtime.heads import random_heads
 
         model = random_model(shape, result.precision, device)
         heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=device, dtype=model.dtype)
                  if result.tree else None)
     elif engine is None:  # CPU: the planning engine was packed for fp32 inference; load the plan's own
-        from .engine import Engine
+        from specmemo_core.runtime.engine import Engine
 
         dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(result.precision, torch.bfloat16)
         engine = Engine.load(args.model, heads="auto", tree=None, dtype=dtype, device="cpu",
@@ -296,7 +296,7 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
         model = engine.model
         heads = engine.heads if result.tree else None
     else:
-        from .quantize import QuantSpec, quantize_model
+        from specmemo_core.runtime.quantize import QuantSpec, quantize_model
 
         model = engine.model.to(device)
         if result.precision in ("int8", "int4"):  # weight-only: activations in bf16, as planned
@@ -309,15 +309,15 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
 
 def _tree_option(name: str, options, record, heads_folder):
     """``--tree``: plan with this tree only (its acceptance from the calibration, else the prior)."""
-    from .engine import resolve_tree
-    from .planner import TreeOption, prior_expected_accepted
+    from specmemo_core.runtime.engine import resolve_tree
+    from specmemo_core.planning.planner import TreeOption, prior_expected_accepted
 
     for option in options:
         if option.name == name:
             return option
     tree = resolve_tree(name, heads_folder)
     if record is not None:
-        from .train.calibrate import expected_accepted
+        from specmemo_core.tools.train.calibrate import expected_accepted
 
         accepted = expected_accepted(tree, {tuple(p): r for p, r in record["paths"]})
     else:
@@ -328,9 +328,9 @@ def _tree_option(name: str, options, record, heads_folder):
 def cmd_plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from .device import parse_size, probe
-    from .memory import HeadsShape, ModelShape, known_shape
-    from .planner import Budget, PlanRequest, plan, specmemo_prior_options, tree_options
+    from specmemo_core.planning.device import parse_size, probe
+    from specmemo_core.planning.memory import HeadsShape, ModelShape, known_shape
+    from specmemo_core.planning.planner import Budget, PlanRequest, plan, specmemo_prior_options, tree_options
 
     request = PlanRequest(turns=args.turns, prefer=_prefer(args.prefer), precision=args.precision,
                           prompt_tokens=args.prompt_tokens, reply_tokens=args.reply_tokens)
@@ -347,8 +347,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.model.startswith("shape:"):
         shape, heads, trees = known_shape(args.model[6:]), HeadsShape("hydra", 4, 1), specmemo_prior_options()
     else:
-        from .engine import Engine
-        from .train.calibrate import load_calibration
+        from specmemo_core.runtime.engine import Engine
+        from specmemo_core.tools.train.calibrate import load_calibration
 
         on = "cuda" if budget.kind == "cuda" and torch.cuda.is_available() else "cpu"
         engine = Engine.load(args.model, heads="auto", tree=None, device=on, progress=StageProgress())
@@ -365,7 +365,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         trees = [_tree_option(args.tree, trees, record, folder)]
     step_time = None
     if engine is not None and budget.kind == best.kind:
-        from .plan_check import time_forward
+        from specmemo_core.planning.plan_check import time_forward
 
         step_time = time_forward(engine.model, engine.heads)
     # --tree is the user's choice: use it when it fits, even where the timing says plain is faster
@@ -407,9 +407,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import ALL_METHODS, HF_METHODS, build_methods, format_table, plot_report, report, run_bench, run_info
-    from .datasets import first_queries, load_prompt_file, mtbench_conversations
-    from .engine import Engine
+    from specmemo_core.tools.bench import ALL_METHODS, HF_METHODS, build_methods, format_table, plot_report, report, run_bench, run_info
+    from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
+    from specmemo_core.runtime.engine import Engine
 
     names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
@@ -429,8 +429,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              progress=progress)
         hf = None
         if any(n in HF_METHODS for n in names):
-            from .sources import load_model
-            from .train.pipeline import hf_model_from
+            from specmemo_core.storage.sources import load_model
+            from specmemo_core.tools.train.pipeline import hf_model_from
 
             hf = hf_model_from(load_model(args.model), args.device, dtype)
         methods = build_methods(names, engine, hf, engine.heads_folder, convs, args.max_new_tokens, args.dtype)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding import Decoder, GenerationConfig, _State, draft_tokens, longest_accepted
-from .kv_cache import KVCache
-from .tree import load_tree
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig, _State, draft_tokens, longest_accepted
+from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.tree import load_tree
 
 MIN_SPAN = 256  # the smallest span a step unit attends over (``StaticKVCache.spans``)
 

@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .chat import ChatSession, end_of_turn_ids
-from .decoding import Decoder, GenerationConfig
-from .heads import DraftHeads
-from .model import CausalLM
-from .tree import Tree
+from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.heads import DraftHeads
+from specmemo_core.runtime.model import CausalLM
+from specmemo_core.runtime.tree import Tree
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def run_conversations(
     ``Engine.graph_capture_stream``)."""
     scratch = tree.num_nodes if tree is not None else 1
     if graphs:
-        from .static_decoding import StaticDecoder, new_static_cache
+        from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
         decoder: Decoder = StaticDecoder(model, new_static_cache(model, capacity + scratch), heads, tree, graphs=True,
                                          capture_stream=capture_stream)

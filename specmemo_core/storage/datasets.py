@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.sources import Progress, WheelAsset, data_dir, ensure_wheel_file
+from specmemo_core.storage.sources import Progress, WheelAsset, data_dir, ensure_wheel_file
 
 log = logging.getLogger(__name__)
 

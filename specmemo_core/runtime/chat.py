@@ -10,9 +10,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .decoding import Decoder, GenerationConfig, Step
-from .errors import ContextFullError, SpecMemoError
-from .text import encodable
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig, Step
+from specmemo_core.errors import ContextFullError, SpecMemoError
+from specmemo_core.text import encodable
 
 _PLACEHOLDER = "\x00SPECMEMO{}\x00"
 FLUSH = Step(token_ids=(), accepted=0, forward_s=0.0, tree_nodes=0)

@@ -52,10 +52,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .errors import HeadsError
-from .kv_cache import KVCache
-from .model import DecoderLayer, ModelSpec, apply_rope, attention_bias
-from .tree import TreeBuffers
+from specmemo_core.errors import HeadsError
+from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.model import DecoderLayer, ModelSpec, apply_rope, attention_bias
+from specmemo_core.runtime.tree import TreeBuffers
 
 FORMAT_NAME = "specmemo-heads"
 FORMAT_VERSION = "1"

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from .errors import SpecMemoError
-from .model import CausalLM, causal_mask, tree_mask
-from .planner import Plan, StepTime, linear_step_time
-from .tree import load_tree
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.model import CausalLM, causal_mask, tree_mask
+from specmemo_core.planning.planner import Plan, StepTime, linear_step_time
+from specmemo_core.runtime.tree import load_tree
 
 
 class PlanDoesNotFit(SpecMemoError):
@@ -80,8 +80,8 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
     chain of d levels and a ``big``-node tree are each timed whole (fastest of their
     steps after capture), and the cost per node and per drafted level are solved from
     the three."""
-    from .static_decoding import StaticDecoder, new_static_cache
-    from .tree import specmemo_pruned_tree
+    from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+    from specmemo_core.runtime.tree import specmemo_pruned_tree
 
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
@@ -109,7 +109,7 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
 
 def _fastest_step(decoder: Any, prompt: list[int], max_new_tokens: int, warmup: int) -> float:
     """The fastest decoding step after the first ``warmup`` (which warm up or capture)."""
-    from .decoding import GenerationConfig
+    from specmemo_core.runtime.decoding import GenerationConfig
 
     times = [s.forward_s for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens))
              if not s.prefill]
@@ -117,7 +117,7 @@ def _fastest_step(decoder: Any, prompt: list[int], max_new_tokens: int, warmup: 
 
 
 def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int) -> float:
-    from .decoding import Decoder
+    from specmemo_core.runtime.decoding import Decoder
 
     steps = 2 * repeats + 1
     decoder = Decoder(model, model.new_cache(len(prompt) + (tree.num_nodes + 1) * (steps + 1)), heads, tree)
@@ -208,8 +208,8 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
 
     Weights ~ N(0, 0.02²), norms 1: activations stay finite, and memory is all a plan
     check needs from it."""
-    from .model import ModelSpec, rope_inverse_frequencies
-    from .quantize import QuantSpec, quantize_layer
+    from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies
+    from specmemo_core.runtime.quantize import QuantSpec, quantize_layer
 
     device = torch.device(device)
     config = shape_config(shape)
@@ -258,7 +258,7 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: in
     runtime overhead term (which the allocator does not count). CPU: the process's peak
     resident memory against the predicted total.
     """
-    from .decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 
     device = model.device
     if device.type == "cuda":
@@ -300,6 +300,6 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: in
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
-    from .quantize import weight_bytes
+    from specmemo_core.runtime.quantize import weight_bytes
 
     return weight_bytes(module)

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
-from .memory import PICK_ROWS
+from specmemo_core.runtime.kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
+from specmemo_core.planning.memory import PICK_ROWS
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecMemoError
+from specmemo_core.errors import SpecMemoError
 
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # LM-head rows scored at once where only the argmax is needed (``model.CausalLM.greedy_picks``);

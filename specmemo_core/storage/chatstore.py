@@ -116,7 +116,7 @@ class ChatStore:
 
     def __init__(self, path: Path | None = None) -> None:
         if path is None:
-            from specmemo_core.sources import data_dir  # imported late: sources pulls in torch
+            from specmemo_core.storage.sources import data_dir  # imported late: sources pulls in torch
             path = data_dir() / FILE_NAME
         self.path = Path(path)
         self.recovered_from: Path | None = None

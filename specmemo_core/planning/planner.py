@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .errors import SpecMemoError
-from .memory import (
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.planning.memory import (
     HeadsShape, ModelShape, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
     tree_buffer_bytes, weight_bytes,
 )
@@ -257,7 +257,7 @@ def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:
     r with probability 0.35 × 0.85^j / (r + 1), roughly plain Medusa heads' held-out
     accuracy. Calibrated heads replace it with measured path rates.
     """
-    from .tree import specmemo_pruned_tree
+    from specmemo_core.runtime.tree import specmemo_pruned_tree
 
     options: dict[str, TreeOption] = {}
     for n in TREE_SIZES:
@@ -289,7 +289,7 @@ def tree_options(record: dict | None) -> list[TreeOption]:
 
 def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[TreeOption]:
     """Trees of each size built from the heads' calibration (their measured acceptance)."""
-    from .train.calibrate import expected_accepted, tree_from_calibration
+    from specmemo_core.tools.train.calibrate import expected_accepted, tree_from_calibration
 
     rates = {tuple(p): r for p, r in record["paths"]}
     options = []

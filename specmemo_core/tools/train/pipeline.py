@@ -17,15 +17,15 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..chat import end_of_turn_ids
-from ..datasets import load_prompt_file, sharegpt_conversations
-from ..heads import HeadsSpec, load_heads, save_heads
-from ..model import ModelSpec, rope_inverse_frequencies, rope_tables
-from ..sources import LoadedModel, load_model
-from .calibrate import calibrate, head_ranks, save_calibration
-from .distill import Sequences, generate_replies, user_turns
-from .features import build_features
-from .trainer import TrainConfig, train_heads
+from specmemo_core.runtime.chat import end_of_turn_ids
+from specmemo_core.storage.datasets import load_prompt_file, sharegpt_conversations
+from specmemo_core.runtime.heads import HeadsSpec, load_heads, save_heads
+from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
+from specmemo_core.storage.sources import LoadedModel, load_model
+from specmemo_core.tools.train.calibrate import calibrate, head_ranks, save_calibration
+from specmemo_core.tools.train.distill import Sequences, generate_replies, user_turns
+from specmemo_core.tools.train.features import build_features
+from specmemo_core.tools.train.trainer import TrainConfig, train_heads
 
 Progress = Callable[[str, float], None]
 

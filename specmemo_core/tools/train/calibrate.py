@@ -21,10 +21,10 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..heads import DraftHeads
-from ..tree import MAX_ARITY, Tree, load_tree
-from .features import IGNORE, Features
-from .trainer import Rope, context_hidden, head_lm, head_states
+from specmemo_core.runtime.heads import DraftHeads
+from specmemo_core.runtime.tree import MAX_ARITY, Tree, load_tree
+from specmemo_core.tools.train.features import IGNORE, Features
+from specmemo_core.tools.train.trainer import Rope, context_hidden, head_lm, head_states
 
 CALIBRATION_NAME = "calibration.json"
 MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY

@@ -24,12 +24,12 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .errors import SpecMemoError
-from .heads import DraftHeads
-from .kv_cache import KVCache
-from .lookup import lookup_draft
-from .model import CausalLM
-from .tree import Tree, TreeBuffers
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.heads import DraftHeads
+from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.lookup import lookup_draft
+from specmemo_core.runtime.model import CausalLM
+from specmemo_core.runtime.tree import Tree, TreeBuffers
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
 

@@ -1,0 +1,1 @@
+"""Files on disk: model sources and their cache, wheel downloads, data sets and the chat history."""

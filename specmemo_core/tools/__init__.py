@@ -1,0 +1,1 @@
+"""Tools built on the runtime: benchmarks, acceptance evaluation and head training."""
