@@ -28,7 +28,7 @@ import torch
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.engine import ASSETS_DIR
 from specmemo_core.runtime.heads import load_heads
-from specmemo_core.planning.memory import HeadsShape, activation_peak_bytes, known_shape, tree_buffer_bytes
+from specmemo_core.planning.memory import HeadsShape, TreeShape, activation_peak_bytes, known_shape, tree_buffer_bytes
 from specmemo_core.planning.plan_check import random_model
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
@@ -85,12 +85,12 @@ def main() -> None:
     rows = []
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        nodes, depth = (tree.num_nodes, tree.depth) if tree is not None else (1, 0)
-        widest = tree.widest_drafting_level if tree is not None else None
+        shape_of_tree = TreeShape.of(tree)
+        nodes = shape_of_tree.nodes
         context = args.context + nodes
         for how, temperature in STEPS.items():
-            buffers = tree_buffer_bytes(shape, nodes, context, args.dtype, depth, heads_shape if tree else None,
-                                        widest, sampling=temperature > 0)
+            buffers = tree_buffer_bytes(shape, shape_of_tree, context, args.dtype,
+                                        heads=heads_shape if tree else None, sampling=temperature > 0)
             activations = activation_peak_bytes(shape, nodes, context, args.dtype, "cuda")
             measured = measured_step_bytes(model, heads if tree is not None else None, tree, args.context, how)
             row = {"tree": name, "nodes": nodes, "step": how, "measured_bytes": measured,

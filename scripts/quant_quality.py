@@ -32,7 +32,7 @@ from specmemo_core.runtime.chat import encode_conversation
 from specmemo_core.storage.datasets import mtbench_questions
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.model import CausalLM, causal_mask
-from specmemo_core.runtime.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
+from specmemo_core.runtime.quantize import QuantSpec, held_bytes, linear_weight_bytes, quantize_model
 from specmemo_core.storage.sources import load_model
 
 ROWS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8",), "int4": ("int4",),
@@ -109,7 +109,7 @@ def main() -> None:
         rows[row] = {
             "greedy_agreement": agreement(reference, outs),
             "perplexity": round(perplexity(model, ppl_ids), 3),
-            "weight_bytes": weight_bytes(model),
+            "weight_bytes": held_bytes(model),
             "decoder_linear_weight_bytes": linear_weight_bytes(model),
             "decode_tokens_per_s": round((len(speed_tokens) - 1) / decode_s, 1),
             "quantize_s": round(quantize_s, 2),

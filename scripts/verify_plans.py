@@ -54,15 +54,16 @@ def predicted_now(r: dict) -> int:
     """The recorded plan's peak as the current memory model predicts it (CUDA: without the
     runtime-overhead term, which the allocator does not count). Measured bytes do not
     depend on the formula, so old runs can be re-scored after a formula changes."""
-    from specmemo_core.planning.memory import HeadsShape, known_shape
-    from specmemo_core.planning.planner import _fixed_bytes
+    from specmemo_core.planning.memory import HeadsShape, TreeShape, known_shape
+    from specmemo_core.planning.planner import memory_terms
     from specmemo_core.runtime.tree import load_tree
 
     p = r["plan"]
     model = r["model"]
     shape = known_shape(model[6:] if model.startswith("shape:") else "smollm2-135m")
-    nodes, depth = (p["tree_nodes"], load_tree(p["tree"]).depth) if p["tree"] else (1, 0)
-    terms = _fixed_bytes(shape, HeadsShape("hydra", 4, 1), p["precision"], "cuda", p["kv_tokens"], nodes, depth)
+    tree = TreeShape(p["tree_nodes"], load_tree(p["tree"]).depth) if p["tree"] else TreeShape()
+    terms = memory_terms(shape, HeadsShape("hydra", 4, 1), precision=p["precision"], kind="cuda",
+                         kv_tokens=p["kv_tokens"], tree=tree)
     return sum(terms.values()) - terms["overhead"]
 
 

@@ -170,9 +170,27 @@ def kv_bytes(shape: ModelShape, tokens: int, precision: str) -> int:
     return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens * activation_bytes(precision)
 
 
-def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: str, depth: int = 4,
-                      heads: HeadsShape | None = None, widest: int | None = None, sampling: bool = False,
-                      whole_head: bool = False) -> int:
+@dataclass(frozen=True)
+class TreeShape:
+    """What the memory model needs of a speculation tree: its ``nodes`` (root and any
+    lookup chain included), the ``depth`` its heads draft (0: none), and its widest
+    drafting level (``Tree.widest_drafting_level``; None: as many as its nodes)."""
+
+    nodes: int = 1
+    depth: int = 0
+    widest: int | None = None
+
+    @classmethod
+    def of(cls, tree: Any | None) -> "TreeShape":
+        """The shape of a ``runtime.tree.Tree`` (None: plain decoding)."""
+        return cls(tree.num_nodes, tree.depth, tree.widest_drafting_level) if tree is not None else cls()
+
+
+PLAIN = TreeShape()  # plain decoding: one node, nothing drafted
+
+
+def tree_buffer_bytes(shape: ModelShape, tree: TreeShape, context: int, precision: str, *,
+                      heads: HeadsShape | None = None, sampling: bool = False, whole_head: bool = False) -> int:
     """What one verify step keeps besides the KV cache and the forward's activations.
 
     The base model's scores: greedy keeps one block of the LM head's, N × R × b with
@@ -190,23 +208,24 @@ def tree_buffer_bytes(shape: ModelShape, nodes: int, context: int, precision: st
     v = shape.vocab_size
     per_score = b + 12 if sampling else b
     rows = v if (sampling or whole_head) else min(v, PICK_ROWS)
+    nodes, depth = tree.nodes, tree.depth
     scores = nodes * rows * per_score
     if nodes <= 1:
         return scores + shape.hidden_size * b + context + 1
     vocab = heads.draft_vocab if heads is not None and heads.kind == "hydra" and heads.draft_vocab else v
-    drafts = draft_rows(heads, nodes, depth, widest) * vocab * b
+    drafts = draft_rows(heads, tree) * vocab * b
     return (scores + drafts + 2 * nodes * 8 + nodes * (depth + 1) * 8
             + nodes * nodes + nodes * (context + nodes) + nodes * shape.hidden_size * b)
 
 
-def draft_rows(heads: HeadsShape | None, nodes: int, depth: int, widest: int | None = None) -> int:
+def draft_rows(heads: HeadsShape | None, tree: TreeShape) -> int:
     """Rows of draft logits a step holds at once: Medusa heads score all K heads on one
     state (K rows), chained (Hydra) heads one level's states at a time (the ``widest``
     drafting level, ``Tree.widest_drafting_level``; None: as many as the nodes); none
     without heads or for a tree they do not draft (a lookup chain alone)."""
-    if heads is None or depth == 0 or nodes <= 1:
+    if heads is None or tree.depth == 0 or tree.nodes <= 1:
         return 0
-    return heads.num_heads if heads.kind == "medusa" else (nodes if widest is None else widest)
+    return heads.num_heads if heads.kind == "medusa" else (tree.nodes if tree.widest is None else tree.widest)
 
 
 def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precision: str,
@@ -239,8 +258,12 @@ def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precisio
     return t * s + b * (common + bias + kv_copies + 4 * t * shape.intermediate_size + dequant)
 
 
+OVERHEAD_FRACTION = 0.03  # allocator slack, as a share of the bytes we plan
+
+
 def overhead_bytes(device_kind: str, planned_bytes: int) -> int:
     """What the runtime holds besides our tensors: the CUDA/ROCm context and allocator
-    slack (~500 MiB + 3% of what we plan), or the CPU process (~300 MiB + 3%)."""
+    slack (~500 MiB + ``OVERHEAD_FRACTION`` of what we plan), or the CPU process (~300 MiB
+    + the same share)."""
     base = 500 * 2**20 if device_kind in ("cuda", "rocm") else 300 * 2**20
-    return base + int(0.03 * planned_bytes)
+    return base + int(OVERHEAD_FRACTION * planned_bytes)

@@ -300,6 +300,6 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: in
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
-    from specmemo_core.runtime.quantize import weight_bytes
+    from specmemo_core.runtime.quantize import held_bytes
 
-    return weight_bytes(module)
+    return held_bytes(module)

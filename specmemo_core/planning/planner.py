@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.tree import heads_can_draft
 from specmemo_core.planning.memory import (
-    HeadsShape, ModelShape, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
-    tree_buffer_bytes, weight_bytes,
+    OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, heads_bytes, kv_bytes,
+    overhead_bytes, tree_buffer_bytes, weight_bytes,
 )
 
 QUALITY_ORDER = ("fp32", "bf16", "int8", "int4")  # best first; fp16 only when asked for
@@ -43,6 +43,9 @@ TREE_SIZES = (64, 48, 32, 24, 16, 12, 8, 6, 4, 1)
 LOOKUP_GAIN = {8: 0.80, 3: 0.46}
 LOOKUP_ALONE = {8: 1.62, 3: 1.48}  # tokens per step of a lookup chain alone (no heads), same runs
 PREFILL_CHUNK = 512
+# Bytes a KV-cache token costs with the overhead term that grows with it, plus 1% so the
+# first guess of the cache size rarely needs the rounding loop in ``_layout``.
+KV_TOKEN_GROWTH = 1.0 + OVERHEAD_FRACTION + 0.01
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,10 @@ class TreeOption:
     expected_accepted: float
     widest: int | None = None
 
+    @property
+    def shape(self) -> TreeShape:
+        return TreeShape(self.nodes, self.depth, self.widest)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -124,17 +131,18 @@ class Plan:
 StepTime = Callable[[int, int], float]  # (tree nodes, depth) -> seconds per verify step
 
 
-def _fixed_bytes(model: ModelShape, heads: HeadsShape | None, precision: str, kind: str,
-                 kv_tokens: int, nodes: int, depth: int, widest: int | None = None,
-                 sampling: bool = False) -> dict[str, int]:
+def memory_terms(model: ModelShape, heads: HeadsShape | None, *, precision: str, kind: str, kv_tokens: int,
+                 tree: TreeShape = PLAIN, sampling: bool = False) -> dict[str, int]:
+    """Every term of the memory model for a chat of ``kv_tokens`` on ``tree`` (``memory.py``)."""
     chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
+    nodes = tree.nodes
     terms = {
         "weights": weight_bytes(model, precision, device_kind=kind),
         "heads": heads_bytes(heads, model, precision, kv_tokens + nodes) if nodes > 1 else 0,
         "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
         # on CPU the LM head is packed for oneDNN (fp32) and scored whole
-        "tree_buffers": tree_buffer_bytes(model, nodes, kv_tokens + nodes, precision, depth, heads, widest,
-                                          sampling, whole_head=kind == "cpu"),
+        "tree_buffers": tree_buffer_bytes(model, tree, kv_tokens + nodes, precision, heads=heads,
+                                          sampling=sampling, whole_head=kind == "cpu"),
         "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),
                            activation_peak_bytes(model, nodes, kv_tokens + nodes, precision, kind)),
     }
@@ -154,13 +162,16 @@ def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], b
     return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
 
 
-def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
+def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest, *,
             trees: Sequence[TreeOption], precision: str, step_time: StepTime | None) -> Plan:
     """The plan at one precision (fits=False if even a plain step with the turns does not fit)."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     want_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
-    sampling = request.sampling
-    base = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, 1, 0, sampling=sampling)
+    def terms_for(kv_tokens: int, tree: TreeShape = PLAIN) -> dict[str, int]:
+        return memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens, tree=tree,
+                            sampling=request.sampling)
+
+    base = terms_for(want_tokens)
     if sum(base.values()) > usable:
         return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable)
     spare = usable - sum(base.values())
@@ -169,21 +180,21 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
                and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
 
     def afford(t: TreeOption) -> bool:
-        extra = sum(_fixed_bytes(model, heads, precision, budget.kind, want_tokens, t.nodes, t.depth, t.widest,
-                                 sampling).values())
+        extra = sum(terms_for(want_tokens, t.shape).values())
         return extra - sum(base.values()) <= max(speed_share, 0)
 
     tree = _choose_tree(options, afford, step_time)
-    nodes, depth, widest = (tree.nodes, tree.depth, tree.widest) if tree else (1, 0, None)
-    terms = _fixed_bytes(model, heads, precision, budget.kind, want_tokens, nodes, depth, widest, sampling)
+    shape = tree.shape if tree else PLAIN
+    nodes, depth = shape.nodes, shape.depth
+    terms = terms_for(want_tokens, shape)
     # What is left (the turns share) extends the KV cache, up to the model's context.
-    per_token = kv_bytes(model, 1, precision) * 1.04  # overhead grows with it
+    per_token = kv_bytes(model, 1, precision) * KV_TOKEN_GROWTH
     extra_tokens = int((usable - sum(terms.values())) // per_token)
     kv_tokens = min(model.max_context, want_tokens + max(extra_tokens, 0))
-    terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth, widest, sampling)
-    while sum(terms.values()) > usable and kv_tokens > want_tokens:  # rounding of the 3% term
+    terms = terms_for(kv_tokens, shape)
+    while sum(terms.values()) > usable and kv_tokens > want_tokens:  # rounding of the overhead term
         kv_tokens = max(want_tokens, kv_tokens - 64)
-        terms = _fixed_bytes(model, heads, precision, budget.kind, kv_tokens, nodes, depth, widest, sampling)
+        terms = terms_for(kv_tokens, shape)
     turns = max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn)
     speed = None
     if step_time is not None:
@@ -205,7 +216,8 @@ def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: P
     """Choose precision, tree and KV size for ``request`` on ``budget`` (pure; see module doc)."""
     precisions = (request.precision,) if request.precision else (
         QUALITY_ORDER if budget.kind == "cpu" else QUALITY_ORDER[1:])
-    candidates = [_layout(budget, model, heads, request, trees, p, step_time) for p in precisions]
+    candidates = [_layout(budget, model, heads, request, trees=trees, precision=p, step_time=step_time)
+                  for p in precisions]
     fitting = [c for c in candidates if c.fits]
     if not fitting:
         return _refusal(budget, model, heads, request, candidates[-1])
@@ -223,12 +235,12 @@ def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, reques
     """Nothing fits: say what would, before anything is loaded."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     precision = smallest.precision
-    fixed = _fixed_bytes(model, heads, precision, budget.kind, 0, 1, 0, sampling=request.sampling)
+    fixed = memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=0, sampling=request.sampling)
     per_turn = kv_bytes(model, request.tokens_per_turn, precision)
     suggestions = []
     room = usable - sum(fixed.values())
     if room > per_turn:
-        turns = int(room // (per_turn * 1.04))
+        turns = int(room // (per_turn * KV_TOKEN_GROWTH))
         suggestions.append(f"ask for at most {turns} turns (of {request.tokens_per_turn} tokens) at {precision}")
     if request.precision and request.precision != "int4":
         suggestions.append("let the planner choose the precision (int8 / int4 weights)")

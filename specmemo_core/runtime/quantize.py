@@ -211,8 +211,9 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes held by the parameters and buffers, measured from the tensors themselves.
+def held_bytes(model: nn.Module) -> int:
+    """Bytes a module's parameters and buffers hold, measured from the tensors themselves
+    (``memory.weight_bytes`` predicts them from the shapes).
 
     A tied weight (``lm_head`` = embedding) counts once.
     """

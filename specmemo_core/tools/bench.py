@@ -299,14 +299,14 @@ def plot_report(result: dict[str, Any], png: str | Path) -> Path:
 def predicted_memory(model: Any, heads: Any, tree: Any, precision: str, device_kind: str) -> tuple[int, int]:
     """(tree-buffer bytes, total bytes) the planner's memory model gives our decoder with
     ``tree`` (None: plain) and a ``BENCH_CONTEXT``-token KV cache."""
-    from specmemo_core.planning.memory import HeadsShape, ModelShape
-    from specmemo_core.planning.planner import _fixed_bytes
+    from specmemo_core.planning.memory import HeadsShape, ModelShape, TreeShape
+    from specmemo_core.planning.planner import memory_terms
 
     shape = ModelShape.from_spec(model.spec)
-    nodes, depth = (tree.num_nodes, tree.depth) if tree is not None else (1, 0)
-    widest = tree.widest_drafting_level if tree is not None else None
-    heads_shape = HeadsShape.from_spec(heads.spec) if (heads is not None and nodes > 1) else None
-    terms = _fixed_bytes(shape, heads_shape, precision, device_kind, BENCH_CONTEXT, nodes, depth, widest)
+    tree_shape = TreeShape.of(tree)
+    heads_shape = HeadsShape.from_spec(heads.spec) if (heads is not None and tree_shape.nodes > 1) else None
+    terms = memory_terms(shape, heads_shape, precision=precision, kind=device_kind, kv_tokens=BENCH_CONTEXT,
+                         tree=tree_shape)
     return terms["tree_buffers"], sum(terms.values())
 
 

@@ -6,7 +6,7 @@ import torch
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.planning.memory import (
-    HeadsShape, ModelShape, heads_bytes, known_shape, kv_bytes, tree_buffer_bytes, weight_bytes,
+    HeadsShape, ModelShape, TreeShape, heads_bytes, known_shape, kv_bytes, tree_buffer_bytes, weight_bytes,
 )
 from specmemo_core.runtime.model import ModelSpec
 from tests.tiny import tiny_config, tiny_model
@@ -73,9 +73,9 @@ def test_kv_and_heads_match_real_allocations():
 
 def test_tree_buffers_grow_with_nodes():
     s = known_shape("smollm2-135m")
-    small, big = tree_buffer_bytes(s, 16, 1000, "fp32"), tree_buffer_bytes(s, 64, 1000, "fp32")
+    small, big = tree_buffer_bytes(s, TreeShape(16, 4), 1000, "fp32"), tree_buffer_bytes(s, TreeShape(64, 4), 1000, "fp32")
     assert big > 3.5 * small
-    assert tree_buffer_bytes(s, 64, 1000, "fp32", sampling=True) >= 64 * 49152 * (4 + 12)  # logits, fp32 probs
+    assert tree_buffer_bytes(s, TreeShape(64, 4), 1000, "fp32", sampling=True) >= 64 * 49152 * (4 + 12)  # logits, fp32 probs
 
 
 def test_greedy_steps_hold_one_block_of_scores_and_the_heads_draft_rows():
@@ -85,16 +85,16 @@ def test_greedy_steps_hold_one_block_of_scores_and_the_heads_draft_rows():
     from specmemo_core.planning.memory import PICK_ROWS
 
     s, n = known_shape("smollm2-135m"), 64
-    greedy = tree_buffer_bytes(s, n, 1000, "bf16")  # no heads: a lookup chain alone
-    whole = tree_buffer_bytes(s, n, 1000, "bf16", whole_head=True)
-    sampled = tree_buffer_bytes(s, n, 1000, "bf16", sampling=True)
+    greedy = tree_buffer_bytes(s, TreeShape(n, 4), 1000, "bf16")  # no heads: a lookup chain alone
+    whole = tree_buffer_bytes(s, TreeShape(n, 4), 1000, "bf16", whole_head=True)
+    sampled = tree_buffer_bytes(s, TreeShape(n, 4), 1000, "bf16", sampling=True)
     assert whole - greedy == n * (49152 - PICK_ROWS) * 2
     assert sampled - whole == n * 49152 * 12
     hydra = HeadsShape("hydra", 4, 1, draft_vocab=8192)
-    assert tree_buffer_bytes(s, n, 1000, "bf16", 4, hydra, widest=28) - greedy == 28 * 8192 * 2
-    assert tree_buffer_bytes(s, n, 1000, "bf16", 4, hydra) - greedy == n * 8192 * 2  # widest unknown: every node
-    assert tree_buffer_bytes(s, n, 1000, "bf16", 4, HeadsShape("medusa", 4, 1), widest=28) - greedy == 4 * 49152 * 2
-    assert tree_buffer_bytes(s, n, 1000, "bf16", 0, hydra, widest=28) == tree_buffer_bytes(s, n, 1000, "bf16", 0)
+    assert tree_buffer_bytes(s, TreeShape(n, 4, 28), 1000, "bf16", heads=hydra) - greedy == 28 * 8192 * 2
+    assert tree_buffer_bytes(s, TreeShape(n, 4), 1000, "bf16", heads=hydra) - greedy == n * 8192 * 2  # widest unknown: every node
+    assert tree_buffer_bytes(s, TreeShape(n, 4, 28), 1000, "bf16", heads=HeadsShape("medusa", 4, 1)) - greedy == 4 * 49152 * 2
+    assert tree_buffer_bytes(s, TreeShape(n, 0, 28), 1000, "bf16", heads=hydra) == tree_buffer_bytes(s, TreeShape(n, 0), 1000, "bf16")
 
 
 def test_unknown_names_are_refused():

@@ -10,7 +10,7 @@ from specmemo_core.runtime.heads import random_heads
 from specmemo_core.planning.memory import ModelShape, weight_bytes
 from specmemo_core.planning.plan_check import random_model, verify
 from specmemo_core.planning.planner import Budget, PlanRequest, plan
-from specmemo_core.runtime.quantize import weight_bytes as measured_weight_bytes
+from specmemo_core.runtime.quantize import held_bytes as measured_weight_bytes
 from specmemo_core.runtime.tree import load_tree
 
 SHAPE = ModelShape("tiny", 512, 256, 512, 2, 4, 2, 64, False, 1024)

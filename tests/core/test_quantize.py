@@ -14,7 +14,7 @@ import torch
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.model import causal_mask
-from specmemo_core.runtime.quantize import QuantSpec, linear_weight_bytes, quantize_model, weight_bytes
+from specmemo_core.runtime.quantize import QuantSpec, held_bytes, linear_weight_bytes, quantize_model
 from tests.tiny import tiny_model
 
 INT8_REL_ERR = 0.035
@@ -48,7 +48,7 @@ def test_int8_shrinks_linears_and_stays_close(tie):
     ref = _model(tie_word_embeddings=tie)
     model = quantize_model(_model(tie_word_embeddings=tie), QuantSpec("int8"))
     assert linear_weight_bytes(ref) / linear_weight_bytes(model) >= 2.5
-    assert weight_bytes(model) < weight_bytes(ref)
+    assert held_bytes(model) < held_bytes(ref)
     assert _rel_err(_logits(model, TOKENS), _logits(ref, TOKENS)) < INT8_REL_ERR
     assert model.lm_head.weight.dtype == torch.float32  # kept in the activation dtype
     assert len(_greedy(model, TOKENS.tolist())) == 12
@@ -66,7 +66,7 @@ def test_int4_runs_on_cpu(group_size):
 def test_weight_bytes_counts_scales_and_tied_weights_once():
     ref = _model(tie_word_embeddings=True)
     fp32 = sum(p.numel() * 4 for p in ref.parameters()) + ref.inv_freq.numel() * 4
-    assert weight_bytes(ref) == fp32
+    assert held_bytes(ref) == fp32
     model = quantize_model(_model(tie_word_embeddings=True), QuantSpec("int8"))
     linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     values = sum(m.in_features * m.out_features for m in linears)  # one int8 byte each
