@@ -416,6 +416,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specmemo_core.tools.bench import ALL_METHODS, HF_METHODS, build_methods, format_table, plot_report, report, run_bench, run_info
     from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
     from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.sources import data_dir
 
     names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
@@ -439,12 +440,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from specmemo_core.tools.train.pipeline import hf_model_from
 
             hf = hf_model_from(load_model(args.model), args.device, dtype)
-        methods = build_methods(names, engine, hf, engine.heads_folder, convs, args.max_new_tokens, args.dtype)
+        methods = build_methods(names, engine, hf, convs, max_new_tokens=args.max_new_tokens, precision=args.dtype,
+                                data_folder=data_dir())
 
         def full_report(passes: dict) -> dict:
             result = report(methods, passes)
-            result["_run"] = run_info(engine.identity.name, args.device, args.dtype, convs, args.max_new_tokens,
-                                      args.repeats, names) | {"rounds_done": len(next(iter(passes.values())))}
+            result["_run"] = run_info(engine.identity.name, args.device, args.dtype, conversations=convs,
+                                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names)
+            result["_run"]["rounds_done"] = len(next(iter(passes.values())))
             return result
 
         def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured

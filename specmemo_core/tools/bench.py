@@ -102,13 +102,16 @@ class Method:
 
 
 # -- runners ------------------------------------------------------------------
-def ours_runner(model: Any, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], heads: Any,
-                tree: Any, max_new_tokens: int, graphs: bool = False, capture_stream: Any = None) -> Callable[[], Pass]:
+def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, *, max_new_tokens: int,
+                graphs: bool = False) -> Callable[[], Pass]:
     """Our decoder (plain when ``tree`` is None) over the conversations, via evaluate.run_conversations;
-    ``graphs``: the static-shape decoder (CUDA graphs on a GPU, captured on ``capture_stream``)."""
+    ``graphs``: the static-shape decoder (CUDA graphs on a GPU, captured on the engine's one
+    stream, as the app's sessions are)."""
+    heads = engine.heads if tree is not None else None
+    capture_stream = engine.graph_capture_stream()
 
     def run() -> Pass:
-        r = run_conversations(model, tokenizer, config, conversations, heads if tree is not None else None, tree,
+        r = run_conversations(engine.model, engine.tokenizer, engine.config, conversations, heads, tree,
                               max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, capture_stream=capture_stream)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
 
@@ -261,7 +264,7 @@ def report(methods: Sequence[Method], passes: dict[str, list[Pass]]) -> dict[str
     return out
 
 
-def run_info(model_name: str, device: str, dtype: str, conversations: Sequence[Sequence[str]],
+def run_info(model_name: str, device: str, dtype: str, *, conversations: Sequence[Sequence[str]],
              max_new_tokens: int, repeats: int, methods: Sequence[str], warmup: int = 1) -> dict[str, Any]:
     """The report's ``_run`` entry: the settings and the machine, so a result can be re-run."""
     import os
@@ -328,8 +331,8 @@ def planner_choice(engine: Any, precision: str, reply_tokens: int, *, timing: St
     return make_plan(plan_inputs(engine, info, timing), PlanChoices(reply_tokens=reply_tokens, precision=precision))
 
 
-def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path | None,
-                  conversations: Sequence[Sequence[str]], max_new_tokens: int, precision: str, *,
+def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Sequence[Sequence[str]], *,
+                  max_new_tokens: int, precision: str,
                   plan_timing: StepTiming | None = None, data_folder: Path | None = None) -> list[Method]:
     """Methods by name over a loaded Engine (ours) and a transformers model (``hf``)."""
     from specmemo_core.runtime.chat import end_of_turn_ids
@@ -341,9 +344,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
 
     def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
-        # every pass of every method captures on the engine's one stream, as the app's sessions do
-        run = ours_runner(engine.model, engine.tokenizer, engine.config, conversations, engine.heads, tree,
-                          max_new_tokens, graphs, engine.graph_capture_stream())
+        run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs)
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
 
@@ -366,13 +367,13 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
         elif name == "plan":
             chosen = planner_choice(engine, precision, max_new_tokens, timing=plan_timing,
                                     data_folder=data_folder)
-            tree = resolve_tree(chosen.tree, heads_folder) if chosen.tree else None
+            tree = resolve_tree(chosen.tree, engine.heads_folder) if chosen.tree else None
             speed = chosen.predicted_tokens_per_s
             note = (f"planner chose {chosen.tree or 'plain decoding'}"
                     + (f", predicted {speed:.1f} tokens/s" if speed else "") + (f"; {graph_note}" if graphs else ""))
             methods.append(ours(full_name, tree, note, graphs))
         else:
-            tree = resolve_tree(name, heads_folder)
+            tree = resolve_tree(name, engine.heads_folder)
             tree.check_heads(engine.heads.num_heads if engine.heads is not None else None)
             methods.append(ours(full_name, tree, graph_note, graphs))
     return methods

@@ -136,7 +136,7 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     hf = tiny_hf_model(seed=3, vocab_size=300)
     names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs",
              "1-10-16-17+lookup-8", "lookup-4+graphs"]
-    methods = build_methods(names, engine, hf, None, CONVERSATIONS, max_new_tokens=24, precision="fp32",
+    methods = build_methods(names, engine, hf, CONVERSATIONS, max_new_tokens=24, precision="fp32",
                             plan_timing=StepTiming(1.0, 1.0, 64, 0.0))  # trees cost nothing extra: plan picks one
     out = report(methods, run_bench(methods, repeats=1, warmup=1))
     assert list(out) == names
@@ -160,7 +160,8 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
 def test_plan_may_choose_plain_decoding_and_says_so():
     engine = _engine()
     slow_trees = StepTiming(t1=2.0, t_big=65.0, big=64, draft_level=0.0)  # every node costs a whole forward
-    (method,) = build_methods(["plan"], engine, None, None, CONVERSATIONS, 8, "fp32", plan_timing=slow_trees)
+    (method,) = build_methods(["plan"], engine, None, CONVERSATIONS, max_new_tokens=8, precision="fp32",
+                              plan_timing=slow_trees)
     assert method.tree is None and method.tree_nodes == 1 and "plain decoding" in method.note
 
 

@@ -33,7 +33,7 @@ MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_A
 
 
 @torch.inference_mode()
-def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear,
+def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear, *,
                device: str | torch.device = "cpu", batch_size: int = 4096, rope: Rope | None = None) -> torch.Tensor:
     """[M, K] rank of the true token in each head's guesses (MISS if ≥ 10, -1 if no target).
     Heads with a context layer need ``feats`` built with ``keep_all`` and ``rope``."""

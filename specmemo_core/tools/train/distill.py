@@ -76,7 +76,7 @@ class Sequences:
 
 
 def generate_replies(
-    hf_model: Any, tokenizer: Any, conversations: Sequence[Sequence[str]], max_prompt_tokens: int = 1024,
+    hf_model: Any, tokenizer: Any, conversations: Sequence[Sequence[str]], *, max_prompt_tokens: int = 1024,
     max_new_tokens: int = 256, batch_size: int = 64, stop_ids: Sequence[int] = (),
     progress: Progress | None = None,
 ) -> Sequences:

@@ -45,7 +45,7 @@ def training_positions(seqs: Sequences) -> torch.Tensor:
 
 
 def build_features(
-    hf_model: Any, seqs: Sequences, num_heads: int, store_dtype: torch.dtype = torch.bfloat16,
+    hf_model: Any, seqs: Sequences, num_heads: int, *, store_dtype: torch.dtype = torch.bfloat16,
     batch_size: int = 32, progress: Callable[[str, float], None] | None = None, keep_all: bool = False,
 ) -> Features:
     """Run the frozen base model (a transformers causal LM, batched, right-padded) once

@@ -142,15 +142,15 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
                      draft_vocab=draft_vocab)
     embed, lm_head = frozen_io(hf)
     t0 = time.perf_counter()
-    heads = train_heads(feats, spec, embed, lm_head, cfg.train, out, device, progress, log,
-                        rope=base_rope(loaded.config))
+    heads = train_heads(feats, spec, embed, lm_head, cfg.train, out_dir=out, device=device, progress=progress,
+                        log=log, rope=base_rope(loaded.config))
     train_s = time.perf_counter() - t0
     if draft_vocab:
         heads.vocab_ids.copy_(frequent_tokens(train_seqs, vocab, draft_vocab))
     save_heads(heads.float(), out, dtype=torch.bfloat16)
     del feats
     heldout = _distilled(out, hf, loaded, cfg, True, progress)
-    record = run_calibration(out, loaded, hf, cfg, device, progress, heldout)
+    record = run_calibration(out, loaded, hf, cfg, device=device, progress=progress, heldout=heldout)
     card = {
         "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
         "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "context_layer": cfg.context,
@@ -170,13 +170,13 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     return card
 
 
-def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineConfig, device: str,
+def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineConfig, *, device: str,
                     progress: Progress | None, heldout: Sequences) -> dict[str, Any]:
     heads = load_heads(folder, loaded.config.hidden_size, loaded.config.vocab_size, loaded.identity.fingerprint,
                        device=device)
     feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
-    ranks = head_ranks(heads, feats, embed, lm_head, device, rope=base_rope(loaded.config))
+    ranks = head_ranks(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config))
     record = calibrate(ranks, heads.spec.kind)
     save_calibration(record, folder)
     return record
@@ -188,4 +188,4 @@ def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: P
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     hf = hf_model_from(loaded, device, dtype)
     heldout = _distilled(folder, hf, loaded, cfg, True, progress)
-    return run_calibration(folder, loaded, hf, cfg, device, progress, heldout)
+    return run_calibration(folder, loaded, hf, cfg, device=device, progress=progress, heldout=heldout)

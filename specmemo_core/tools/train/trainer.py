@@ -118,8 +118,64 @@ def _lr(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """The training tensors on the device (``Features`` moved once)."""
+
+    hidden: torch.Tensor  # [M, D]
+    all_hidden: torch.Tensor | None
+    targets: torch.Tensor  # [M, K]
+    parents: torch.Tensor  # [M]
+    teacher_rows: torch.Tensor  # [M, K]
+
+
+def _resume(ckpt: Path | None, heads: nn.Module, opt: torch.optim.Optimizer, device: str | torch.device) -> int:
+    """The step to start from: a checkpoint's, after loading it, else 0."""
+    if ckpt is None or not ckpt.exists():
+        return 0
+    state = torch.load(ckpt, map_location=device, weights_only=True)
+    heads.load_state_dict(state["heads"])
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def _save_checkpoint(ckpt: Path, heads: nn.Module, opt: torch.optim.Optimizer, done: int) -> None:
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt.with_suffix(".tmp")
+    torch.save({"heads": heads.state_dict(), "optimizer": opt.state_dict(), "step": done}, tmp)
+    tmp.replace(ckpt)
+
+
+def _step_loss(heads: DraftHeads, step: int, data: _Batch, *, feats: Features, spec: HeadsSpec,
+               io: tuple[nn.Embedding, nn.Linear], cfg: TrainConfig, rope: Rope | None,
+               device: str | torch.device) -> torch.Tensor:
+    """The weighted distillation loss of one batch over every head."""
+    embed, lm_head = io
+    loss = torch.zeros((), device=device)
+    if spec.has_context:
+        idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device, data.all_hidden)
+    else:
+        idx = _batch_indices(step, data.hidden.shape[0], cfg).to(device)
+        h = data.hidden[idx].float()  # [B, D]
+    states = head_states(heads, h, data.parents[idx], embed)  # K x [B, D]
+    for k in range(spec.num_heads):
+        ok = data.targets[idx, k] != IGNORE  # [B]
+        if not ok.any():
+            continue
+        rows = idx[ok]
+        student = head_lm(heads, k, lm_head)(states[k][ok]).float()  # [b, V]
+        weight = cfg.loss_decay ** k
+        if cfg.soft_targets:
+            with torch.no_grad():
+                teacher = F.softmax(lm_head(data.hidden[data.teacher_rows[rows, k]].float()).float(), dim=-1)  # [b, V]
+            loss = loss + weight * -(teacher * F.log_softmax(student, dim=-1)).sum(-1).mean()
+        else:
+            loss = loss + weight * F.cross_entropy(student, data.targets[rows, k])
+    return loss
+
+
 def train_heads(
-    feats: Features, spec: HeadsSpec, embed: nn.Embedding, lm_head: nn.Linear, cfg: TrainConfig,
+    feats: Features, spec: HeadsSpec, embed: nn.Embedding, lm_head: nn.Linear, cfg: TrainConfig, *,
     out_dir: Path | None = None, device: str | torch.device = "cpu",
     progress: Callable[[str, float], None] | None = None, log: Callable[[str], None] | None = None,
     rope: Rope | None = None,
@@ -133,44 +189,18 @@ def train_heads(
     torch.manual_seed(cfg.seed)
     heads = new_heads(spec).to(device).train()
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start = 0
     ckpt = out_dir / CHECKPOINT_NAME if out_dir else None
-    if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=True)
-        heads.load_state_dict(state["heads"])
-        opt.load_state_dict(state["optimizer"])
-        start = int(state["step"])
-    hidden = feats.hidden.to(device)
-    all_hidden = feats.all_hidden.to(device) if spec.has_context else None
-    targets, parents, teacher_rows = (t.to(device) for t in (feats.targets, feats.parents, feats.teacher_rows))
-    embed, lm_head = embed.to(device), lm_head.to(device)
-    weights = [cfg.loss_decay ** k for k in range(spec.num_heads)]
-    m = hidden.shape[0]
+    start = _resume(ckpt, heads, opt, device)
+    data = _Batch(feats.hidden.to(device), feats.all_hidden.to(device) if spec.has_context else None,
+                  *(t.to(device) for t in (feats.targets, feats.parents, feats.teacher_rows)))
+    io = (embed.to(device), lm_head.to(device))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if torch.device(device).type == "cuda" else None
     t0 = time.perf_counter()
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        loss = torch.zeros((), device=device)
         with autocast if autocast else torch.enable_grad():
-            if spec.has_context:
-                idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device, all_hidden)
-            else:
-                idx = _batch_indices(step, m, cfg).to(device)
-                h = hidden[idx].float()  # [B, D]
-            states = head_states(heads, h, parents[idx], embed)  # K x [B, D]
-            for k in range(spec.num_heads):
-                ok = targets[idx, k] != IGNORE  # [B]
-                if not ok.any():
-                    continue
-                rows = idx[ok]
-                student = head_lm(heads, k, lm_head)(states[k][ok]).float()  # [b, V]
-                if cfg.soft_targets:
-                    with torch.no_grad():
-                        teacher = F.softmax(lm_head(hidden[teacher_rows[rows, k]].float()).float(), dim=-1)  # [b, V]
-                    loss = loss + weights[k] * -(teacher * F.log_softmax(student, dim=-1)).sum(-1).mean()
-                else:
-                    loss = loss + weights[k] * F.cross_entropy(student, targets[rows, k])
+            loss = _step_loss(heads, step, data, feats=feats, spec=spec, io=io, cfg=cfg, rope=rope, device=device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -180,8 +210,5 @@ def train_heads(
         if log and (done % 200 == 0 or done == cfg.steps):
             log(f"step {done}/{cfg.steps} loss {loss.item():.4f} ({time.perf_counter() - t0:.0f} s)")
         if ckpt is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"heads": heads.state_dict(), "optimizer": opt.state_dict(), "step": done}, tmp)
-            tmp.replace(ckpt)
+            _save_checkpoint(ckpt, heads, opt, done)
     return heads.eval().requires_grad_(False)
