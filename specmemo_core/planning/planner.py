@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.decoding import PREFILL_CHUNK
 from specmemo_core.planning.memory import (
     HeadsShape, ModelShape, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
     tree_buffer_bytes, weight_bytes,
@@ -41,7 +42,6 @@ TREE_SIZES = (64, 48, 32, 24, 16, 12, 8, 6, 4, 1)
 # (MT-Bench: +1.2 with 8).
 LOOKUP_GAIN = {8: 0.80, 3: 0.46}
 LOOKUP_ALONE = {8: 1.62, 3: 1.48}  # tokens per step of a lookup chain alone (no heads), same runs
-PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
+from specmemo_core.runtime.heads import DraftHeads, HeadsModule, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM
 from specmemo_core.storage.sources import ModelIdentity, load_model
 from specmemo_core.runtime.tree import Tree, is_lookup_only, load_tree, split_lookup
@@ -100,7 +100,7 @@ class Engine:
                 progress(f"quantizing to {precision}", 0.0)
             quantize_model(lm, QuantSpec(precision))
         spec = lm.spec
-        draft: DraftHeads | None = None
+        draft: HeadsModule | None = None
         folder: Path | None = None
         if heads == "random":
             draft = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=loaded.identity.name,
@@ -112,7 +112,7 @@ class Engine:
         elif heads not in (None, "none"):
             folder = Path(heads) if Path(heads).is_dir() else Path(heads).parent
             draft = load_heads(heads, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
-        if draft is not None and getattr(draft, "vocab_ids", None) is not None:
+        if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
             pack_linears(lm)
