@@ -268,3 +268,48 @@ def test_untrained_context_layer_passes_hidden_through():
     cos, sin = torch.ones(5, 16), torch.zeros(5, 16)
     out = heads.context(h, cos, sin, causal_mask(0, 5), heads.context.new_cache(5, torch.float32, "cpu"))
     assert torch.equal(out, h)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory):
+    """A tiny random-weight model saved as a Hugging Face folder, as ``Engine.load`` reads one."""
+    from tests.tiny import tiny_hf_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf_model(seed=21).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _session_replies(engine, speculate, graphs, turns, n=40):
+    """Every reply's token ids over a multi-turn session, and each decoding step's accepted count."""
+    session = engine.new_session(256, speculate=speculate, graphs=graphs)
+    replies, accepted = [], []
+    for turn in turns:
+        ids = []
+        for piece in session.send(turn, GenerationConfig(max_new_tokens=n)):
+            ids.extend(piece.step.token_ids)
+            if piece.step.accepted and not piece.step.prefill:
+                accepted.append(piece.step.accepted)
+        replies.append(ids)
+    return replies, accepted
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("heads, tree", [("random", "1-10-16-17+lookup-8"), ("random", "medusa-64"),
+                                         ("none", "lookup-8")])
+def test_engine_sessions_speculate_exactly_as_plain_greedy(tiny_model_folder, heads, tree, graphs):
+    """The app's path: Engine.load → new_session → send, speculating or not, with the
+    sliced decoder or the static one (run eagerly on CPU): the same replies token for
+    token, over two turns (the second reuses the first's cache)."""
+    from specmemo_core.runtime.engine import Engine
+
+    engine = Engine.load(str(tiny_model_folder), heads=heads, tree=tree)
+    assert engine.speculative
+    turns = ["Hello, how are you?", "Tell me about the quick brown fox."]
+    plain, plain_accepted = _session_replies(engine, False, graphs, turns)
+    spec, accepted = _session_replies(engine, True, graphs, turns)
+    assert spec == plain and all(plain)
+    assert max(plain_accepted) == 1
+    if tree != "medusa-64":  # the lookup chain copies the tiny model's loops
+        assert max(accepted) > 1
