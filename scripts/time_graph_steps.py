@@ -58,7 +58,7 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     return len(kernels)
 
 
-def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, capacity: int = 4096) -> float:
+def time_steps(model, heads, tree, graphs: bool, steps: int, *, context: int = 1000, capacity: int = 4096) -> float:
     decoder = StaticDecoder(model, new_static_cache(model, max(capacity, context + 2 * steps * 5 + 64)), heads, tree,
                             graphs=graphs)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -103,7 +103,7 @@ def main() -> None:
                  if tree else None)
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
-            ms = time_steps(model, heads, tree, mode != "eager", args.steps, args.context, args.capacity)
+            ms = time_steps(model, heads, tree, mode != "eager", args.steps, context=args.context, capacity=args.capacity)
             key = name + ("" if mode == "eager" else f"+{mode}")
             out["ms_per_step"][key] = round(ms, 3)
             out["first_step_s"][key] = round(time.perf_counter() - t0, 1)  # includes the captures

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
 import torch
@@ -95,7 +95,8 @@ class ReplyStats:
 
     def as_dict(self) -> dict[str, object]:
         """The totals without the text and step times (rounded), as the chat store keeps them."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("text", "step_times")}
+        out = asdict(self)
+        del out["text"], out["step_times"]
         out.update(seconds=round(self.seconds, 4), prefill_s=round(self.prefill_s, 4),
                    tokens_per_s=round(self.tokens_per_s, 3), mean_accepted=round(self.mean_accepted, 3))
         return out

@@ -78,6 +78,7 @@ class Engine:
     def load(
         cls,
         model: str | Path = "default",
+        *,
         heads: str | Path | None = "auto",
         tree: str | Path | None = "auto",
         dtype: torch.dtype = torch.float32,

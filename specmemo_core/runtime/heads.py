@@ -301,7 +301,7 @@ def new_heads(spec: HeadsSpec) -> HeadsModule:
 
 
 def random_heads(
-    num_heads: int, hidden_size: int, vocab_size: int, seed: int = 0, scale: float = 0.02,
+    num_heads: int, hidden_size: int, vocab_size: int, *, seed: int = 0, scale: float = 0.02,
     base_name: str = "", base_fingerprint: str = "", kind: str = "medusa", num_layers: int = 1,
     context: tuple[int, int, int, int] | None = None,
 ) -> HeadsModule:
