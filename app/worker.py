@@ -9,46 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.decoding import GenerationConfig, ReplyStats
 from specmemo_core.errors import ContextFullError, SpecMemoError
 
 from .context_window import Messages, TooLongError, fit_window, system_messages
 
 CONTEXT_MARGIN = 16  # tokens: re-encoded replies may split a little differently
-
-
-@dataclass
-class ReplyStats:
-    """Running totals over one reply (also what ``finished`` carries)."""
-
-    text: str = ""
-    tokens: int = 0
-    seconds: float = 0.0
-    prefill_s: float = 0.0  # reading the prompt, before the first token
-    steps: int = 0  # verify steps after the prefill
-    drafted: int = 0  # tokens those steps emitted
-    stopped: bool = False
-    context_turns_dropped: int = 0  # turns of this conversation outside the model's context
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Decoding speed: tokens after the first over the time after the prefill."""
-        decoding = self.seconds - self.prefill_s
-        return (self.tokens - 1) / decoding if self.steps and decoding > 0 else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.drafted / self.steps if self.steps else 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        out = asdict(self)
-        del out["text"]
-        out.update(tokens_per_s=round(self.tokens_per_s, 3), mean_accepted=round(self.mean_accepted, 3))
-        return out
 
 
 @dataclass(frozen=True)
@@ -129,18 +99,10 @@ class ChatWorker(QObject):
         start = last = time.perf_counter()
         try:
             for piece in session.send(job.user_text, job.config, self.cancel):
-                step = piece.step
-                stats.tokens += len(step.token_ids)
-                if step.prefill:
-                    stats.prefill_s = time.perf_counter() - start
-                elif step.accepted:
-                    stats.steps += 1
-                    stats.drafted += step.accepted
-                if piece.text:
-                    stats.text += piece.text
-                    self.token_ready.emit(piece.text)
                 now = time.perf_counter()
-                stats.seconds = now - start
+                stats.add(piece.step, piece.text, now - start)
+                if piece.text:
+                    self.token_ready.emit(piece.text)
                 if now - last > 0.2:
                     last = now
                     self.stats_updated.emit(stats)

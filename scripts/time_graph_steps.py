@@ -22,26 +22,26 @@ from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.planning.memory import known_shape
 from specmemo_core.planning.plan_check import random_model
-from specmemo_core.runtime.static_decoding import GreedyStep, StaticDecoder, new_static_cache
+from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.runtime.step import GreedyAcceptance, StepUnit
 from specmemo_core.runtime.tree import load_tree
 
 
 def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096) -> int:
     """GPU kernels launched by one greedy step unit, run uncaptured under the profiler
-    (printing where their time goes)."""
+    (printing where their time goes; the step's one host read included)."""
     decoder = StaticDecoder(model, new_static_cache(model, capacity), heads, tree)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     next(decoder.generate(prompt, GenerationConfig(max_new_tokens=2)))  # prefill
     buffers = decoder._buffers if tree is not None else decoder._single
     n = buffers.depths.shape[0]
-    step = GreedyStep(model, decoder.cache, buffers, heads if tree is not None else None, decoder._context,
-                      decoder._context_cache, span=decoder.cache.span_for(n))
+    step = StepUnit(decoder.parts, buffers, GreedyAcceptance(), span=decoder.cache.span_for(n))  # eager
     for _ in range(3):  # warm up
-        step._run()
+        step()
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        step._run()
+        step()
         torch.cuda.synchronize()
     # the operators that launch kernels, by calls: where a tree step's extra kernels come from
     ops = sorted(((e.key, e.count, round(e.self_device_time_total, 1)) for e in prof.key_averages()
@@ -58,7 +58,7 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     return len(kernels)
 
 
-def time_steps(model, heads, tree, graphs: bool, steps: int, context: int = 1000, capacity: int = 4096) -> float:
+def time_steps(model, heads, tree, graphs: bool, steps: int, *, context: int = 1000, capacity: int = 4096) -> float:
     decoder = StaticDecoder(model, new_static_cache(model, max(capacity, context + 2 * steps * 5 + 64)), heads, tree,
                             graphs=graphs)
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -103,7 +103,7 @@ def main() -> None:
                  if tree else None)
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
-            ms = time_steps(model, heads, tree, mode != "eager", args.steps, args.context, args.capacity)
+            ms = time_steps(model, heads, tree, mode != "eager", args.steps, context=args.context, capacity=args.capacity)
             key = name + ("" if mode == "eager" else f"+{mode}")
             out["ms_per_step"][key] = round(ms, 3)
             out["first_step_s"][key] = round(time.perf_counter() - t0, 1)  # includes the captures

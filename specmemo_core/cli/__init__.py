@@ -7,14 +7,13 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from specmemo_core.runtime.chat import ChatSession
-from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.decoding import GenerationConfig, ReplyStats
 from specmemo_core.errors import SpecMemoError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,31 +43,6 @@ class StageProgress:
             self.bar = None
 
 
-@dataclass
-class ReplyStats:
-    """Totals over one reply, for --json and the status line."""
-
-    new_tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0  # verify steps after the prefill
-    drafted: int = 0  # tokens those steps emitted before stop cuts
-    text: str = ""
-    step_times: list[float] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.drafted / self.steps if self.steps else 0.0
-
-    def as_dict(self) -> dict:
-        return {"text": self.text, "new_tokens": self.new_tokens, "seconds": round(self.seconds, 4),
-                "tokens_per_s": round(self.tokens_per_s, 3), "mean_accepted": round(self.mean_accepted, 4),
-                "steps": self.steps}
-
-
 def stream_reply(session: ChatSession, text: str, config: GenerationConfig,
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None) -> ReplyStats:
@@ -76,15 +50,9 @@ def stream_reply(session: ChatSession, text: str, config: GenerationConfig,
     stats = ReplyStats()
     start = time.perf_counter()
     for piece in session.send(text, config, cancel):
-        step = piece.step
-        stats.new_tokens += len(step.token_ids)
-        if step.accepted and not step.prefill:
-            stats.steps += 1
-            stats.drafted += step.accepted
-            stats.step_times.append(step.forward_s)
+        stats.add(piece.step, piece.text, time.perf_counter() - start)
         if piece.text and on_text:
             on_text(piece.text)
-        stats.text += piece.text
     stats.seconds = time.perf_counter() - start
     return stats
 
@@ -139,10 +107,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     echo = None if args.json else (lambda s: print(s, end="", flush=True))
     stats = stream_reply(session, args.prompt, config, echo)
     if args.json:
-        print(json.dumps(stats.as_dict() | {"tree": planned.tree, "precision": planned.engine.precision,
-                                            "threads": torch.get_num_threads()}))
+        print(json.dumps({"text": stats.text, **stats.as_dict(), "tree": planned.tree,
+                          "precision": planned.engine.precision, "threads": torch.get_num_threads()}))
     else:
-        print(f"\n[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
+        print(f"\n[{stats.tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
               f"{stats.mean_accepted:.2f} tokens/step]", file=sys.stderr)
     return 0
 
@@ -172,7 +140,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         except SpecMemoError as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             continue
-        print(f"\n[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
+        print(f"\n[{stats.tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
               f"{stats.mean_accepted:.2f} tokens/step]", file=sys.stderr)
     return 0
 

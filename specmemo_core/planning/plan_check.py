@@ -73,7 +73,7 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int
 def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512,
                      repeats: int = 5) -> StepTime:
     """The step-time model from whole greedy steps of the static decoder, as a GPU runs
-    them (``static_decoding.GreedyStep``, one CUDA-graph replay per step; eager elsewhere).
+    them (``step.StepUnit``s, one CUDA-graph replay per step; eager elsewhere).
 
     A graph replay costs about the same for 1 or 64 tokens, so timing bare forwards would
     say nothing about the drafting and accepting inside a step: instead a plain step, a

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.decoding import PREFILL_CHUNK
 from specmemo_core.runtime.tree import heads_can_draft
 from specmemo_core.planning.memory import (
     OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, heads_bytes, kv_bytes,
@@ -42,7 +43,6 @@ TREE_SIZES = (64, 48, 32, 24, 16, 12, 8, 6, 4, 1)
 # (MT-Bench: +1.2 with 8).
 LOOKUP_GAIN = {8: 0.80, 3: 0.46}
 LOOKUP_ALONE = {8: 1.62, 3: 1.48}  # tokens per step of a lookup chain alone (no heads), same runs
-PREFILL_CHUNK = 512
 # Bytes a KV-cache token costs with the overhead term that grows with it, plus 1% so the
 # first guess of the cache size rarely needs the rounding loop in ``_layout``.
 KV_TOKEN_GROWTH = 1.0 + OVERHEAD_FRACTION + 0.01

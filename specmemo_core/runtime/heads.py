@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
@@ -167,6 +168,10 @@ class MedusaHeads(nn.Module):
             nn.ModuleList(nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) for _ in range(spec.num_heads))
             if spec.own_lm_heads else None
         )
+        self.context: ContextLayer | None = None  # medusa heads have no context layer
+
+    def use_draft_vocab(self, lm_head_weight: torch.Tensor) -> None:
+        """Medusa heads draft over the whole vocabulary (``HeadsSpec`` refuses a drafting one)."""
 
     @property
     def num_heads(self) -> int:
@@ -183,7 +188,7 @@ class MedusaHeads(nn.Module):
             return base_lm_head(h)
         return torch.stack([head(h[i]) for i, head in enumerate(self.lm_heads)])
 
-    def draft(self, hidden: torch.Tensor, root: int, tree: TreeBuffers, embed: nn.Embedding,
+    def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:
         """Token of every tree node [N]: node i gets head (depth-1)'s rank-``rank[i]`` guess."""
         proposals = self.logits(hidden, lm_head).topk(max(tree.topk_needed), dim=-1).indices  # [K, k]
@@ -248,7 +253,7 @@ class HydraHeads(nn.Module):
             states.append(s)
         return states
 
-    def draft(self, hidden: torch.Tensor, root: int, tree: TreeBuffers, embed: nn.Embedding,
+    def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:
         """Fill the tree level by level: level d's states come from level d-1's states
         and level d's own tokens; their LM-head top-k are level d+1's tokens."""
@@ -269,18 +274,37 @@ class HydraHeads(nn.Module):
         return tokens
 
 
-DraftHeads = MedusaHeads | HydraHeads
+class DraftHeads(Protocol):
+    """What decoding and the engine need of draft heads (``MedusaHeads`` and ``HydraHeads`` are)."""
+
+    spec: HeadsSpec  # kind, shapes, base model, drafting vocabulary (``spec.draft_vocab``)
+    context: ContextLayer | None  # the context layer the decoder runs on committed tokens, or None
+
+    @property
+    def num_heads(self) -> int: ...
+
+    def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
+              lm_head: nn.Linear) -> torch.Tensor:
+        """The token of every tree node [N] (the root first) from the draft state ``hidden`` [D]."""
+        ...
+
+    def use_draft_vocab(self, lm_head_weight: torch.Tensor) -> None:
+        """Draft only among ``spec.draft_vocab`` tokens, through these rows of the LM head."""
+        ...
 
 
-def new_heads(spec: HeadsSpec) -> DraftHeads:
+HeadsModule = MedusaHeads | HydraHeads  # the heads this module builds, loads and saves
+
+
+def new_heads(spec: HeadsSpec) -> HeadsModule:
     return HydraHeads(spec) if spec.kind == "hydra" else MedusaHeads(spec)
 
 
 def random_heads(
-    num_heads: int, hidden_size: int, vocab_size: int, seed: int = 0, scale: float = 0.02,
+    num_heads: int, hidden_size: int, vocab_size: int, *, seed: int = 0, scale: float = 0.02,
     base_name: str = "", base_fingerprint: str = "", kind: str = "medusa", num_layers: int = 1,
     context: tuple[int, int, int, int] | None = None,
-) -> DraftHeads:
+) -> HeadsModule:
     """Heads with random weights: the decoder's output must not depend on them (tests).
     ``context``: (mlp width, heads, kv heads, head dim) of a context layer, hydra only."""
     ctx = dict(zip(("context_mlp", "context_heads", "context_kv_heads", "context_head_dim"), context or (0,) * 4))
@@ -293,7 +317,7 @@ def random_heads(
     return heads.eval().requires_grad_(False)
 
 
-def save_heads(heads: DraftHeads, path: Path, dtype: torch.dtype | None = None) -> Path:
+def save_heads(heads: HeadsModule, path: Path, dtype: torch.dtype | None = None) -> Path:
     """Write the own format: ``path`` is a folder (``heads.safetensors`` inside) or a file."""
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -321,7 +345,7 @@ def save_heads(heads: DraftHeads, path: Path, dtype: torch.dtype | None = None) 
 def load_heads(
     path: Path | str, hidden_size: int, vocab_size: int, base_fingerprint: str = "",
     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-) -> DraftHeads:
+) -> HeadsModule:
     """Load heads in the own or the Medusa format and check they fit the base model."""
     path = Path(path)
     if not path.exists():
@@ -352,7 +376,7 @@ def load_heads(
     return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def _load_own(path: Path) -> DraftHeads:
+def _load_own(path: Path) -> HeadsModule:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -422,7 +446,7 @@ def _read_medusa_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise HeadsError(f"{folder}: no medusa_lm_head.safetensors or medusa_lm_head.pt found.")
 
 
-def _with_weights(heads: DraftHeads, tensors: dict[str, torch.Tensor], path: Path) -> DraftHeads:
+def _with_weights(heads: HeadsModule, tensors: dict[str, torch.Tensor], path: Path) -> HeadsModule:
     expected = heads.state_dict()
     missing = set(expected) - set(tensors)
     extra = set(tensors) - set(expected)
@@ -437,7 +461,7 @@ def _with_weights(heads: DraftHeads, tensors: dict[str, torch.Tensor], path: Pat
         )
         raise HeadsError(f"{path}: heads weights do not match their declared shape ({detail}).")
     heads.load_state_dict({k: t.to(expected[k].dtype) for k, t in tensors.items()})
-    if getattr(heads, "vocab_ids", None) is not None and not (
+    if heads.spec.draft_vocab and not (
             (heads.vocab_ids >= 0) & (heads.vocab_ids < heads.spec.vocab_size)).all():
         raise HeadsError(f"{path}: the drafting vocabulary names tokens outside the model's vocabulary.")
     return heads

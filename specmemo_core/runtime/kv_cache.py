@@ -71,13 +71,44 @@ class KVCache:
         """Record the token ids [T] of a forward at its scratch slots (as ``write`` does their KV)."""
         self.ids[self.length:self.length + tokens.shape[0]] = tokens
 
-    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def live_length(self) -> torch.Tensor | int:
+        """The length as a step's tensors read it: here the host's (a static cache keeps a
+        device copy that a captured step advances, ``StaticKVCache``)."""
+        return self.length
+
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
+                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [T] and attention mask for a forward of T new tokens at scratch slots
         ``length + i``: token i sits at ``length + offsets[i]`` and sees every committed
-        token and, among the new ones, its ``ancestors[i]`` (None: the causal chain)."""
+        token and, among the new ones, its ``ancestors[i]`` (None: the causal chain).
+        ``span`` is for static caches; this one's mask is exactly [T, length + T]."""
         past, t = self.length, offsets.shape[0]
         mask = causal_mask(past, t, offsets.device) if ancestors is None else tree_mask(past, ancestors)
         return past + offsets, mask
+
+    # -- the length moves only through these ------------------------------------
+    # A step commits in two halves: ``commit_row`` on the device (no host read, so a
+    # CUDA graph can hold it) and ``settle`` with the count the step's one host read
+    # reported. ``commit`` and ``commit_prefix`` do both at once.
+
+    def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
+        """Device half of a commit: the scratch entries of ``nodes`` [W] (relative to
+        ``length``, root first, increasing up to ``count``) move to slots length…length+W-1;
+        None: they already sit there. Entries past ``count`` land in scratch slots that the
+        next forward overwrites. This cache's only length is the host's: see ``settle``."""
+        if nodes is None:
+            return
+        src = nodes.to(self.k.device) + self.length  # [W]
+        end = self.length + nodes.shape[0]
+        self.k[:, :, self.length:end] = self.k.index_select(2, src)
+        self.v[:, :, self.length:end] = self.v.index_select(2, src)
+        self.ids[self.length:end] = self.ids.index_select(0, src)
+
+    def settle(self, count: int) -> None:
+        """Host half of a commit: ``count`` more tokens are committed (``commit_row`` moved them)."""
+        self.ensure_room(count)
+        self.length += count
 
     def commit(self, node_indices: torch.Tensor) -> None:
         """Keep the scratch entries of ``node_indices`` (relative to ``length``, in
@@ -88,17 +119,17 @@ class KVCache:
         """
         count = int(node_indices.numel())
         self.ensure_room(count)
-        src = node_indices.to(self.k.device) + self.length  # [A]
-        end = self.length + count
-        self.k[:, :, self.length:end] = self.k.index_select(2, src)
-        self.v[:, :, self.length:end] = self.v.index_select(2, src)
-        self.ids[self.length:end] = self.ids.index_select(0, src)
-        self.length = end
+        self.commit_row(node_indices, count)
+        self.settle(count)
 
     def commit_prefix(self, count: int) -> None:
-        """Keep the first ``count`` scratch entries as they are (prefill, plain steps)."""
+        """Keep the first ``count`` scratch entries as they are (prefill chunks)."""
         self.ensure_room(count)
-        self.length += count
+        self.commit_row(None, count)
+        self.settle(count)
+
+    def rewind(self) -> None:
+        """Undo device halves not settled (trial runs of a step: graph warm-ups). Here: nothing."""
 
     def truncate(self, length: int) -> None:
         """Forget every token from ``length`` on (a new turn that diverges from the cache)."""
@@ -107,7 +138,7 @@ class KVCache:
         self.length = length
 
     def reset(self) -> None:
-        self.length = 0
+        self.truncate(0)
 
 
 def causal_mask(past: int, new: int, device: torch.device | str = "cpu") -> torch.Tensor:

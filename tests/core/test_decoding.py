@@ -7,6 +7,7 @@ import torch
 
 from specmemo_core.runtime.chat import ChatSession, encode_conversation
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.step import GreedyAcceptance, TypicalAcceptance, Verified, longest_accepted
 from specmemo_core.errors import ContextFullError, SpecMemoError
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.runtime.tree import Tree, load_tree
@@ -60,22 +61,66 @@ def test_compaction_leaves_the_cache_sequential_decoding_builds():
     assert torch.allclose(spec.cache.v[:, :, :n], plain.cache.v[:, :, :n], atol=1e-5)
 
 
-def test_accept_rule_on_fixed_logits():
-    """Tree: root → a (rank 0), root → b (rank 1), a → c. Root's argmax is b's token,
-    b's argmax is 9: accept root, b; bonus 9."""
-    tree = Tree.from_paths([(0,), (1,), (0, 0)], name="t")
+def _fixed_logits_model():
+    """A model whose logits are the first 16 values of the hidden state (LM head = identity rows)."""
     model = tiny_model(seed=0, vocab_size=16)
-    dec = _decoder(model, tree, random_heads(2, 64, 16))
-    tokens = torch.tensor([3, 4, 5, 6])  # node order: root, a(0,), b(1,), c(0,0)
-    model.lm_head.weight = torch.nn.Parameter(torch.eye(16, 64))  # logits = the hidden's first 16 values
-    hidden = torch.zeros(4, 64)
-    hidden[0, 5] = 1.0  # root picks 5 = b
-    hidden[1, 6] = 1.0  # a would pick 6 = c, but a is rejected
-    hidden[2, 9] = 1.0  # b picks 9 -> bonus
-    hidden[3, 1] = 1.0
-    path, picks = dec._accept(tokens, hidden, tree.retrieve_indices, GenerationConfig(), None)
-    assert path.tolist() == [0, 2]
-    assert int(picks[2]) == 9
+    model.lm_head.weight = torch.nn.Parameter(torch.eye(16, 64))
+    return model
+
+
+# Tree: root → a (rank 0), root → b (rank 1), a → c; node order root, a, b, c.
+ACCEPT_TREE = Tree.from_paths([(0,), (1,), (0, 0)], name="t")
+ACCEPT_TOKENS = torch.tensor([3, 4, 5, 6])
+
+
+def _hidden(favourites):
+    """Hidden states [N, 64] whose logits put all their weight on ``favourites[i]`` (scaled)."""
+    hidden = torch.zeros(len(favourites), 64)
+    for i, (tok, weight) in enumerate(favourites):
+        hidden[i, tok] = weight
+    return hidden
+
+
+@pytest.mark.parametrize("picks, path, bonus", [
+    ((5, 6, 9, 1), [0, 2], 9),  # root picks b's token: accept b; b picks 9 → bonus (a's pick is moot)
+    ((4, 6, 9, 1), [0, 1, 3], 1),  # root picks a, a picks c: accept the whole path; c's pick is the bonus
+    ((7, 6, 9, 1), [0], 7),  # root picks a token no child has: only the root, its pick is the bonus
+])
+def test_greedy_acceptance_on_fixed_logits(picks, path, bonus):
+    model = _fixed_logits_model()
+    buf = ACCEPT_TREE.buffers
+    hidden = _hidden([(p, 1.0) for p in picks])
+    accepted = GreedyAcceptance().accept(model, Verified(ACCEPT_TOKENS, hidden), buf)
+    count = int(accepted.count)
+    assert accepted.nodes[:count].tolist() == path
+    assert accepted.picks.tolist() == list(picks)
+    assert int(accepted.picks[path[-1]]) == bonus
+
+
+def test_longest_accepted_prefers_the_longest_then_the_first_path():
+    retrieve = torch.tensor([[0, 1, 3], [0, 2, -1], [0, 4, 5]])  # [L=3, d+1=3], -1 padded
+    ok = torch.tensor([[True, False], [True, True], [True, True]])  # the padded draft of row 1 never counts
+    row, count = longest_accepted(ok, retrieve)
+    assert row.tolist() == [0, 4, 5] and int(count) == 3
+    row, count = longest_accepted(torch.tensor([[True, False], [True, True], [False, True]]), retrieve)
+    assert row.tolist() == [0, 1, 3] and int(count) == 2  # rows 0 and 1 tie at one draft: the first wins
+
+
+def test_typical_acceptance_on_fixed_logits():
+    """At temperature 1, a root whose distribution is nearly all on a's token accepts a
+    (probability ≈ 1 > threshold), not b (≈ 0); a's flat distribution (entropy ln 16:
+    threshold min(0.09, 0.3/16) = 0.01875) accepts c, whose probability is 1/16."""
+    model = _fixed_logits_model()
+    buf = ACCEPT_TREE.buffers
+    hidden = _hidden([(4, 30.0), (0, 0.0), (9, 30.0), (1, 30.0)])  # a's row all zeros: uniform
+    rule = TypicalAcceptance(1.0, 0.09, 0.3, torch.Generator().manual_seed(0))
+    accepted = rule.accept(model, Verified(ACCEPT_TOKENS, hidden), buf)
+    assert accepted.nodes[:int(accepted.count)].tolist() == [0, 1, 3]
+    assert int(accepted.picks[0]) == 4 and int(accepted.picks[3]) == 1  # near-certain samples
+    # delta 1.6: a's threshold becomes min(0.09, 1.6/16) = 0.09 > 1/16, so c is rejected
+    strict = TypicalAcceptance(1.0, 0.09, 1.6, torch.Generator().manual_seed(0))
+    assert strict.accept(model, Verified(ACCEPT_TOKENS, hidden), buf).nodes[:2].tolist() == [0, 1]
+    assert int(strict.accept(model, Verified(ACCEPT_TOKENS, hidden), buf).count) == 2
 
 
 def test_multi_turn_prefills_only_new_tokens():
@@ -182,11 +227,11 @@ def test_greedy_with_a_context_layer_equals_plain_greedy_and_keeps_its_cache_in_
     steps = list(dec.generate(prompt, GenerationConfig(max_new_tokens=100)))
     assert [t for s in steps for t in s.token_ids] == plain
     assert max(s.accepted for s in steps) > 1  # drafts were accepted, not only rejected
-    assert dec._context_cache.length == dec.cache.length
+    assert dec.context_cache.length == dec.cache.length
     # a second turn reuses the shared prefix in both caches
     more = prompt + plain + [3, 4, 5]
     list(dec.generate(more, GenerationConfig(max_new_tokens=10)))
-    assert dec._context_cache.length == dec.cache.length
+    assert dec.context_cache.length == dec.cache.length
 
 
 def test_context_layer_state_equals_a_full_recompute():
@@ -208,7 +253,7 @@ def test_context_layer_state_equals_a_full_recompute():
         ctx_cache = heads.context.new_cache(n, model.dtype, "cpu")
         full = heads.context(hidden, cos, sin, causal_mask(0, n), ctx_cache)
         batch = heads.context.forward_batch(hidden[None], cos, sin)[0]
-        incremental = dec._context_cache.k[0, :, :n]
+        incremental = dec.context_cache.k[0, :, :n]
     assert out and torch.allclose(ctx_cache.k[0, :, :n], incremental, atol=1e-5)
     assert torch.allclose(full, batch, atol=1e-5)  # the training path computes the same layer
 
@@ -223,3 +268,48 @@ def test_untrained_context_layer_passes_hidden_through():
     cos, sin = torch.ones(5, 16), torch.zeros(5, 16)
     out = heads.context(h, cos, sin, causal_mask(0, 5), heads.context.new_cache(5, torch.float32, "cpu"))
     assert torch.equal(out, h)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory):
+    """A tiny random-weight model saved as a Hugging Face folder, as ``Engine.load`` reads one."""
+    from tests.tiny import tiny_hf_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf_model(seed=21).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _session_replies(engine, speculate, graphs, turns, n=40):
+    """Every reply's token ids over a multi-turn session, and each decoding step's accepted count."""
+    session = engine.new_session(256, speculate=speculate, graphs=graphs)
+    replies, accepted = [], []
+    for turn in turns:
+        ids = []
+        for piece in session.send(turn, GenerationConfig(max_new_tokens=n)):
+            ids.extend(piece.step.token_ids)
+            if piece.step.accepted and not piece.step.prefill:
+                accepted.append(piece.step.accepted)
+        replies.append(ids)
+    return replies, accepted
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("heads, tree", [("random", "1-10-16-17+lookup-8"), ("random", "medusa-64"),
+                                         ("none", "lookup-8")])
+def test_engine_sessions_speculate_exactly_as_plain_greedy(tiny_model_folder, heads, tree, graphs):
+    """The app's path: Engine.load → new_session → send, speculating or not, with the
+    sliced decoder or the static one (run eagerly on CPU): the same replies token for
+    token, over two turns (the second reuses the first's cache)."""
+    from specmemo_core.runtime.engine import Engine
+
+    engine = Engine.load(str(tiny_model_folder), heads=heads, tree=tree)
+    assert engine.speculative
+    turns = ["Hello, how are you?", "Tell me about the quick brown fox."]
+    plain, plain_accepted = _session_replies(engine, False, graphs, turns)
+    spec, accepted = _session_replies(engine, True, graphs, turns)
+    assert spec == plain and all(plain)
+    assert max(plain_accepted) == 1
+    if tree != "medusa-64":  # the lookup chain copies the tiny model's loops
+        assert max(accepted) > 1

@@ -73,10 +73,10 @@ def test_greedy_step_units_give_the_same_tokens(tree_name, kind, device):
     static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
     steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=100)))
     assert [t for s in steps for t in s.token_ids] == plain
-    assert static._steps  # the step units were used
-    assert all((s.graph is not None) == (device == "cuda") for s in static._steps.values())
+    assert static.units  # the step units were used
+    assert all((s.graph is not None) == (device == "cuda") for s in static.units.values())
     if tree is not None:
-        assert any(n == tree.num_nodes for n, _ in static._steps)  # the tree's own unit, not only plain steps
+        assert any(n == tree.num_nodes for n, _ in static.units)  # the tree's own unit, not only plain steps
         assert max(s.accepted for s in steps) > 1
     assert int(static.cache.length_t) == static.cache.length == len(static.history)
     # a second turn on the same decoder (units and graphs made once) still decodes exactly
@@ -99,7 +99,7 @@ def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs, device)
     a = [(s.token_ids, s.accepted) for s in sliced.generate(prompt, GenerationConfig(max_new_tokens=80))]
     b = [(s.token_ids, s.accepted) for s in static.generate(prompt, GenerationConfig(max_new_tokens=80))]
     assert a == b and max(n for _, n in b) > 1
-    assert int(static._context_cache.length_t) == static._context_cache.length == static.cache.length
+    assert int(static.context_cache.length_t) == static.context_cache.length == static.cache.length
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -117,10 +117,10 @@ def test_units_made_before_the_first_turn_decode_alike(tree_name, device):
     static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
     static.capture()
     n = tree.num_nodes if tree else 1
-    assert list(static._steps) == [(n, span) for span in static.cache.spans()] == [(n, 256), (n, 300)]
+    assert list(static.units) == [(n, span) for span in static.cache.spans()] == [(n, 256), (n, 300)]
     assert int(static.cache.length_t) == static.cache.length == 0
     assert _tokens(static, prompt, 60) == plain
-    assert len(static._steps) == 2  # the captured units were the ones used
+    assert len(static.units) == 2  # the captured units were the ones used
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,6 +140,6 @@ def test_steps_attend_over_growing_spans_and_decode_alike(tree_name, device):
     assert static.cache.spans() == [256, 512, 700]
     steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=400)))
     assert [t for s in steps for t in s.token_ids] == plain
-    assert sorted({span for _, span in static._steps}) == [256, 512, 700]
-    assert all((s.graph is not None) == (device == "cuda") for s in static._steps.values())
+    assert sorted({span for _, span in static.units}) == [256, 512, 700]
+    assert all((s.graph is not None) == (device == "cuda") for s in static.units.values())
     assert int(static.cache.length_t) == static.cache.length == len(static.history)

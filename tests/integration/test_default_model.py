@@ -118,3 +118,36 @@ def test_shipped_heads_with_a_lookup_chain_stay_exact_and_accept_more(loaded):
             total, steps = total + acc, steps + n
         accepted[name] = total / steps
     assert accepted["1-10-16-17+lookup-8"] > accepted["1-10-16-17"] + 0.5, accepted
+
+
+def _session_replies(engine, speculate, graphs, turns, max_new):
+    """Every reply's token ids over one session, as the app decodes them."""
+    session = engine.new_session(2048, speculate=speculate, graphs=graphs)
+    replies, accepted = [], 0
+    for turn in turns:
+        ids = []
+        for piece in session.send(turn, GenerationConfig(max_new_tokens=max_new)):
+            ids.extend(piece.step.token_ids)
+            if not piece.step.prefill:
+                accepted = max(accepted, piece.step.accepted)
+        replies.append(ids)
+    return replies, accepted
+
+
+@pytest.mark.parametrize("heads", ["random", "auto"])
+def test_engine_sessions_speculate_exactly_as_plain_greedy(loaded, heads):
+    """The app's path on the real model: Engine.load → new_session → send, with random
+    heads and with the shipped ones, speculating or not, on the sliced decoder and the
+    static one (eager on CPU): every reply is the plain greedy one, token for token."""
+    from specmemo_core.runtime.engine import Engine
+
+    engine = Engine.load("default", heads=heads, tree="1-10-16-17+lookup-8")
+    assert engine.heads is not None and engine.speculative
+    turns = loaded[2][0]  # MT-Bench's first conversation: a blog post, then "rewrite … "
+    plain, most = _session_replies(engine, False, False, turns, 64)
+    assert most == 1 and all(plain)
+    assert _session_replies(engine, False, True, turns, 64)[0] == plain  # the static decoder, plainly
+    for graphs in (False, True):
+        spec, most = _session_replies(engine, True, graphs, turns, 64)
+        assert spec == plain, graphs
+        assert most > 1  # drafts were accepted (the lookup chain copies the rewrite)

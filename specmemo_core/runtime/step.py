@@ -1,0 +1,294 @@
+"""One decoding step, written once: propose → lay out → verify → accept → commit.
+
+Vocabulary
+----------
+root         the last emitted token; its KV is not yet in the cache, it is tree node 0.
+tree node    one candidate token; node i sits at position ``cache.length + depth[i]``.
+path         root-to-leaf chain of nodes (one row of ``retrieve_indices``).
+accepted     the nodes of the longest path whose every draft token equals what the base
+             model itself picks at the parent node (greedy), or passes Medusa's typical
+             acceptance test (temperature > 0). The root is always accepted.
+bonus token  the base model's own pick after the last accepted node: free, always right.
+step         one verify forward; it emits ``accepted`` tokens (drafts + bonus), ≥ 1.
+
+A plain (non-speculative) step is the same step over the 1-node tree ``single``.
+
+Every role has fixed shapes and reads what changes from device tensors (the cache's
+``live_length``, ``StepParts.root``/``state``), so the same code runs eagerly (any cache,
+either acceptance rule) or captured once as a CUDA graph and replayed (greedy, static
+cache: ``StepUnit.capture``). A step ends in one host read (``settle``): the accepted
+count and tokens, which is also when the caches' host lengths learn the count.
+
+Greedy speculative output equals plain greedy output whatever the heads propose: every
+emitted token is an argmax of the base model given exactly the tokens before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Protocol
+
+import torch
+
+from specmemo_core.runtime.heads import ContextLayer, DraftHeads
+from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.lookup import lookup_draft
+from specmemo_core.runtime.model import CausalLM
+from specmemo_core.runtime.tree import TreeBuffers
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What every step of one decoder runs over, made once with it. ``root`` and ``state``
+    carry one step to the next on the device: a step reads them and leaves the next ones
+    there, so a captured graph needs nothing copied in."""
+
+    model: CausalLM
+    cache: KVCache
+    heads: DraftHeads | None
+    context: ContextLayer | None  # the heads' context layer, if they have one
+    context_cache: KVCache | None  # its own one-layer cache, in lock-step with ``cache``
+    root: torch.Tensor  # [] long: the last emitted token, not yet in the cache
+    state: torch.Tensor  # [D] what the heads read: the draft state that produced ``root``
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # [N] every tree node's token, the root first
+
+
+@dataclass(frozen=True)
+class Verified:
+    tokens: torch.Tensor  # [N] as proposed
+    hidden: torch.Tensor  # [N, D] the verify forward's final hidden states
+
+
+@dataclass(frozen=True)
+class Accepted:
+    nodes: torch.Tensor  # [W] the accepted path's row of ``retrieve_indices``, padding clamped to 0
+    count: torch.Tensor  # [] nodes of ``nodes`` accepted, the root included (1…W)
+    picks: torch.Tensor  # [N] the base model's own pick after each node
+
+
+# -- propose and verify -------------------------------------------------------
+
+def draft_tokens(parts: StepParts, buf: TreeBuffers) -> Proposal:
+    """Every tree node's token: the root, the heads' guesses, then the lookup chain (copied
+    from the committed tokens in ``cache.ids``)."""
+    n, cache, m = buf.depths.shape[0], parts.cache, parts.model
+    if parts.heads is not None and len(buf.level_starts) > 2:
+        tokens = parts.heads.draft(parts.state, parts.root, buf, m.model.embed_tokens, m.lm_head)  # [N]
+    else:
+        tokens = parts.root.view(1).expand(n)  # [N]
+    if not buf.lookup:
+        return Proposal(tokens)
+    chain = lookup_draft(cache.ids, cache.live_length, parts.root, buf.lookup)  # [lookup]
+    return Proposal(torch.cat((tokens[: n - buf.lookup], chain)))
+
+
+def verify(parts: StepParts, proposal: Proposal, buf: TreeBuffers, span: int | None) -> Verified:
+    """Run the tree at the cache's scratch slots: the cache lays out positions and mask."""
+    positions, mask = parts.cache.prepare(buf.depths, buf.attn_mask, span)
+    parts.cache.write_ids(proposal.tokens)
+    return Verified(proposal.tokens, parts.model(proposal.tokens, positions, mask, parts.cache))  # [N, D]
+
+
+# -- accept -------------------------------------------------------------------
+
+def longest_accepted(ok: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The path (row of ``retrieve`` [L, d+1], -1 padded) accepted furthest from the root,
+    and how many of its nodes are accepted, root included; both stay on the device (no
+    host read, so a CUDA graph can hold it). ``ok`` [L, d]: each path's draft j accepted
+    given its parent. Ties go to the first such path."""
+    lengths = (ok & (retrieve[:, 1:] >= 0)).int().cumprod(dim=1).sum(dim=1)  # [L] accepted drafts
+    best = lengths.argmax().view(1)  # index_select, not [t]: indexing by a 0-dim tensor syncs
+    return retrieve.index_select(0, best)[0], lengths.index_select(0, best)[0] + 1
+
+
+class Acceptance(Protocol):
+    """A rule that picks the base model's tokens and accepts drafts."""
+
+    graph_safe: ClassVar[bool]  # no host read and no host RNG: a CUDA graph can hold it
+
+    def first(self, model: CausalLM, hidden: torch.Tensor) -> int:
+        """The token after the last of ``hidden`` [T, D] (a prefill's)."""
+        ...
+
+    def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
+        ...
+
+
+def _accepted(ok: torch.Tensor, picks: torch.Tensor, buf: TreeBuffers) -> Accepted:
+    row, count = longest_accepted(ok, buf.retrieve_indices)
+    return Accepted(row.clamp(min=0), count, picks)
+
+
+@dataclass(frozen=True)
+class GreedyAcceptance:
+    """Accept a draft that equals its parent's argmax (needs no [N, V] logits)."""
+
+    graph_safe: ClassVar[bool] = True
+
+    def first(self, model: CausalLM, hidden: torch.Tensor) -> int:
+        return int(model.greedy_picks(hidden[-1:])[0])
+
+    def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
+        nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1]
+        picks = model.greedy_picks(verified.hidden)  # [N]
+        ok = verified.tokens[nodes[:, 1:]] == picks[nodes[:, :-1]]  # [L, d] child equals parent's argmax
+        return _accepted(ok, picks, buf)
+
+
+@dataclass(frozen=True)
+class TypicalAcceptance:
+    """Medusa's typical acceptance at ``temperature`` > 0: accept a draft whose probability
+    exceeds min(epsilon, delta * exp(-entropy)) of its parent's distribution; the picks
+    are samples (on the CPU generator ``generator``) from those same distributions."""
+
+    temperature: float
+    epsilon: float
+    delta: float
+    generator: torch.Generator
+
+    graph_safe: ClassVar[bool] = False
+
+    def probs(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
+        """The base model's distribution [T, V] after each hidden state, at the temperature."""
+        return torch.softmax(model.logits(hidden).float() / self.temperature, dim=-1)
+
+    def sample(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token [T] from each row of ``probs``, on ``probs``' device."""
+        return torch.multinomial(probs.cpu(), 1, generator=self.generator)[:, 0].to(probs.device)
+
+    def first(self, model: CausalLM, hidden: torch.Tensor) -> int:
+        return int(self.sample(self.probs(model, hidden[-1:]))[0])
+
+    def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
+        nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1]
+        probs = self.probs(model, verified.hidden)  # [N, V]
+        entropy = -(probs * torch.log(probs.clamp_min(1e-10))).sum(-1)  # [N]
+        threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))  # [N]
+        parent = nodes[:, :-1]  # [L, d]
+        ok = probs[parent, verified.tokens[nodes[:, 1:]]] > threshold[parent]  # [L, d]
+        return _accepted(ok, self.sample(probs), buf)  # the same probs, sampled once
+
+
+# -- commit -------------------------------------------------------------------
+
+def contextualize(parts: StepParts, hidden: torch.Tensor, span: int | None = None) -> torch.Tensor:
+    """Draft states [T, D] for T hidden states at the context cache's scratch slots: the
+    heads' context layer over them (the caller commits its cache), or ``hidden``."""
+    if parts.context is None:
+        return hidden
+    c = parts.context_cache
+    positions, mask = c.prepare(torch.arange(hidden.shape[0], device=hidden.device), span=span)
+    return parts.context(hidden, *parts.model.rope(positions), mask, c)
+
+
+def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int | None) -> torch.Tensor:
+    """Commit the accepted path's KV (the whole fixed-size row; only ``count`` entries
+    count) and the context layer's, leave the next root and draft state in ``parts``, and
+    return [1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
+    nodes, count = accepted.nodes, accepted.count
+    parts.cache.commit_row(nodes, count)
+    path_hidden = contextualize(parts, verified.hidden[nodes], span)  # [W, D] at length, length+1, …
+    if parts.context_cache is not None:
+        parts.context_cache.commit_row(None, count)
+    # index_select, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync,
+    # which graph capture forbids)
+    last = (count - 1).view(1)
+    bonus = accepted.picks.index_select(0, nodes.index_select(0, last))  # [1]
+    w = nodes.shape[0]
+    j = torch.arange(w, device=nodes.device)  # [W]
+    drafted = verified.tokens[nodes[(j + 1).clamp(max=w - 1)]]  # [W] the token after each path node
+    emitted = torch.where(j < last, drafted, bonus)  # [W]
+    parts.root.copy_(bonus[0])
+    parts.state.copy_(path_hidden.index_select(0, last)[0])
+    return torch.cat((count.view(1), emitted))  # [1 + W]
+
+
+def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:
+    """The whole step on the device: [1 + W] (see ``commit``), no host read."""
+    verified = verify(parts, draft_tokens(parts, buf), buf, span)
+    return commit(parts, verified, acceptance.accept(parts.model, verified, buf), span)
+
+
+def settle(parts: StepParts, out: torch.Tensor) -> list[int]:
+    """The step's one host read: its emitted tokens; the caches' host lengths learn the count."""
+    values = out.tolist()
+    count = values[0]
+    parts.cache.settle(count)
+    if parts.context_cache is not None:
+        parts.context_cache.settle(count)
+    return values[1:1 + count]
+
+
+# -- eager or captured --------------------------------------------------------
+
+def capture_graph(run: Callable[[], torch.Tensor], *, warmup: int = 2, pool=None,
+                  stream: torch.cuda.Stream | None = None, after_warmup: Callable[[], None] | None = None):
+    """Capture ``run()`` as a CUDA graph after ``warmup`` runs on a side stream (as capture
+    requires); returns the graph and the outputs of the captured run, which every replay
+    rewrites in place. ``after_warmup``: called after each warm-up run (to undo its effects).
+    ``pool``: a memory pool shared with other graphs. ``stream``: the side stream (None: a
+    new one). Share one between captures: cuBLAS keeps a workspace for every stream it has
+    run on (32 MiB each on an H200), for the life of the process."""
+    stream = stream or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            run()
+            if after_warmup is not None:
+                after_warmup()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
+
+
+class StepUnit:
+    """One step over one tree (and, on a static cache, one attended ``span``), run eagerly
+    or replayed as a captured CUDA graph. Calling it runs a step and returns the tokens it
+    emitted."""
+
+    def __init__(self, parts: StepParts, buffers: TreeBuffers, acceptance: Acceptance, *,
+                 span: int | None = None) -> None:
+        self.parts, self.buffers, self.acceptance, self.span = parts, buffers, acceptance, span
+        self.nodes = buffers.depths.shape[0]
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._out: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def _run(self) -> torch.Tensor:
+        return run_step(self.parts, self.buffers, self.acceptance, self.span)
+
+    def capture(self, *, pool=None, stream: torch.cuda.Stream | None = None, warmup: int = 2) -> None:
+        """Capture the step as a CUDA graph (greedy acceptance, static cache). The warm-up
+        runs commit and move the root and state: each is undone, so the conversation is
+        as it was."""
+        if not self.acceptance.graph_safe:
+            raise ValueError("only a graph-safe acceptance rule (greedy) can be captured")
+        p = self.parts
+        root, state = p.root.clone(), p.state.clone()
+
+        def undo() -> None:
+            p.root.copy_(root)
+            p.state.copy_(state)
+            for cache in (p.cache, p.context_cache):
+                if cache is not None:
+                    cache.rewind()
+
+        self.graph, self._out = capture_graph(self._run, warmup=warmup, pool=pool, stream=stream, after_warmup=undo)
+
+    def __call__(self) -> list[int]:
+        cache = self.parts.cache
+        cache.ensure_room(self.nodes)
+        if self.span is not None and cache.length + self.nodes > self.span:
+            raise ValueError(f"this step unit attends over {self.span} slots; the cache needs a larger span")
+        if self.graph is None:
+            out = self._run()
+        else:
+            self.graph.replay()
+            out = self._out
+        return settle(self.parts, out)
