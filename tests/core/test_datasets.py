@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specmemo_core import datasets
+from specmemo_core.storage import datasets
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.storage.datasets import load_prompt_file, mtbench_conversations, parse_sharegpt, sharegpt_conversations
 

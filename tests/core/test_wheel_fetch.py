@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specmemo_core import sources
+from specmemo_core.storage import sources
 from specmemo_core.errors import FetchError
 from specmemo_core.storage.sources import DEFAULT_MODEL, ensure_default_model
 from tests.core.test_sources import _fake_wheel, _left_behind

@@ -19,7 +19,7 @@ from app.planning import smaller_settings
 from app.runtime import EngineBackend
 from app.settings import ChatSettings
 from app.worker import ChatWorker, Job
-from specmemo_core import sources
+from specmemo_core.storage import sources
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.storage.chatstore import ChatStore
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
@@ -163,7 +163,7 @@ def test_sigkill_while_saving_a_reply(tmp_path: Path, after_lines: int) -> None:
 
 FETCH_CHILD = r"""
 import sys
-from specmemo_core import sources
+from specmemo_core.storage import sources
 real = sources._hash_copy
 def slow(src, dst, total, progress, stage):
     if stage == "extracting":
