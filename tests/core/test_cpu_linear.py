@@ -8,7 +8,7 @@ from specmemo_core.runtime.cpu_linear import PackedLinear, pack_linears, packing
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.planning.memory import ModelShape, weight_bytes
-from specmemo_core.runtime.quantize import weight_bytes as measured_bytes
+from specmemo_core.runtime.quantize import held_bytes as measured_bytes
 from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
 
