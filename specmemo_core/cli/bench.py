@@ -51,6 +51,7 @@ def _method_names(args: argparse.Namespace) -> list[str]:
 def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress) -> dict:
     from specmemo_core.runtime.engine import Engine
     from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
+    from specmemo_core.storage.sources import data_dir
     from specmemo_core.tools.bench import HF_METHODS, build_methods, report, run_bench, run_info
 
     convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
@@ -63,7 +64,8 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
         from specmemo_core.tools.train.pipeline import hf_model_from
 
         hf = hf_model_from(load_model(args.model), args.device, dtype)
-    methods = build_methods(names, engine, hf, engine.heads_folder, convs, args.max_new_tokens, args.dtype)
+    methods = build_methods(names, engine, hf, engine.heads_folder, convs, args.max_new_tokens, args.dtype,
+                            data_folder=data_dir())  # the plan method reads the device timing the chat cached
 
     def full_report(passes: dict) -> dict:
         result = report(methods, passes)

@@ -85,84 +85,86 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
         from specmemo_core.runtime.quantize import QuantSpec, quantize_model
 
         model = engine.model.to(device)
-        if result.precision in ("int8", "int4"):  # weight-only: activations in bf16, as planned
-            quantize_model(model, QuantSpec("bf16"))
-        quantize_model(model, QuantSpec(result.precision))
+        if engine.precision != result.precision:  # loaded in fp32 (no --precision): cast as planned
+            if result.precision in ("int8", "int4"):  # weight-only: activations in bf16, as planned
+                quantize_model(model, QuantSpec("bf16"))
+            quantize_model(model, QuantSpec(result.precision))
         heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
     tree = resolve_tree(result.tree, engine.heads_folder if engine is not None else None) if result.tree else None
     return verify(result, model, heads, tree, request.prompt_tokens, request.reply_tokens, request.turns)
 
 
-def _tree_option(name: str, options, record, heads_folder):
-    """``--tree``: plan with this tree only (its acceptance from the calibration, else the prior)."""
-    from specmemo_core.planning.planner import TreeOption, prior_expected_accepted
-    from specmemo_core.runtime.engine import resolve_tree
+def plan_choices(args: argparse.Namespace):
+    from specmemo_core.planning.entry import PlanChoices
 
-    for option in options:
-        if option.name == name:
-            return option
-    tree = resolve_tree(name, heads_folder)
-    if record is not None:
-        from specmemo_core.tools.train.calibrate import expected_accepted
-
-        accepted = expected_accepted(tree, {tuple(p): r for p, r in record["paths"]})
-    else:
-        accepted = prior_expected_accepted(tree)
-    return TreeOption(name, tree.num_nodes, tree.depth, accepted, tree.widest_drafting_level)
+    return PlanChoices(turns=args.turns, prefer=prefer_weight(args.prefer), prompt_tokens=args.prompt_tokens,
+                       reply_tokens=args.reply_tokens, precision=args.precision, tree=args.tree)
 
 
-def _budget(args: argparse.Namespace):
-    from specmemo_core.planning.device import probe
-    from specmemo_core.planning.planner import Budget
+def _planned_for(args: argparse.Namespace):
+    """(the device the model would run on, the one the plan is for: ``--vram`` makes it up)."""
+    from dataclasses import replace
 
-    best = probe().best()
+    from specmemo_core.planning.device import DeviceInfo, cpu_device
+    from specmemo_core.planning.entry import find_device
+
+    real = find_device(None)
     if args.vram == "auto":
-        return Budget(best.kind, best.total_bytes, best.free_bytes, best.name), best
-    kind = args.device or ("cuda" if best.kind == "cpu" else best.kind)
+        return real, real
+    kind = args.device or ("cuda" if real.kind == "cpu" else real.kind)
     written, size = vram_size(args.vram)
-    return Budget(kind, size, size, f"{written} {kind}"), best
+    if real.kind != kind:  # planned for a device that is not here: the model's shape is read on the CPU
+        real = cpu_device()
+        return real, DeviceInfo(kind, 0, f"{written} {kind}", size, size, "", "cpu")
+    return real, replace(real, name=f"{written} {kind}", total_bytes=size, free_bytes=size)
 
 
-def _shapes(args: argparse.Namespace, budget):
-    """(model shape, heads shape, tree options, engine or None, calibration or None, heads folder or None)."""
-    from specmemo_core.planning.memory import HeadsShape, ModelShape, known_shape
-    from specmemo_core.planning.planner import specmemo_prior_options, tree_options
+def _shape_inputs(args: argparse.Namespace, target):
+    from specmemo_core.planning.entry import PlanInputs, budget_for
+    from specmemo_core.planning.memory import HeadsShape, known_shape
+    from specmemo_core.planning.planner import specmemo_prior_options
 
-    if args.model.startswith("shape:"):
-        return known_shape(args.model[6:]), HeadsShape("hydra", 4, 1), specmemo_prior_options(), None, None, None
+    return PlanInputs(budget_for(target), known_shape(args.model[6:]), HeadsShape("hydra", 4, 1),
+                      tuple(specmemo_prior_options()))
+
+
+def _model_inputs(args: argparse.Namespace, real, target):
+    """Load the model on ``real`` and read the planner's inputs for ``target``; the device
+    timing only where the plan is for this kind of device."""
+    from specmemo_core.planning.entry import plan_inputs, torch_dtype
+    from specmemo_core.planning.timing import timing_for
     from specmemo_core.runtime.engine import Engine
-    from specmemo_core.tools.train.calibrate import load_calibration
+    from specmemo_core.storage.sources import data_dir
 
-    on = "cuda" if budget.kind == "cuda" and torch.cuda.is_available() else "cpu"
-    engine = Engine.load(args.model, heads="auto", tree=None, device=on, progress=StageProgress())
-    shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
-    heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
-    folder = engine.heads_folder
-    record = load_calibration(folder) if folder else None
-    return shape, heads, tree_options(record), engine, record, folder
+    progress = StageProgress()
+    try:
+        engine = Engine.load(args.model, heads="auto", dtype=torch_dtype(args.precision), device=real.torch_device,
+                             progress=progress, precision=args.precision)
+        timing = (timing_for(engine, real.name, data_dir(), args.precision, progress)
+                  if target.kind == real.kind else None)
+    finally:
+        progress.close()
+    return plan_inputs(engine, target, timing), engine
 
 
 def _make_plan(args: argparse.Namespace):
-    from specmemo_core.planning.planner import PlanRequest, plan
+    """The plan through the one plan entry (``planning.entry.make_plan``), as chat and the app make it."""
+    from specmemo_core.planning.entry import make_plan
 
-    request = PlanRequest(turns=args.turns, prefer=prefer_weight(args.prefer), precision=args.precision,
-                          prompt_tokens=args.prompt_tokens, reply_tokens=args.reply_tokens)
-    budget, best = _budget(args)
-    shape, heads, trees, engine, record, folder = _shapes(args, budget)
+    choices = plan_choices(args)
+    request = choices.request()
+    real, target = _planned_for(args)
+    engine = None
+    if args.model.startswith("shape:"):
+        inputs = _shape_inputs(args, target)
+    else:
+        inputs, engine = _model_inputs(args, real, target)
+    shape = inputs.model
     if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
         raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
                             f"{request.reply_tokens}) does not fit the {shape.max_context}-token context of "
                             f"{shape.name}; ask for fewer --prompt-tokens/--reply-tokens")
-    if args.tree:
-        trees = [_tree_option(args.tree, trees, record, folder)]
-    step_time = None
-    if engine is not None and budget.kind == best.kind:
-        from specmemo_core.planning.plan_check import time_forward
-
-        step_time = time_forward(engine.model, engine.heads)
-    # --tree is the user's choice: use it when it fits, even where the timing says plain is faster
-    result = plan(budget, shape, heads, request, trees, None if args.tree else step_time)
-    return result, request, budget, shape, engine
+    return make_plan(inputs, choices), request, inputs.budget, shape, engine
 
 
 def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:
