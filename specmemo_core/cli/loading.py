@@ -94,8 +94,9 @@ class ChatSetup:
     def describe(self) -> str:
         tree = self.planned.tree
         mode = f"speculative, tree {tree}" if tree else "plain decoding"
+        threads = f"{self.threads} thread" + ("s" if self.threads > 1 else "")
         return (f"{self.planned.engine.identity.name} on {self.planned.device.torch_device} ({mode}, "
-                f"{self.planned.engine.precision}, {self.threads} threads, context {self.capacity} tokens)")
+                f"{self.planned.engine.precision}, {threads}, context {self.capacity} tokens)")
 
 
 def load_for_chat(args: argparse.Namespace) -> ChatSetup:
