@@ -1,60 +1,23 @@
-"""Which turns stay in the model's context when a conversation outgrows its KV budget (pure).
-
-The history keeps every turn; only the model's view slides forward by whole turns
-(a user message and its reply), oldest first.
-"""
+"""The context window of a chat (``specmemo_core.runtime.context_window``), worded for the window."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from specmemo_core.runtime import context_window as _core
+from specmemo_core.runtime.context_window import Messages, Window, system_messages
 
-from specmemo_core.errors import SpecMemoError
-
-Messages = list[dict[str, str]]
+__all__ = ["Messages", "TooLongError", "Window", "fit_window", "system_messages"]
 
 
-class TooLongError(SpecMemoError):
-    """The new message alone does not fit the context."""
+class TooLongError(_core.TooLongError):
+    """The core's refusal, saying where the unsent text stays in the app."""
+
+    def __str__(self) -> str:
+        return super().__str__().rstrip(".") + "; the text is kept in the input box."
 
 
-@dataclass(frozen=True)
-class Window:
-    start: int  # index into the history of the first message the model sees
-    dropped_turns: int  # turns newly dropped by this call
-    prompt_tokens: int
-
-
-def system_messages(system_prompt: str) -> Messages:
-    """The system prompt as the session's first message (none when empty)."""
-    return [{"role": "system", "content": system_prompt}] if system_prompt else []
-
-
-def _turn_starts(history: Sequence[dict[str, str]], start: int) -> list[int]:
-    """Indices after ``start`` where a user message begins: where the window may start."""
-    return [i for i in range(start + 1, len(history)) if history[i]["role"] == "user"] + [len(history)]
-
-
-def fit_window(history: Messages, user_text: str, system_prompt: str, start: int,
-               count_tokens: Callable[[Messages], int], capacity: int, reserve: int) -> Window:
-    """Slide ``start`` forward until system prompt + history[start:] + the new message + ``reserve``
-    (the reply and the tree's scratch slots) fit ``capacity`` tokens.
-
-    Raises TooLongError (with a message for the user) if even the new message alone does not fit.
-    """
-    system = system_messages(system_prompt)
-    user = [{"role": "user", "content": user_text}]
-    start = min(max(start, 0), len(history))
-    candidates = [start] + _turn_starts(history, start)
-    dropped = 0
-    for begin in candidates:
-        tokens = count_tokens(system + history[begin:] + user)
-        if tokens + reserve <= capacity:
-            return Window(begin, dropped, tokens)
-        dropped += 1 if begin < len(history) else 0
-    alone = count_tokens(system + user)
-    raise TooLongError(
-        f"This message is too long for the model's context: it needs about {alone} tokens plus "
-        f"{reserve} for the reply, but the context holds {capacity}. Shorten it or split it into "
-        f"several messages; the text is kept in the input box."
-    )
+def fit_window(history: Messages, user_text: str, system_prompt: str, start: int, count_tokens, capacity: int,
+               reserve: int) -> Window:
+    try:
+        return _core.fit_window(history, user_text, system_prompt, start, count_tokens, capacity, reserve)
+    except _core.TooLongError as exc:
+        raise TooLongError(exc.needed, exc.reserve, exc.capacity) from None

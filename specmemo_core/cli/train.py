@@ -1,0 +1,144 @@
+"""``specmemo train-heads``, ``calibrate`` and ``eval-acceptance``: making and measuring draft heads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specmemo_core.cli.common import DTYPES, StageProgress, add_threads_arg, device_default
+from specmemo_core.errors import SpecMemoError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    _add_train_heads(subparsers)
+    _add_calibrate(subparsers)
+    _add_eval_acceptance(subparsers)
+
+
+def _add_train_heads(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train-heads", help="train draft heads for a model by self-distillation")
+    p.add_argument("--model", default="default")
+    p.add_argument("--out", required=True, help="output folder (re-running resumes)")
+    p.add_argument("--kind", choices=["medusa", "hydra"], default="hydra")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--context-layer", action="store_true",
+                   help="hydra heads read the base states through one attention layer of their own")
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts", type=int, default=4000, help="training conversations (ShareGPT train split)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="user turns answered per conversation (2: also learn from second turns, as in a chat)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="hydra: draft among this many most frequent reply tokens (0: the whole vocabulary)")
+    p.add_argument("--prompts-file", default=None, help="JSONL prompts instead of ShareGPT")
+    p.add_argument("--heldout-prompts", type=int, default=300)
+    p.add_argument("--heldout-file", default=None)
+    p.add_argument("--reply-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--device", default=device_default())
+    add_threads_arg(p)
+    p.set_defaults(run=run_train_heads)
+
+
+def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("calibrate", help="measure heads' accuracy and tree-path acceptance on held-out prompts")
+    p.add_argument("--heads", required=True)
+    p.add_argument("--model", default="default")
+    p.add_argument("--heldout-prompts", type=int, default=300)
+    p.add_argument("--heldout-file", default=None)
+    p.add_argument("--reply-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--device", default=device_default())
+    add_threads_arg(p)
+    p.set_defaults(run=run_calibrate)
+
+
+def _add_eval_acceptance(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("eval-acceptance", help="accepted tokens per step and speed per tree, vs plain greedy")
+    p.add_argument("--model", default="default")
+    p.add_argument("--heads", default="auto")
+    p.add_argument("--prompts", default=None, help="JSONL with a 'turns' list per line (default: MT-Bench)")
+    p.add_argument("--queries", type=int, default=20)
+    p.add_argument("--tree", action="append", help="tree to evaluate (repeatable); default: medusa-64, "
+                                                   "1-10-16-17, calibrated-64 and calibrated-56+lookup-8")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--device", default=device_default())
+    p.add_argument("--json", action="store_true")
+    add_threads_arg(p)
+    p.set_defaults(run=run_eval_acceptance)
+
+
+def run_train_heads(args: argparse.Namespace) -> int:
+    from specmemo_core.tools.train.pipeline import PipelineConfig, run_training
+    from specmemo_core.tools.train.trainer import TrainConfig
+
+    cfg = PipelineConfig(
+        model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
+        context=args.context_layer, train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
+        heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
+        gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
+        train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
+    )
+    progress = StageProgress()
+    try:
+        card = run_training(cfg, Path(args.out), args.device, progress, log=lambda m: print(m, file=sys.stderr))
+    finally:
+        progress.close()
+    print(json.dumps(card, indent=1))
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from specmemo_core.tools.train.pipeline import PipelineConfig, calibrate_folder
+
+    cfg = PipelineConfig(model=args.model, heldout_prompts=args.heldout_prompts, heldout_file=args.heldout_file,
+                         max_new_tokens=args.reply_tokens, gen_batch=args.gen_batch)
+    progress = StageProgress()
+    try:
+        record = calibrate_folder(Path(args.heads), cfg, args.device, progress)
+    finally:
+        progress.close()
+    print(json.dumps({"topk_accuracy": record["topk_accuracy"], "expected_accepted": record["expected_accepted"]},
+                     indent=1))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, progress: StageProgress) -> dict:
+    from specmemo_core.runtime.engine import Engine, resolve_tree
+    from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
+    from specmemo_core.tools.evaluate import eval_acceptance
+
+    engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], device=args.device,
+                         progress=progress)
+    if engine.heads is None:
+        raise SpecMemoError("no draft heads: give --heads DIR (or train them with specmemo train-heads)")
+    folder = engine.heads_folder
+    picked = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
+              else mtbench_conversations(args.queries))
+    names = args.tree or ["medusa-64", "1-10-16-17"] + (
+        ["calibrated-64", "calibrated-56+lookup-8"] if folder and (folder / "calibration.json").exists() else [])
+    trees = [resolve_tree(n, folder) for n in names]
+    return eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, engine.heads, trees,
+                           args.max_new_tokens, progress)
+
+
+def run_eval_acceptance(args: argparse.Namespace) -> int:
+    progress = StageProgress()
+    try:
+        report = _evaluate(args, progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"{'tree':<16}{'nodes':>6}{'accepted/step':>15}{'tok/s':>9}{'vs plain':>10}{'identical':>11}")
+    for name, r in report.items():
+        print(f"{name:<16}{r['tree_nodes']:>6}{r['mean_accepted']:>15.3f}{r['tokens_per_s']:>9.1f}"
+              f"{r['speedup_vs_plain']:>9.2f}x{r['identical_turns']:>7}/{r['turns']}")
+    return 0
