@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "app_settings.json"
 PRECISION_CHOICES = (None, "fp32", "bf16", "fp16", "int8", "int4")  # None: the planner chooses
+THEME_CHOICES = ("system", "light", "dark")  # View ▸ Theme
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class ChatSettings:
     tree: str | None = None
     heads: str = "auto"
     precision: str | None = None
+    theme: str = "system"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prefer <= 1.0:
@@ -40,6 +42,8 @@ class ChatSettings:
             raise SpecMemoError(f"temperature must be ≥ 0, got {self.temperature}")
         if self.precision not in PRECISION_CHOICES:
             raise SpecMemoError(f"unknown precision {self.precision!r}")
+        if self.theme not in THEME_CHOICES:
+            raise SpecMemoError(f"unknown theme {self.theme!r}: choose one of {', '.join(THEME_CHOICES)}")
 
     def needs_reload(self, other: "ChatSettings") -> bool:
         """True when going from ``self`` to ``other`` needs the model loaded again."""
