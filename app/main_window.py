@@ -329,7 +329,7 @@ class MainWindow(QMainWindow):
                  "Choose another…": self.choose_model_file, "Cancel": None}
         match exc:
             case LoadCancelled():
-                self.say("Loading was cancelled." + stays)
+                self.say("Loading was cancelled." + stays + (" Open Settings… to load a model." if stays else ""))
             case HeadsError():
                 self._offer("Draft heads do not fit this model", str(exc) + stays,
                             {"Run without heads": lambda: self.load_model(tried.with_(heads="none", speculate=False)),
@@ -350,7 +350,7 @@ class MainWindow(QMainWindow):
         self.welcome.show_no_model(reason)
         self.status.show_no_model()
         self.chip.setText("No model loaded")
-        self.say(NO_MODEL_HINT, "warning")
+        self.say(f"{reason} No model is loaded. {NO_MODEL_HINT}", "warning")
 
     def _show_memory(self) -> None:
         if self.runtime is not None:

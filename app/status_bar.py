@@ -1,4 +1,6 @@
-"""The status bar: device and free memory, CPU threads, the turns the plan holds, live speed, memory in use."""
+"""The status bar: device and free memory, CPU threads, the turns the plan holds, live speed, memory in use.
+
+(The model, precision, tree and context are on the header's chip.)"""
 
 from __future__ import annotations
 
@@ -53,8 +55,7 @@ class ChatStatusBar(QStatusBar):
     def show_runtime(self, runtime: Runtime) -> None:
         self.show_device(runtime.device)
         p = runtime.plan
-        self._set(self.plan, f"{turns_text(p, runtime.settings.turns, runtime.inputs.model.max_context)} "
-                  f"({runtime.capacity} tokens)")
+        self._set(self.plan, turns_text(p, runtime.settings.turns, runtime.inputs.model.max_context))
         self.plan.setToolTip("\n".join(p.notes))
 
     def show_no_model(self) -> None:

@@ -14,14 +14,18 @@ from .scripted import ScriptedBackend, default_reply, fake_runtime
 
 
 class Answers:
-    """Stands in for Dialogs: records questions, answers with a fixed choice."""
+    """Stands in for Dialogs: records questions, answers with fixed choices."""
 
-    def __init__(self, choice: str | None = None) -> None:
-        self.choice, self.asked, self.told = choice, [], []
+    def __init__(self, choice: str | None = None, *later: str) -> None:
+        self.choice, self.later, self.asked, self.told = choice, list(later), [], []
 
     def ask(self, title, text, choices):
+        """The first answer is ``choice``; each later question takes the next of ``later`` (if any)."""
         self.asked.append((title, text, choices))
-        return self.choice
+        answer = self.choice
+        if self.later:
+            self.choice = self.later.pop(0)
+        return answer
 
     def tell(self, title, text):
         self.told.append((title, text))
