@@ -14,11 +14,12 @@ from typing import Any, Callable, Iterator, Protocol
 
 import psutil
 
-from specmemo_core.planning.device import DeviceInfo
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.planning.planner import Budget, Plan
+from specmemo_core.planning.device import DeviceInfo
+from specmemo_core.planning.entry import PlanDoesNotFitError
+from specmemo_core.planning.planner import Plan
 
-from .planning import PlanInputs, StepTiming, cached_timing, make_plan, store_timing, timing_key
+from .planning import PlanInputs, make_plan
 from .settings import ChatSettings
 
 Progress = Callable[[str, float], None]
@@ -49,13 +50,14 @@ class ChatBackend(Protocol):
 
     def count_tokens(self, messages: Messages) -> int: ...
 
+    def with_tree(self, tree: str | None) -> "ChatBackend": ...
+
 
 @dataclass(frozen=True)
 class EngineBackend:
     """A ``specmemo_core.runtime.engine.Engine`` seen through the ChatBackend interface."""
 
     engine: Any
-    heads_dir: Path | None = None  # where calibrated trees are read from
 
     @property
     def name(self) -> str:
@@ -74,25 +76,15 @@ class EngineBackend:
         return len(encode_conversation(self.engine.tokenizer, messages))
 
     def with_tree(self, tree: str | None) -> "EngineBackend":
-        """The same weights and heads with another tree (None: plain decoding; without
-        heads only a lookup chain alone, ``lookup-N``, can speculate)."""
-        from specmemo_core.runtime.engine import resolve_tree
-        from specmemo_core.runtime.tree import is_lookup_only
-
-        if tree is None or (self.engine.heads is None and not is_lookup_only(tree)):
-            return replace(self, engine=replace(self.engine, tree=None))
-        if self.engine.tree is not None and self.engine.tree.name == tree:
-            return self
-        chosen = resolve_tree(tree, self.heads_dir)
-        chosen.check_heads(self.engine.heads.num_heads if self.engine.heads is not None else None)
-        return replace(self, engine=replace(self.engine, tree=chosen))
+        """The same weights and heads with the plan's tree (None: plain decoding)."""
+        return replace(self, engine=self.engine.with_tree(tree))
 
 
 @dataclass(frozen=True)
 class Runtime:
     """A loaded model with its device, planner inputs and the plan in force."""
 
-    backend: Any  # ChatBackend
+    backend: ChatBackend
     device: DeviceInfo
     inputs: PlanInputs
     plan: Plan
@@ -104,7 +96,7 @@ class Runtime:
 
     @property
     def tree(self) -> str | None:
-        return self.settings.tree or self.plan.tree
+        return self.plan.tree
 
     @property
     def capacity(self) -> int:
@@ -114,14 +106,12 @@ class Runtime:
         """Apply new settings that need no reload: a new plan, and the tree it picks."""
         new_plan = make_plan(self.inputs, settings)
         if not new_plan.fits:
-            raise SpecMemoError("these settings do not fit the device: " + "; ".join(new_plan.suggestions))
+            raise PlanDoesNotFitError(new_plan)
         return self.with_plan(new_plan, settings)
 
     def with_plan(self, plan: Plan, settings: ChatSettings) -> "Runtime":
         """``plan`` (made for ``settings``) in force, with the backend switched to the tree it picks."""
         applied = replace(self, plan=plan, settings=settings)
-        if not hasattr(self.backend, "with_tree"):
-            return applied
         return replace(applied, backend=self.backend.with_tree(applied.tree if applied.speculative else None))
 
 
@@ -136,18 +126,13 @@ def memory_in_use(device: DeviceInfo) -> int:
 
 def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
                  cancel: threading.Event | None = None, device: DeviceInfo | None = None) -> Runtime:
-    """Probe the device, load the model and heads, time a step (cached), plan, apply the plan.
+    """Probe the device, load the model and heads, time a step (cached), plan, apply the plan:
+    the core's one plan entry (``specmemo_core.planning.entry.load_planned``).
 
     Raises the core's SpecMemoError subclasses (ModelFileError, HeadsError, FetchError, …)
     unchanged so the window can offer the right way forward, or LoadCancelled.
     """
-    import torch
-
-    from specmemo_core.runtime.engine import Engine
-    from specmemo_core.planning.memory import HeadsShape, ModelShape
-    from specmemo_core.planning.plan_check import time_forward
-    from specmemo_core.planning.planner import tree_options
-    from specmemo_core.tools.train.calibrate import load_calibration
+    from specmemo_core.planning.entry import find_device, load_planned
 
     def report(stage: str, fraction: float) -> None:
         if cancel is not None and cancel.is_set():
@@ -155,28 +140,8 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
         progress(stage, fraction)
 
     if device is None:
-        from specmemo_core.planning.device import probe
-
         report("probing the device", 0.0)
-        device = probe().best()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(settings.precision or "", torch.float32)
-    engine = Engine.load(settings.model, heads=settings.heads if settings.speculate else "none", tree=None,
-                         dtype=dtype, device=device.torch_device, progress=report, precision=settings.precision)
-    shape = ModelShape.from_spec(engine.model.spec, engine.identity.name)
-    heads_shape = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
-    folder = engine.heads_folder
-    record = load_calibration(folder) if folder is not None else None
-    trees = tree_options(record)
-    key = timing_key(engine.identity.fingerprint, device.name, torch.get_num_threads(), settings.precision)
-    timing = cached_timing(data_folder, key)
-    if timing is None:
-        report("timing the device (once)", 0.0)
-        timing = StepTiming.from_step_time(time_forward(engine.model, engine.heads))
-        store_timing(data_folder, key, timing)
-    report("planning", 1.0)
-    budget = Budget(device.kind, device.total_bytes, device.free_bytes, device.name)
-    inputs = PlanInputs(budget, shape, heads_shape, tuple(trees), timing)
-    plan = make_plan(inputs, settings)
-    if not plan.fits:
-        raise SpecMemoError("the model does not fit this device: " + "; ".join(plan.suggestions))
-    return Runtime(EngineBackend(engine, folder), device, inputs, plan, settings).with_plan(plan, settings)
+        device = find_device(None)
+    planned = load_planned(settings.model, heads=settings.heads, choices=settings.plan_choices(), device=device,
+                           data_folder=data_folder, progress=report)
+    return Runtime(EngineBackend(planned.engine), planned.device, planned.inputs, planned.plan, settings)

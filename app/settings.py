@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.planning.entry import PlanChoices
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ class ChatSettings:
             raise SpecMemoError(f"unknown precision {self.precision!r}")
         if self.theme not in THEME_CHOICES:
             raise SpecMemoError(f"unknown theme {self.theme!r}: choose one of {', '.join(THEME_CHOICES)}")
+
+    def plan_choices(self) -> PlanChoices:
+        """What these settings ask of the planner (the core's one plan entry)."""
+        return PlanChoices(turns=self.turns, prefer=self.prefer, reply_tokens=self.max_reply_tokens,
+                           temperature=self.temperature, precision=self.precision, speculate=self.speculate,
+                           tree=self.tree)
 
     def needs_reload(self, other: "ChatSettings") -> bool:
         """True when going from ``self`` to ``other`` needs the model loaded again."""

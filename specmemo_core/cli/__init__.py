@@ -93,10 +93,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default', a .gguf file or a Hugging Face model folder")
     p.add_argument("--heads", default="auto", help="'auto' (shipped heads), 'none', 'random', or a heads folder/file")
     p.add_argument("--tree", default="auto",
-                   help="'auto', a tree name (medusa-64, 1-10-16-17, calibrated-N, …) or a JSON file")
+                   help="'auto' (the planner's choice), or force a tree name (medusa-64, 1-10-16-17, "
+                        "calibrated-N, …) or a JSON file")
     p.add_argument("--no-spec", action="store_true", help="plain greedy/sampled decoding, no speculation")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    p.add_argument("--device", default=_device_default())
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: the best one found)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=4096, help="KV cache size in tokens")
@@ -105,14 +106,18 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="static-shape decoding replayed as CUDA graphs (default: on for CUDA, off for CPU)")
 
 
-def _engine(args: argparse.Namespace):
-    from specmemo_core.runtime.engine import Engine
+def _planned(args: argparse.Namespace):
+    """The engine with the planner's tree, through the one plan entry (``planning.entry``)."""
+    from specmemo_core.planning.entry import PlanChoices, find_device, load_planned
+    from specmemo_core.storage.sources import data_dir
 
+    choices = PlanChoices(reply_tokens=args.max_new_tokens, temperature=args.temperature,
+                          precision=args.dtype, speculate=not args.no_spec,
+                          tree=None if args.tree in (None, "auto") else args.tree)
     progress = StageProgress()
     try:
-        return Engine.load(args.model, heads="none" if args.no_spec else args.heads,
-                           tree=None if args.no_spec else args.tree,
-                           dtype=DTYPES[args.dtype], device=args.device, progress=progress)
+        return load_planned(args.model, heads=args.heads, choices=choices, device=find_device(args.device),
+                            data_folder=data_dir(), progress=progress)
     finally:
         progress.close()
 
@@ -129,12 +134,13 @@ def _generation_config(args: argparse.Namespace) -> GenerationConfig:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     config = _generation_config(args)
-    engine = _engine(args)
-    session = engine.new_session(args.context, args.system, speculate=not args.no_spec, graphs=args.graphs)
+    planned = _planned(args)
+    session = planned.new_session(capacity=args.context, system_prompt=args.system, graphs=args.graphs)
     echo = None if args.json else (lambda s: print(s, end="", flush=True))
     stats = stream_reply(session, args.prompt, config, echo)
     if args.json:
-        print(json.dumps(stats.as_dict()))
+        print(json.dumps(stats.as_dict() | {"tree": planned.tree, "precision": planned.engine.precision,
+                                            "threads": torch.get_num_threads()}))
     else:
         print(f"\n[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, "
               f"{stats.mean_accepted:.2f} tokens/step]", file=sys.stderr)
@@ -143,10 +149,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     config = _generation_config(args)
-    engine = _engine(args)
-    session = engine.new_session(args.context, args.system, speculate=not args.no_spec, graphs=args.graphs)
-    mode = f"speculative, tree {engine.tree.name}" if engine.speculative and not args.no_spec else "plain decoding"
-    print(f"SpecMemo chat — {engine.identity.name} ({mode}). Empty line or Ctrl-D quits; Ctrl-C stops a reply.",
+    planned = _planned(args)
+    session = planned.new_session(capacity=args.context, system_prompt=args.system, graphs=args.graphs)
+    mode = f"speculative, tree {planned.tree}" if planned.tree else "plain decoding"
+    print(f"SpecMemo chat — {planned.engine.identity.name} ({mode}). Empty line or Ctrl-D quits; Ctrl-C stops a reply.",
           file=sys.stderr)
     while True:
         try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.tree import heads_can_draft
 from specmemo_core.planning.memory import (
     HeadsShape, ModelShape, activation_peak_bytes, heads_bytes, kv_bytes, overhead_bytes,
     tree_buffer_bytes, weight_bytes,
@@ -164,8 +165,8 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
         return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable)
     spare = usable - sum(base.values())
     speed_share = spare * request.prefer
-    # without heads only a lookup chain alone (depth 0: no head drafts) can speculate
-    options = [t for t in trees if t.nodes <= request.max_tree_nodes and (heads is not None or t.depth == 0)]
+    options = [t for t in trees if t.nodes <= request.max_tree_nodes
+               and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
 
     def afford(t: TreeOption) -> bool:
         extra = sum(_fixed_bytes(model, heads, precision, budget.kind, want_tokens, t.nodes, t.depth, t.widest,
@@ -289,7 +290,7 @@ def tree_options(record: dict | None) -> list[TreeOption]:
 
 def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[TreeOption]:
     """Trees of each size built from the heads' calibration (their measured acceptance)."""
-    from specmemo_core.tools.train.calibrate import expected_accepted, tree_from_calibration
+    from specmemo_core.runtime.calibration import expected_accepted, tree_from_calibration
 
     rates = {tuple(p): r for p, r in record["paths"]}
     options = []

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,14 +12,14 @@ import torch
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder
-from specmemo_core.errors import SpecMemoError
+from specmemo_core.errors import TreeError
+from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM
 from specmemo_core.storage.sources import ModelIdentity, load_model
-from specmemo_core.runtime.tree import Tree, is_lookup_only, load_tree, split_lookup
+from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
-DEFAULT_TREE = "medusa-64"
 DEFAULT_CAPACITY = 4096
 
 
@@ -30,37 +31,67 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
     if not isinstance(spec, Path) and (parts := split_lookup(name)) and parts[0]:
         return resolve_tree(parts[0], heads_folder).with_lookup(parts[1])
     if name.startswith("calibrated"):
-        from specmemo_core.tools.train.calibrate import load_calibration, tree_from_calibration
-
         record = load_calibration(heads_folder) if heads_folder is not None else None
         if record is None:
-            raise SpecMemoError(
+            raise TreeError(
                 f"tree {name} needs the heads' calibration.json; run `specmemo calibrate --heads DIR` "
                 f"or choose a named tree such as medusa-64"
             )
-        nodes = int(name.split("-", 1)[1]) if "-" in name else 64
-        return tree_from_calibration(record, nodes)
+        size = name.split("-", 1)[1] if "-" in name else "64"
+        if not size.isdigit() or int(size) < 2:
+            raise TreeError(f"tree {name}: write calibrated-N with N a whole number of nodes ≥ 2, e.g. calibrated-16")
+        return tree_from_calibration(record, int(size))
     return load_tree(spec)
 
 
-def default_tree(device: str | torch.device, heads_folder: Path | None) -> str | None:
-    """The tree when no planner runs (``specmemo generate``/``chat``). On GPUs a 64-node
-    tree costs about one plain step: 56 calibrated nodes and a lookup chain of 8. On CPUs
-    whether a tree pays depends on the machine
-    (2 cores, packed weights: a 4-node tree gains ~1.1×; before packing it lost), so
-    without the planner's start-up timing CPUs decode plainly (None); the app and
-    ``bench --methods plan`` time the device and choose."""
-    if torch.device(device).type == "cpu":
-        return None
-    if heads_folder is not None and (heads_folder / "calibration.json").exists():
-        return "calibrated-56+lookup-8"  # 64 nodes: the most tokens per step on MT-Bench (3.30)
-    return DEFAULT_TREE
+class HeadsChoice(Enum):
+    """Which draft heads to load, when not a file or folder of heads."""
+
+    SHIPPED = "auto"  # the heads shipped for this model under assets/heads/, else none
+    NONE = "none"
+    RANDOM = "random"  # random weights, 5 heads: output unchanged, only slower (checks exactness)
+
+
+HeadsSource = HeadsChoice | Path
+
+
+def heads_source(value: "str | Path | HeadsChoice | None") -> HeadsSource:
+    """Read the user's heads option (``auto``, ``none``, ``random`` or a path) once, at the edge."""
+    if isinstance(value, (HeadsChoice, Path)):
+        return value
+    if value is None:
+        return HeadsChoice.NONE
+    try:
+        return HeadsChoice(value)
+    except ValueError:
+        return Path(value).expanduser()
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def shipped_heads_dir(identity: ModelIdentity) -> Path | None:
     """Trained heads shipped under ``assets/heads/<model name>/``, if any."""
     folder = ASSETS_DIR / "heads" / identity.name
     return folder if (folder / "heads.safetensors").exists() else None
+
+
+def _load_heads(source: HeadsSource, lm: CausalLM, identity: ModelIdentity, dtype: torch.dtype,
+                device: str | torch.device) -> tuple[DraftHeads | None, Path | None]:
+    """The draft heads ``source`` names for this model, and the folder they came from."""
+    spec = lm.spec
+    if source is HeadsChoice.NONE:
+        return None, None
+    if source is HeadsChoice.RANDOM:
+        heads = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=identity.name,
+                             base_fingerprint=identity.fingerprint)
+        return heads.to(device=device, dtype=dtype), None
+    folder = shipped_heads_dir(identity) if source is HeadsChoice.SHIPPED else (
+        source if source.is_dir() else source.parent)
+    if folder is None:
+        return None, None
+    path = folder if source is HeadsChoice.SHIPPED else source
+    return load_heads(path, spec.hidden_size, spec.vocab_size, identity.fingerprint, dtype, device), folder
 
 
 @dataclass
@@ -72,25 +103,27 @@ class Engine:
     heads: DraftHeads | None
     tree: Tree | None
     heads_folder: Path | None = None  # where the heads (and their calibration.json) came from
+    precision: str = "fp32"  # what the weights run in: fp32, bf16, fp16, int8 or int4
     capture_stream: Any = field(default=None, repr=False)  # made by graph_capture_stream()
 
     @classmethod
     def load(
         cls,
         model: str | Path = "default",
-        heads: str | Path | None = "auto",
-        tree: str | Path | None = "auto",
+        *,
+        heads: "HeadsSource | str | None" = HeadsChoice.SHIPPED,
+        tree: str | Path | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         progress: Callable[[str, float], None] | None = None,
         precision: str | None = None,
     ) -> "Engine":
-        """``heads``: "auto" (shipped heads for this model, else none), "none", "random"
-        (random weights, 5 heads: for checking exactness) or a path. ``tree``: None or a
-        tree name/file; with no heads the engine decodes plainly. ``precision`` "int8" or
-        "int4": weight-only quantization of the decoder layers (``quantize.py``). On CPU
-        the fp32 linear layers are then packed for oneDNN (``cpu_linear.py``): the model is
-        ready for inference and can no longer be cast, quantized or trained."""
+        """``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
+        ``tree``: None (plain decoding) or a tree name/file, applied with ``with_tree``; the
+        planner's choice comes from ``planning.entry``. ``precision`` "int8" or "int4":
+        weight-only quantization of the decoder layers (``quantize.py``). On CPU the fp32
+        linear layers are then packed for oneDNN (``cpu_linear.py``): the model is ready for
+        inference and can no longer be cast, quantized or trained."""
         loaded = load_model(model, dtype=torch.float32, progress=progress)
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
         if precision in ("int8", "int4"):
@@ -99,20 +132,8 @@ class Engine:
             if progress is not None:
                 progress(f"quantizing to {precision}", 0.0)
             quantize_model(lm, QuantSpec(precision))
-        spec = lm.spec
-        draft: DraftHeads | None = None
-        folder: Path | None = None
-        if heads == "random":
-            draft = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=loaded.identity.name,
-                                 base_fingerprint=loaded.identity.fingerprint).to(device=device, dtype=dtype)
-        elif heads == "auto":
-            folder = shipped_heads_dir(loaded.identity)
-            if folder is not None:
-                draft = load_heads(folder, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
-        elif heads not in (None, "none"):
-            folder = Path(heads) if Path(heads).is_dir() else Path(heads).parent
-            draft = load_heads(heads, spec.hidden_size, spec.vocab_size, loaded.identity.fingerprint, dtype, device)
-        if draft is not None and getattr(draft, "vocab_ids", None) is not None:
+        draft, folder = _load_heads(heads_source(heads), lm, loaded.identity, dtype, device)
+        if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
             pack_linears(lm)
@@ -120,15 +141,20 @@ class Engine:
                 pack_linears(draft)
         else:
             lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
-        if tree == "auto":
-            tree = default_tree(device, folder)
-        # without heads only a lookup chain alone (``lookup-N``) can speculate; other trees: plain
-        chosen = resolve_tree(tree, folder) if tree is not None and (
-            draft is not None or is_lookup_only(str(tree))) else None
-        if chosen is not None and draft is not None:
-            chosen.check_heads(draft.num_heads)
-        return cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, chosen,
-                   folder if draft is not None else None)
+        name = precision if precision in ("int8", "int4") else _DTYPE_NAMES.get(dtype, str(dtype))
+        engine = cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, None, folder, name)
+        return engine.with_tree(tree)
+
+    def with_tree(self, tree: str | Path | None) -> "Engine":
+        """The same weights and heads decoding on ``tree`` (None: plainly). Raises
+        ``TreeError`` when the loaded heads cannot draft it (``Tree.check_heads``)."""
+        if tree is None:
+            return replace(self, tree=None) if self.tree is not None else self
+        if self.tree is not None and not isinstance(tree, Path) and self.tree.name == tree:
+            return self
+        chosen = resolve_tree(tree, self.heads_folder)
+        chosen.check_heads(self.heads.num_heads if self.heads is not None else None)
+        return replace(self, tree=chosen)
 
     @property
     def speculative(self) -> bool:

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -107,19 +108,20 @@ class Tree:
         """Levels the heads draft (the lookup chain needs no head)."""
         return max((len(p) for p in self.paths), default=0)
 
-    def speculates(self, heads: object | None) -> bool:
-        """Whether decoding on this tree verifies more than one node: with heads any tree
-        of two nodes or more; without heads only a lookup chain alone."""
-        return self.num_nodes > 1 and (heads is not None or not self.paths)
+    def speculates(self, heads: "HasNumHeads | None") -> bool:
+        """Whether decoding on this tree with ``heads`` (None: none loaded) verifies more
+        than one node."""
+        return self.num_nodes > 1 and heads_can_draft(self.depth, heads.num_heads if heads is not None else None)
 
     def check_heads(self, num_heads: int | None) -> None:
         """Raise unless ``num_heads`` draft heads (None: none loaded) can draft this tree."""
-        if self.paths and num_heads is None:
+        if heads_can_draft(self.depth, num_heads):
+            return
+        if num_heads is None:
             raise TreeError(f"tree {self.name} needs draft heads; load heads, or decode plainly or with a "
                             "lookup chain alone (lookup-N)")
-        if num_heads is not None and self.depth > num_heads:
-            raise TreeError(f"tree {self.name} needs {self.depth} draft heads but only {num_heads} are loaded; "
-                            "choose a shallower tree")
+        raise TreeError(f"tree {self.name} needs {self.depth} draft heads but only {num_heads} are loaded; "
+                        "choose a shallower tree")
 
     @property
     def width(self) -> int:
@@ -375,6 +377,17 @@ _CHAIN_RE = re.compile(r"^chain-(\d+)$")
 _LOOKUP_RE = re.compile(r"^(?:(.+)\+)?lookup-(\d+)$")
 _NAMES_HELP = ("medusa-64, single, chain-N, level counts like 1-10-16-17, or a .json file; "
                "any of them with +lookup-N, or lookup-N alone")
+
+
+class HasNumHeads(Protocol):
+    num_heads: int
+
+
+def heads_can_draft(depth: int, num_heads: int | None) -> bool:
+    """The one rule for "do these heads fit this tree": a tree whose head-drafted part is
+    ``depth`` levels deep needs at least that many heads; depth 0 (one node, or a lookup
+    chain alone) needs none. ``num_heads`` None: no heads are loaded."""
+    return depth == 0 or (num_heads is not None and depth <= num_heads)
 
 
 def split_lookup(name: str) -> tuple[str | None, int] | None:

@@ -37,6 +37,7 @@ import torch
 
 from specmemo_core.runtime.chat import encode_conversation
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.planning.timing import StepTiming
 from specmemo_core.tools.evaluate import run_conversations
 from specmemo_core.text import encodable
 
@@ -309,32 +310,27 @@ def predicted_memory(model: Any, heads: Any, tree: Any, precision: str, device_k
     return terms["tree_buffers"], sum(terms.values())
 
 
-def planner_choice(model: Any, heads: Any, heads_folder: Path | None, precision: str, reply_tokens: int,
-                   step_time: Callable[[int, int], float] | None = None) -> Any:
-    """The Plan for this device as ``specmemo plan`` makes it: the device's free memory, the
-    heads' calibrated trees (else SpecMemo's prior), and a start-up timing of the forward."""
+def planner_choice(engine: Any, precision: str, reply_tokens: int, *, timing: StepTiming | None = None,
+                   data_folder: Path | None = None) -> Any:
+    """The Plan for this device through the one plan entry (``planning.entry``), as the app
+    and ``specmemo chat`` make it: the device's free memory, the heads' calibrated trees
+    (else SpecMemo's prior), and the device timing (``timing``, else the cached one in
+    ``data_folder``, else measured now)."""
     from specmemo_core.planning.device import cpu_device, probe
-    from specmemo_core.planning.memory import HeadsShape, ModelShape
-    from specmemo_core.planning.plan_check import time_forward
-    from specmemo_core.planning.planner import Budget, PlanRequest, plan, tree_options
-    from specmemo_core.tools.train.calibrate import load_calibration
+    from specmemo_core.planning.entry import PlanChoices, make_plan, plan_inputs
+    from specmemo_core.planning.timing import timing_for
 
-    kind = model.device.type
+    kind = engine.model.device.type
     info = cpu_device() if kind == "cpu" else next((d for d in probe().devices if d.kind == kind), None)
     if info is None:
         raise SpecMemoError(f"no {kind} device found for the planner")
-    budget = Budget(info.kind, info.total_bytes, info.free_bytes, info.name)
-    record = load_calibration(heads_folder) if heads_folder is not None else None
-    trees = tree_options(record)
-    heads_shape = HeadsShape.from_spec(heads.spec) if heads is not None else None
-    step_time = step_time or time_forward(model, heads)
-    request = PlanRequest(reply_tokens=reply_tokens, precision=precision)
-    return plan(budget, ModelShape.from_spec(model.spec), heads_shape, request, trees, step_time)
+    timing = timing or timing_for(engine, info.name, data_folder, precision)
+    return make_plan(plan_inputs(engine, info, timing), PlanChoices(reply_tokens=reply_tokens, precision=precision))
 
 
 def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path | None,
-                  conversations: Sequence[Sequence[str]], max_new_tokens: int, precision: str,
-                  plan_step_time: Callable[[int, int], float] | None = None) -> list[Method]:
+                  conversations: Sequence[Sequence[str]], max_new_tokens: int, precision: str, *,
+                  plan_timing: StepTiming | None = None, data_folder: Path | None = None) -> list[Method]:
     """Methods by name over a loaded Engine (ours) and a transformers model (``hf``)."""
     from specmemo_core.runtime.chat import end_of_turn_ids
     from specmemo_core.runtime.engine import resolve_tree
@@ -368,8 +364,8 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, heads_folder: Path
         elif name == "vanilla":
             methods.append(ours(full_name, None, graph_note, graphs))
         elif name == "plan":
-            chosen = planner_choice(engine.model, engine.heads, heads_folder, precision, max_new_tokens,
-                                    plan_step_time)
+            chosen = planner_choice(engine, precision, max_new_tokens, timing=plan_timing,
+                                    data_folder=data_folder)
             tree = resolve_tree(chosen.tree, heads_folder) if chosen.tree else None
             speed = chosen.predicted_tokens_per_s
             note = (f"planner chose {chosen.tree or 'plain decoding'}"

@@ -78,6 +78,9 @@ class ScriptedBackend:
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         return sum(len(m["content"]) // 4 + 4 for m in messages)
 
+    def with_tree(self, tree: str | None) -> "ScriptedBackend":
+        return self  # the script replies the same whatever the tree
+
 
 def fake_device(free: int = 8 * GIB) -> DeviceInfo:
     return DeviceInfo("cpu", 0, "Test CPU", 16 * GIB, free, "", "cpu")

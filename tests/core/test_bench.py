@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from specmemo_core.planning.timing import StepTiming
 from specmemo_core.tools.bench import (
     Method, Pass, Spread, build_methods, format_table, identical_count, report, run_bench,
 )
@@ -136,7 +137,7 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     names = ["hf", "hf-pld", "vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs",
              "1-10-16-17+lookup-8", "lookup-4+graphs"]
     methods = build_methods(names, engine, hf, None, CONVERSATIONS, max_new_tokens=24, precision="fp32",
-                            plan_step_time=lambda nodes, depth: 1.0)  # trees cost nothing extra: plan picks one
+                            plan_timing=StepTiming(1.0, 1.0, 64, 0.0))  # trees cost nothing extra: plan picks one
     out = report(methods, run_bench(methods, repeats=1, warmup=1))
     assert list(out) == names
     for name in names:
@@ -158,8 +159,8 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
 
 def test_plan_may_choose_plain_decoding_and_says_so():
     engine = _engine()
-    slow_trees = lambda nodes, depth: 1.0 + nodes  # noqa: E731  every node costs a whole forward
-    (method,) = build_methods(["plan"], engine, None, None, CONVERSATIONS, 8, "fp32", plan_step_time=slow_trees)
+    slow_trees = StepTiming(t1=2.0, t_big=65.0, big=64, draft_level=0.0)  # every node costs a whole forward
+    (method,) = build_methods(["plan"], engine, None, None, CONVERSATIONS, 8, "fp32", plan_timing=slow_trees)
     assert method.tree is None and method.tree_nodes == 1 and "plain decoding" in method.note
 
 

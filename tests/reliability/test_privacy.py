@@ -76,7 +76,7 @@ def test_chat_plan_and_restart_make_no_connection(guard: NetworkGuard, shared_da
     from specmemo_core.runtime.decoding import GenerationConfig
     from specmemo_core.runtime.engine import Engine
 
-    engine = Engine.load("default", heads="auto", tree="auto")
+    engine = Engine.load("default", heads="auto", tree="calibrated-6+lookup-3")
     session = engine.new_session(capacity=256)
     reply = "".join(p.text for p in session.send("Hello! Who are you?", GenerationConfig(max_new_tokens=4)))
     assert reply.strip()

@@ -21,12 +21,14 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from specmemo_core.runtime.calibration import (  # noqa: F401  (re-exported for the training tools)
+    CALIBRATION_NAME, expected_accepted, load_calibration, tree_from_calibration,
+)
 from specmemo_core.runtime.heads import DraftHeads
-from specmemo_core.runtime.tree import MAX_ARITY, Tree, load_tree
+from specmemo_core.runtime.tree import MAX_ARITY, load_tree
 from specmemo_core.tools.train.features import IGNORE, Features
 from specmemo_core.tools.train.trainer import Rope, context_hidden, head_lm, head_states
 
-CALIBRATION_NAME = "calibration.json"
 MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY
 
 
@@ -71,11 +73,6 @@ def path_rates(ranks: torch.Tensor, max_paths: int = 512) -> list[tuple[tuple[in
     return [(p, c / m) for p, c in ordered]
 
 
-def expected_accepted(tree: Tree, rates: dict[tuple[int, ...], float]) -> float:
-    """Expected tokens per verify step: the bonus token plus each node's acceptance rate."""
-    return 1.0 + sum(rates.get(p, 0.0) for p in tree.paths)
-
-
 def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("medusa-64", "1-10-16-17")) -> dict[str, Any]:
     """The calibration record written beside the heads (small JSON)."""
     m, k = ranks.shape
@@ -98,29 +95,7 @@ def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("med
     return record
 
 
-def tree_from_calibration(record: dict[str, Any], nodes: int, max_depth: int | None = None) -> Tree:
-    """The tree of ``nodes`` nodes (root included) with the highest expected acceptance."""
-    chosen: list[tuple[int, ...]] = []
-    have = set()
-    for path, _rate in record["paths"]:
-        p = tuple(path)
-        if len(chosen) >= nodes - 1:
-            break
-        if max_depth is not None and len(p) > max_depth:
-            continue
-        if len(p) > 1 and p[:-1] not in have:  # only possible on exact ties; keep it a tree
-            continue
-        chosen.append(p)
-        have.add(p)
-    return Tree.from_paths(chosen, name=f"calibrated-{len(chosen) + 1}")
-
-
 def save_calibration(record: dict[str, Any], folder: Path) -> Path:
     path = Path(folder) / CALIBRATION_NAME
     path.write_text(json.dumps(record, indent=1))
     return path
-
-
-def load_calibration(folder: Path) -> dict[str, Any] | None:
-    path = Path(folder) / CALIBRATION_NAME
-    return json.loads(path.read_text()) if path.exists() else None

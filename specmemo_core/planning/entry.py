@@ -1,0 +1,198 @@
+"""The one way from a model, its heads, a device and the user's choices to a plan.
+
+Every entry point — the app, ``specmemo chat``, ``generate``, ``plan`` and ``bench``'s
+``plan`` method — goes through here, so the same inputs give the same plan everywhere:
+
+- ``plan_inputs`` gathers once per loaded model what ``plan()`` needs besides the request
+  (the device's free memory, the model's and heads' shapes, the candidate trees from the
+  heads' calibration, the device timing): the slow part.
+- ``make_plan`` turns those inputs and the user's ``PlanChoices`` into a ``Plan``: pure and
+  fast (the app's settings slider calls it on every move).
+- ``load_planned`` does both around ``Engine.load`` and applies the plan's tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.planning.device import DeviceError, DeviceInfo
+from specmemo_core.planning.memory import HeadsShape, ModelShape
+from specmemo_core.planning.planner import (
+    Budget, Plan, PlanRequest, TreeOption, plan, prior_expected_accepted, tree_options,
+)
+from specmemo_core.planning.timing import StepTiming
+
+Progress = Callable[[str, float], None]
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class PlanChoices:
+    """What the user asks of the plan, whatever the entry point (app settings, CLI flags)."""
+
+    turns: int = 20
+    prefer: float = 0.5  # 0 = more turns, 1 = more speed
+    prompt_tokens: int = 200
+    reply_tokens: int = 256
+    temperature: float = 0.0
+    precision: str | None = None  # None: the planner chooses
+    speculate: bool = True  # False: plain decoding, no heads
+    tree: str | None = None  # a tree the user forces: planned with this tree only
+
+    def __post_init__(self) -> None:
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise SpecMemoError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+
+    def request(self) -> PlanRequest:
+        return PlanRequest(turns=self.turns, prefer=self.prefer, precision=self.precision,
+                           prompt_tokens=self.prompt_tokens, reply_tokens=self.reply_tokens,
+                           sampling=self.temperature > 0)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything ``plan()`` needs besides the user's request, gathered once per model."""
+
+    budget: Budget
+    model: ModelShape
+    heads: HeadsShape | None
+    trees: tuple[TreeOption, ...]
+    timing: StepTiming | None = None
+    calibration: dict | None = field(default=None, repr=False)  # the heads' calibration.json
+    heads_folder: Path | None = None
+
+
+def budget_for(device: DeviceInfo) -> Budget:
+    return Budget(device.kind, device.total_bytes, device.free_bytes, device.name)
+
+
+def plan_inputs(engine: Any, device: DeviceInfo, timing: StepTiming | None) -> PlanInputs:
+    """The planner's view of a loaded ``Engine`` on ``device``."""
+    from specmemo_core.runtime.calibration import load_calibration
+
+    folder = engine.heads_folder
+    record = load_calibration(folder) if folder is not None else None
+    heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
+    return PlanInputs(budget_for(device), ModelShape.from_spec(engine.model.spec, engine.identity.name), heads,
+                      tuple(tree_options(record)), timing, record, folder)
+
+
+def forced_tree_option(name: str, inputs: PlanInputs) -> TreeOption:
+    """A tree the user names, as a planner option: its acceptance from the heads'
+    calibration (else SpecMemo's prior)."""
+    for option in inputs.trees:
+        if option.name == name:
+            return option
+    from specmemo_core.runtime.calibration import expected_accepted, rates_of
+    from specmemo_core.runtime.engine import resolve_tree
+
+    tree = resolve_tree(name, inputs.heads_folder)
+    tree.check_heads(inputs.heads.num_heads if inputs.heads is not None else None)
+    accepted = (expected_accepted(tree, rates_of(inputs.calibration)) if inputs.calibration is not None
+                else prior_expected_accepted(tree))
+    return TreeOption(name, tree.num_nodes, tree.depth, accepted, tree.widest_drafting_level)
+
+
+def make_plan(inputs: PlanInputs, choices: PlanChoices) -> Plan:
+    """The plan for ``choices`` (pure). Without speculation heads and trees are left out;
+    a forced tree is planned alone and used where it fits, even where the timing says
+    plain decoding would be faster: it is the user's choice."""
+    if not choices.speculate:
+        return plan(inputs.budget, inputs.model, None, choices.request(), (), _step_time(inputs))
+    if choices.tree is not None:
+        option = forced_tree_option(choices.tree, inputs)
+        return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), (option,), None)
+    return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), inputs.trees, _step_time(inputs))
+
+
+def _step_time(inputs: PlanInputs):
+    return inputs.timing.step_time() if inputs.timing is not None else None
+
+
+@dataclass(frozen=True)
+class PlannedEngine:
+    """A loaded engine with the plan in force (its tree applied)."""
+
+    engine: Any  # specmemo_core.runtime.engine.Engine
+    device: DeviceInfo
+    inputs: PlanInputs
+    plan: Plan
+    choices: PlanChoices
+
+    @property
+    def tree(self) -> str | None:
+        return self.engine.tree.name if self.engine.speculative else None
+
+    def replanned(self, choices: PlanChoices) -> "PlannedEngine":
+        """New choices that need no reload: a new plan, and the tree it picks."""
+        return apply_plan(replace(self, choices=choices), make_plan(self.inputs, choices))
+
+    def new_session(self, *, capacity: int | None = None, system_prompt: str | None = None,
+                    graphs: bool | None = None):
+        """A conversation with the plan's KV cache (``capacity`` overrides it)."""
+        size = capacity if capacity is not None else max(self.plan.kv_tokens, 256)
+        return self.engine.new_session(size, system_prompt, speculate=self.choices.speculate, graphs=graphs)
+
+
+def apply_plan(planned: PlannedEngine, new_plan: Plan) -> PlannedEngine:
+    """``new_plan`` in force: refused with the planner's suggestions when it does not fit."""
+    if not new_plan.fits:
+        raise PlanDoesNotFitError(new_plan)
+    tree = new_plan.tree if planned.choices.speculate else None
+    return replace(planned, plan=new_plan, engine=planned.engine.with_tree(tree))
+
+
+class PlanDoesNotFitError(SpecMemoError):
+    """Nothing the planner can choose fits the device; the message says what would."""
+
+    def __init__(self, refused: Plan) -> None:
+        self.plan = refused
+        super().__init__("the chat does not fit this device: " + "; ".join(refused.suggestions))
+
+
+def find_device(name: str | None) -> DeviceInfo:
+    """The device the user names (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``rocm``), or
+    the best one found (None / ``auto``)."""
+    from specmemo_core.planning.device import cpu_device, probe
+
+    if name in (None, "", "auto"):
+        return probe().best()
+    if name == "cpu":
+        return cpu_device()
+    report = probe()
+    for d in report.devices:
+        if name in (d.torch_device, d.kind) or (name == "cuda" and d.kind == "rocm"):
+            return d
+    known = ", ".join(d.torch_device for d in report.devices)
+    raise DeviceError(f"no device {name!r} here (found: {known}); run `specmemo devices` to see what was "
+                      "found, or leave --device out to use the best one")
+
+
+def torch_dtype(precision: str | None):
+    """The dtype the model is loaded in for a precision (int8/int4: weight-only, fp32 around)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision or "", torch.float32)
+
+
+def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices: PlanChoices = PlanChoices(),
+                 device: DeviceInfo | None = None, data_folder: Path | None = None,
+                 progress: Progress | None = None) -> PlannedEngine:
+    """Load the model and heads, time the device (cached in ``data_folder``), plan, and
+    apply the plan: the engine every entry point chats with."""
+    from specmemo_core.planning.timing import timing_for
+    from specmemo_core.runtime.engine import Engine, HeadsChoice
+
+    device = device or find_device(None)
+    engine = Engine.load(model, heads=heads if choices.speculate else HeadsChoice.NONE,
+                         dtype=torch_dtype(choices.precision), device=device.torch_device,
+                         progress=progress, precision=choices.precision)
+    timing = timing_for(engine, device.name, data_folder, choices.precision, progress)
+    if progress is not None:
+        progress("planning", 1.0)
+    inputs = plan_inputs(engine, device, timing)
+    planned = PlannedEngine(engine, device, inputs, make_plan(inputs, choices), choices)
+    return apply_plan(planned, planned.plan)
