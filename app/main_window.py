@@ -329,7 +329,7 @@ class MainWindow(QMainWindow):
                  "Choose another…": self.choose_model_file, "Cancel": None}
         match exc:
             case LoadCancelled():
-                self.say("Loading was cancelled." + stays + (" Open Settings… to load a model." if stays else ""))
+                self.say("Loading was cancelled." + stays)
             case HeadsError():
                 self._offer("Draft heads do not fit this model", str(exc) + stays,
                             {"Run without heads": lambda: self.load_model(tried.with_(heads="none", speculate=False)),
@@ -502,7 +502,7 @@ class MainWindow(QMainWindow):
                 self.history.append((msg.id, "user", text))
             except ChatStoreError as exc:
                 self.history.append((0, "user", text))
-                self.say(str(exc))
+                self.say(str(exc), "warning")
             if self.store.get(self.conversation_id).title == "New chat":
                 self.store.rename(self.conversation_id, title_from(text))
                 self.title.setText(title_from(text))
@@ -543,7 +543,7 @@ class MainWindow(QMainWindow):
             self.history.append((msg.id, "assistant", stats.text))
         except ChatStoreError as exc:
             self.history.append((0, "assistant", stats.text))
-            self.say(str(exc))
+            self.say(str(exc), "warning")
         if stats.stopped:
             self.say("Stopped. Regenerate to answer again.")
         self.status.show_speed(stats)

@@ -46,6 +46,7 @@ class SettingsDialog(QDialog):
     def __init__(self, settings: ChatSettings, inputs: PlanInputs | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("SpecMemo Chat — Settings")
+        self.setMinimumWidth(540)
         self.inputs = inputs
         self.original = settings
         self.plan: Plan | None = None

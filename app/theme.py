@@ -64,25 +64,31 @@ def palette(c: Colours) -> QPalette:
     return p
 
 
+def rgba(colour: str, alpha: int) -> str:
+    """``colour`` ("#rrggbb") with ``alpha`` (0–255) for a style sheet (whose 8-digit hex is #aarrggbb)."""
+    q = QColor(colour)
+    return f"rgba({q.red()}, {q.green()}, {q.blue()}, {alpha})"
+
+
 def stylesheet(c: Colours) -> str:
     """Rounded controls, an accent Send button, the model chip and the example-prompt cards."""
     return f"""
-    QPushButton {{ padding: 5px 12px; border-radius: 6px; border: 1px solid {c.muted}55;
+    QPushButton {{ padding: 5px 12px; border-radius: 6px; border: 1px solid {rgba(c.muted, 0x55)};
                    background: {c.button}; }}
     QPushButton:hover {{ border-color: {c.accent}; }}
-    QPushButton:disabled {{ color: {c.muted}; border-color: {c.muted}33; }}
+    QPushButton:disabled {{ color: {c.muted}; border-color: {rgba(c.muted, 0x33)}; }}
     QPushButton#primary {{ background: {c.accent}; color: {c.accent_text}; border: none; font-weight: 600; }}
-    QPushButton#primary:disabled {{ background: {c.accent}66; }}
+    QPushButton#primary:disabled {{ background: {rgba(c.accent, 0x66)}; }}
     QPushButton#example {{ text-align: left; padding: 10px 14px; border-radius: 10px; background: {c.alternate}; }}
     QToolButton#chip {{ border-radius: 11px; padding: 3px 10px; background: {c.alternate}; color: {c.text};
-                        border: 1px solid {c.muted}44; }}
+                        border: 1px solid {rgba(c.muted, 0x44)}; }}
     QToolButton#chip:hover {{ border-color: {c.accent}; }}
-    QPlainTextEdit, QLineEdit, QListWidget {{ border: 1px solid {c.muted}55; border-radius: 8px; padding: 4px;
-                                             background: {c.base}; }}
+    QPlainTextEdit, QLineEdit, QListWidget {{ border: 1px solid {rgba(c.muted, 0x55)}; border-radius: 8px;
+                                             padding: 4px; background: {c.base}; }}
     QPlainTextEdit:focus, QLineEdit:focus {{ border-color: {c.accent}; }}
     QTextBrowser {{ border: none; background: {c.base}; }}
     QListWidget::item {{ padding: 6px 4px; border-radius: 6px; }}
-    QListWidget::item:selected {{ background: {c.accent}33; color: {c.text}; }}
+    QListWidget::item:selected {{ background: {rgba(c.accent, 0x33)}; color: {c.text}; }}
     QLabel#muted {{ color: {c.muted}; }}
     QLabel#welcomeTitle {{ font-size: 20pt; font-weight: 600; }}
     """

@@ -92,3 +92,18 @@ def test_plan_says_when_the_models_context_limits_the_turns(qtbot):
     dialog.turns.setValue(4)
     assert "<b>" + f"{dialog.plan.turns} turns fit</b>" in dialog.plan_label.text() and "limit" not in \
         dialog.plan_label.text()
+
+
+def test_every_non_zero_memory_term_stays_visible_in_the_bar():
+    """The tree buffers (a few MiB beside GiBs of weights) get the minimum width; zero terms none; the
+    slices still fill the bar exactly, and the wide ones keep their proportions."""
+    from app.memory_chart import MIN_SLICE_PX, gib, slice_widths
+
+    gib_ = 2**30
+    values = [gib_, 0, gib_ // 2, 2 * 2**20, gib_ // 4, gib_ // 4]
+    widths = slice_widths(values, 400.0)
+    assert widths[1] == 0.0 and widths[3] == MIN_SLICE_PX
+    assert abs(sum(widths) - 400.0) < 1e-6
+    assert abs(widths[0] / widths[2] - 2.0) < 1e-9 and abs(widths[4] - widths[5]) < 1e-9
+    assert slice_widths([0, 0], 400.0) == [0.0, 0.0]
+    assert gib(2 * 2**20) == "2 MiB" and gib(300 * 2**10) == "300 KiB" and gib(0) == "0 MiB"
