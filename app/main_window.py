@@ -341,7 +341,11 @@ class MainWindow(QMainWindow):
                                                                    self.choose_model_file, "Cancel": None})
             case _:
                 self._offer("Could not load the model", describe(exc) + stays, {**again, **other})
-        if self.runtime is None and not self.models.busy:
+        if self.models.busy:
+            return  # a way forward is loading
+        if self.runtime is not None:
+            self.welcome.show_ready()  # the previous model answers as before
+        else:
             self._show_no_model("Loading was cancelled." if isinstance(exc, LoadCancelled) else
                                 f"{tried.model} could not be loaded: {describe(exc)}")
 

@@ -91,6 +91,7 @@ def test_missing_model_offers_the_default_and_bad_file_keeps_the_previous(qtbot,
     qtbot.waitUntil(lambda: bool(window.dialogs.asked), timeout=10000)
     assert "not a GGUF file" in window.dialogs.asked[0][1] and "previous model stays" in window.dialogs.asked[0][1]
     assert window.runtime is before and window.settings.model == "default"
+    assert window.welcome.state == "ready" and window.chip.text().startswith("scripted-model")
 
 
 def test_download_failure_offers_retry_and_cancel_is_quiet(qtbot, make_window):
