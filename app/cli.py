@@ -53,6 +53,7 @@ def run_app(folder: Path, args: argparse.Namespace, error_type: type) -> int:
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("SpecMemo Chat")
+    app.setStyle("Fusion")  # NOTE: the one built-in style that draws the light and dark palettes alike everywhere
     try:
         store = ChatStore(Path(args.history) if args.history else None)
     except error_type as exc:
@@ -64,7 +65,7 @@ def run_app(folder: Path, args: argparse.Namespace, error_type: type) -> int:
     window = MainWindow(store, settings, folder)
     if store.recovered_from is not None:
         window.say(f"The chat history was damaged; it was set aside as {store.recovered_from} and a new one "
-                   "was started.")
+                   "was started.", "warning")
     window.show()
     window.start()
     if args.screenshot:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 
 class Dialogs:
-    """``ask`` returns the chosen button's text (None if closed); ``tell`` just informs."""
+    """``ask`` returns the chosen button's text (None if closed); ``tell`` warns; ``inform`` just informs."""
 
     def __init__(self, parent: QWidget) -> None:
         self.parent = parent
@@ -21,3 +22,9 @@ class Dialogs:
 
     def tell(self, title: str, text: str) -> None:
         QMessageBox.warning(self.parent, title, text)
+
+    def inform(self, title: str, rich_text: str) -> None:
+        """A plain information box (help, about): no question, no warning icon."""
+        box = QMessageBox(QMessageBox.Icon.NoIcon, title, rich_text, parent=self.parent)
+        box.setTextFormat(Qt.TextFormat.RichText)
+        box.exec()

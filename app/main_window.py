@@ -7,37 +7,60 @@ model manager (model_manager.py), history from ChatStore, plans from planning.py
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
-    QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressDialog, QPushButton, QSplitter, QVBoxLayout, QWidget,
+    QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressDialog, QPushButton, QSplitter, QStackedWidget,
+    QToolButton, QVBoxLayout, QWidget,
 )
 
-from specmemo_core.storage.chatstore import ChatStore, ChatStoreError
+from specmemo_core.errors import (
+    ContextFullError, FetchError, HeadsError, ModelFileError, OutOfMemoryError, SpecMemoError,
+)
 from specmemo_core.runtime.decoding import GenerationConfig
-from specmemo_core.errors import SpecMemoError
+from specmemo_core.storage.chatstore import ChatStore, ChatStoreError
 
+from . import theme
 from .chat_input import ChatInput
 from .chat_view import ChatView
+from .context_window import TooLongError
 from .conversation_list import ConversationList
 from .dialogs import Dialogs
+from .menus import Command, about_html, build_menus, shortcuts_html
 from .model_manager import Loader, ModelManager
 from .planning import smaller_settings
-from .runtime import Runtime, load_runtime, memory_in_use
-from .settings import ChatSettings, save_settings
+from .runtime import LoadCancelled, Runtime, load_runtime, memory_in_use
+from .settings import ChatSettings, model_path_problem, save_settings
 from .settings_panel import SettingsDialog
 from .status_bar import ChatStatusBar
-from .worker import ChatThread, Job, ReplyStats
+from .welcome import WelcomePanel
+from .worker import ChatThread, Job, NoModelError, ReplyStats
 
 TITLE_WORDS = 8
 SAVE_EVERY_S = 2.0  # a streaming reply is saved (as incomplete) this often, so a crash keeps most of it
+NO_MODEL_HINT = "Load one from the Model menu: the default model, or a model file of your own."
 
 
 def title_from(text: str) -> str:
     words = text.split()
     return " ".join(words[:TITLE_WORDS]) + ("…" if len(words) > TITLE_WORDS else "")
+
+
+def describe(exc: BaseException) -> str:
+    """Our typed errors say what to do; anything else is named by its type (a bug or a broken file)."""
+    if isinstance(exc, SpecMemoError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def chip_text(runtime: Runtime) -> str:
+    """The header's model chip: model · precision · tree · context."""
+    tree = f"tree {runtime.tree}" if runtime.speculative else "plain decoding"
+    return f"{runtime.backend.name} · {runtime.plan.precision} · {tree} · {runtime.capacity:,} tokens"
 
 
 class MainWindow(QMainWindow):
@@ -49,14 +72,16 @@ class MainWindow(QMainWindow):
         self.store, self.settings, self.data_folder = store, settings, data_folder
         self.runtime: Runtime | None = None
         self.dialogs = Dialogs(self)
-        self.conversation_id: int | None = None
+        self.conversation_id: int | None = None  # None: a new chat, made when its first message is sent
         self.history: list[tuple[int, str, str]] = []  # (message id, role, content) of the open chat
         self.generating = False
         self._regenerating = False
         self._reply_id: int | None = None  # the streaming reply's row in the store
         self._reply_saved = 0.0
         self._progress: QProgressDialog | None = None
+        self._colours = theme.apply(settings.theme)
         self._build()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_scheme_changed)
         self.chat = ChatThread(self)
         w = self.chat.worker
         w.accepted.connect(self._on_accepted)
@@ -72,10 +97,7 @@ class MainWindow(QMainWindow):
         self._memory_timer = QTimer(self)
         self._memory_timer.timeout.connect(self._show_memory)
         self._memory_timer.start(2000)
-        self.sidebar.refresh()
-        ids = self.sidebar.ids()
-        if ids:
-            self.sidebar.select(ids[0])
+        self.sidebar.refresh()  # the last chats are one click away; the window opens on a new one
         self._update_buttons()
 
     # -- layout ----------------------------------------------------------------
@@ -84,44 +106,78 @@ class MainWindow(QMainWindow):
         self.sidebar.selected.connect(self.open_conversation)
         self.sidebar.new_requested.connect(self.new_conversation)
         self.sidebar.deleted.connect(self._on_deleted)
-        self.view = ChatView()
-        self.hint = QLabel()
-        self.hint.setWordWrap(True)
-        self.hint.setStyleSheet("color: #8a4b00")
-        self.input = ChatInput()
-        self.input.send_requested.connect(self.send)
-        buttons = QHBoxLayout()
-        self.send_button = self._button("Send", self.send, buttons)
-        self.stop_button = self._button("Stop", self.stop, buttons)
-        self.regenerate_button = self._button("Regenerate", self.regenerate, buttons)
-        self.copy_button = self._button("Copy", self.copy_reply, buttons)
-        buttons.addStretch(1)
-        self.settings_button = self._button("Settings…", self.open_settings, buttons)
-        right = QWidget()
-        v = QVBoxLayout(right)
-        v.addWidget(self.view, 1)
-        v.addWidget(self.hint)
-        v.addWidget(self.input)
-        v.addLayout(buttons)
         split = QSplitter()
         split.addWidget(self.sidebar)
-        split.addWidget(right)
+        split.addWidget(self._chat_pane())
         split.setStretchFactor(1, 1)
         split.setSizes([260, 840])
         self.setCentralWidget(split)
         self.status = ChatStatusBar()
         self.setStatusBar(self.status)
-        menu = self.menuBar().addMenu("&Chat")
-        for text, slot, keys in (("New chat", self.new_conversation, QKeySequence.StandardKey.New),
-                                 ("Export as Markdown…", lambda: self._export_dialog("md"), None),
-                                 ("Export as JSON…", lambda: self._export_dialog("json"), None),
-                                 ("Settings…", self.open_settings, QKeySequence.StandardKey.Preferences),
-                                 ("Quit", self.close, QKeySequence.StandardKey.Quit)):
-            action = QAction(text, self)
-            action.triggered.connect(slot)
-            if keys is not None:
-                action.setShortcut(keys)
-            menu.addAction(action)
+        self.commands = self._commands()
+        self.actions = build_menus(self, self.commands)
+        self._check_theme_action()
+
+    def _chat_pane(self) -> QWidget:
+        self.title = QLabel("New chat")
+        self.title.setStyleSheet("font-weight: 600; font-size: 12pt")
+        self.chip = QToolButton()
+        self.chip.setObjectName("chip")
+        self.chip.setText("No model loaded")
+        self.chip.setToolTip("The model and plan in use (model · precision · tree · context). Click for Settings.")
+        self.chip.clicked.connect(self.open_settings)
+        header = QHBoxLayout()
+        header.addWidget(self.title, 1)
+        header.addWidget(self.chip)
+        self.view = ChatView()
+        self.welcome = WelcomePanel()
+        self.welcome.prompt_chosen.connect(self.send_example)
+        self.welcome.load_default.connect(self.load_default_model)
+        self.welcome.choose_file.connect(self.choose_model_file)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self.welcome)
+        self.pages.addWidget(self.view)
+        self.view.rendered.connect(self._show_page)
+        self.hint = QLabel()
+        self.hint.setWordWrap(True)
+        self.input = ChatInput()
+        self.input.send_requested.connect(self.send)
+        buttons = QHBoxLayout()
+        self.stop_button = self._button("Stop", self.stop, buttons)
+        self.regenerate_button = self._button("Regenerate", self.regenerate, buttons)
+        self.copy_button = self._button("Copy reply", self.copy_reply, buttons)
+        buttons.addStretch(1)
+        self.settings_button = self._button("Settings…", self.open_settings, buttons)
+        self.send_button = self._button("Send", self.send, buttons)
+        self.send_button.setObjectName("primary")
+        right = QWidget()
+        v = QVBoxLayout(right)
+        v.addLayout(header)
+        v.addWidget(self.pages, 1)
+        v.addWidget(self.hint)
+        v.addWidget(self.input)
+        v.addLayout(buttons)
+        return right
+
+    def _commands(self) -> list[Command]:
+        return [  # NOTE: explicit keys: the standard ones (Preferences, Quit) are empty on some platforms
+            Command("&Chat", "New chat", self.new_conversation, "Ctrl+N"),
+            Command("&Chat", "Stop the reply", self.stop, "Esc"),
+            Command("&Chat", "Regenerate the reply", self.regenerate, "Ctrl+R"),
+            Command("&Chat", "Copy the reply", self.copy_reply, "Ctrl+Shift+C"),
+            Command("&Chat", "Export as Markdown…", lambda: self._export_dialog("md")),
+            Command("&Chat", "Export as JSON…", lambda: self._export_dialog("json")),
+            Command("&Chat", "Quit", self.close, "Ctrl+Q"),
+            Command("&Model", "Load the default model", self.load_default_model),
+            Command("&Model", "Choose a model file…", self.choose_model_file),
+            Command("&Model", "Settings…", self.open_settings, "Ctrl+,"),
+            Command("&View", "Theme: System", lambda: self.set_theme("system")),
+            Command("&View", "Theme: Light", lambda: self.set_theme("light")),
+            Command("&View", "Theme: Dark", lambda: self.set_theme("dark")),
+            Command("&View", "Focus the message box", self.input.setFocus, "Ctrl+L"),
+            Command("&Help", "Keyboard shortcuts…", self.show_shortcuts, "F1"),
+            Command("&Help", "About SpecMemo Chat", self.show_about),
+        ]
 
     def _button(self, text: str, slot, row: QHBoxLayout) -> QPushButton:
         button = QPushButton(text)
@@ -137,20 +193,57 @@ class MainWindow(QMainWindow):
         self.copy_button.setEnabled(has_reply or bool(self.view.reply_text))
         self.sidebar.setEnabled(not self.generating)
 
-    def say(self, text: str) -> None:
-        """A hint under the chat: bad input, context notices, what happens next."""
+    def _show_page(self) -> None:
+        """The welcome panel while the chat is empty, the conversation otherwise."""
+        self.pages.setCurrentWidget(self.view if self.view.entries else self.welcome)
+
+    def say(self, text: str, tone: str = "info") -> None:
+        """A hint under the chat: bad input, context notices, what happens next. ``tone`` is "info",
+        "success" or "warning" (the theme's colours; warning only for what needs attention)."""
+        colour = {"success": self._colours.success, "warning": self._colours.warning}.get(tone, self._colours.text)
+        self.hint.setStyleSheet(f"color: {colour}")
         self.hint.setText(text)
+
+    # -- view ------------------------------------------------------------------
+    def set_theme(self, choice: str) -> None:
+        """View ▸ Theme: apply ``choice`` ("system", "light", "dark") and keep it in the settings."""
+        self.settings = self.settings.with_(theme=choice)
+        if self.runtime is not None:
+            self.runtime = replace(self.runtime, settings=self.runtime.settings.with_(theme=choice))
+        self._colours = theme.apply(choice)
+        self._check_theme_action()
+        self._save_settings(self.settings)
+
+    def _on_scheme_changed(self, *_: object) -> None:
+        if self.settings.theme == "system":
+            self._colours = theme.apply("system")
+
+    def _check_theme_action(self) -> None:
+        for name in ("System", "Light", "Dark"):
+            action = self.actions[f"Theme: {name}"]
+            action.setCheckable(True)
+            action.setChecked(self.settings.theme == name.lower())
+
+    def show_shortcuts(self) -> None:
+        self.dialogs.inform("Keyboard shortcuts", shortcuts_html(self.commands))
+
+    def show_about(self) -> None:
+        self.dialogs.inform("About SpecMemo Chat", about_html())
 
     # -- models ----------------------------------------------------------------
     def start(self, runtime: Runtime | None = None) -> None:
         """Use a ready runtime (tests), or load the model for the current settings."""
         if runtime is not None:
             self.apply_runtime(runtime)
+            self.welcome.show_ready()
         else:
             self.load_model(self.settings)
 
     def load_model(self, settings: ChatSettings, show_progress: bool = True) -> None:
         self.say(f"Loading {settings.model} …")
+        self.welcome.show_loading(f"Loading {settings.model} …")
+        if self.runtime is None:
+            self.chip.setText("Loading…")
         if show_progress:
             self._progress = QProgressDialog("Starting…", "Cancel", 0, 100, self)
             self._progress.setWindowTitle("Loading the model")
@@ -158,7 +251,30 @@ class MainWindow(QMainWindow):
             self._progress.canceled.connect(self.models.cancel)
         self.models.load(settings)
 
+    def load_default_model(self) -> None:
+        self.load_model(self.settings.with_(model="default", heads="auto"))
+
+    def choose_model_file(self) -> None:
+        """Model ▸ Choose a model file…: a .gguf file (a model folder: Settings ▸ Folder…)."""
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.load_model_file(path)
+        elif self.runtime is None and not self.models.busy:
+            self._show_no_model("No model was chosen.")
+
+    def load_model_file(self, path: str) -> bool:
+        """Load ``path`` if it can be a model; else say why (the window stays as it was)."""
+        problem = model_path_problem(path)
+        if problem:
+            self.say(problem, "warning")
+            if self.runtime is None:
+                self.welcome.show_no_model(problem)
+            return False
+        self.load_model(self.settings.with_(model=path, heads="auto"))
+        return True
+
     def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.welcome.show_loading(f"Loading: {stage} …")
         if stage == "probing the device" or self._progress is None:
             self.say(f"Loading: {stage} …")
         if self._progress is not None:
@@ -178,46 +294,67 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, runtime: Runtime) -> None:
         self._close_progress()
         self.apply_runtime(runtime)
-        self.say(f"{runtime.backend.name} is ready.")
+        self.welcome.show_ready()
+        self.say(f"{runtime.backend.name} is ready.", "success")
 
     def apply_runtime(self, runtime: Runtime) -> None:
+        runtime = replace(runtime, settings=runtime.settings.with_(theme=self.settings.theme))
         self.runtime, self.settings = runtime, runtime.settings
         self.chat.configure(runtime.backend, runtime.capacity, runtime.speculative)
         self.status.show_runtime(runtime)
-        try:
-            save_settings(self.data_folder, runtime.settings)
-        except OSError as exc:
-            self.say(f"Could not save the settings ({exc}); they apply until you quit.")
+        self.chip.setText(chip_text(runtime))
+        self._save_settings(runtime.settings)
 
-    def _on_load_failed(self, kind: str, message: str, tried: ChatSettings) -> None:
+    def _save_settings(self, settings: ChatSettings) -> None:
+        try:
+            save_settings(self.data_folder, settings)
+        except OSError as exc:
+            self.say(f"Could not save the settings ({exc}); they apply until you quit.", "warning")
+
+    def _offer(self, title: str, text: str, actions: dict[str, Callable[[], object] | None]) -> None:
+        """Ask with one button per way forward and run the chosen one (None: Cancel, or closed)."""
+        action = actions.get(self.dialogs.ask(title, text, list(actions)) or "")
+        if action is not None:
+            action()
+
+    def _on_load_failed(self, exc: Exception, tried: ChatSettings) -> None:
+        """Every loader failure ends here, typed; each type gets its ways forward, and without a
+        model the window says so and offers to load one (never a dead end)."""
         self._close_progress()
         keep = self.runtime.settings if self.runtime is not None else None
         self.settings = keep or self.settings
         stays = " The previous model stays in use." if keep else ""
-        if kind == "cancelled":
-            self.say("Loading was cancelled." + stays + " Open Settings… to load a model.")
-            return
-        if kind == "heads":
-            if self.dialogs.ask("Draft heads do not fit this model", message + stays,
-                                ["Run without heads", "Cancel"]) == "Run without heads":
-                self.load_model(tried.with_(heads="none", speculate=False))
-            return
-        if kind == "model_file":
-            choice = self.dialogs.ask("Model missing or damaged", message + stays,
-                                      ["Use the default model", "Choose another…", "Cancel"])
-            if choice == "Use the default model":
-                self.load_model(tried.with_(model="default", heads="auto"))
-            elif choice == "Choose another…":
-                self.open_settings()
-            return
-        if kind == "fetch":
-            choice = self.dialogs.ask("Download failed", message, ["Retry", "Choose a local model…", "Cancel"])
-            if choice == "Retry":
-                self.load_model(tried)
-            elif choice == "Choose a local model…":
-                self.open_settings()
-            return
-        self.dialogs.tell("Could not load the model", message + stays)
+        again = {"Retry": lambda: self.load_model(tried)}
+        other = {"Use the default model": lambda: self.load_model(tried.with_(model="default", heads="auto")),
+                 "Choose another…": self.choose_model_file, "Cancel": None}
+        match exc:
+            case LoadCancelled():
+                self.say("Loading was cancelled." + stays)
+            case HeadsError():
+                self._offer("Draft heads do not fit this model", str(exc) + stays,
+                            {"Run without heads": lambda: self.load_model(tried.with_(heads="none", speculate=False)),
+                             "Cancel": None})
+            case ModelFileError():
+                self._offer("Model missing or damaged", str(exc) + stays, other)
+            case FetchError():
+                self._offer("Download failed", str(exc) + stays, {**again, "Choose a local model…":
+                                                                   self.choose_model_file, "Cancel": None})
+            case _:
+                self._offer("Could not load the model", describe(exc) + stays, {**again, **other})
+        if self.models.busy:
+            return  # a way forward is loading
+        if self.runtime is not None:
+            self.welcome.show_ready()  # the previous model answers as before
+        else:
+            self._show_no_model("Loading was cancelled." if isinstance(exc, LoadCancelled) else
+                                f"{tried.model} could not be loaded: {describe(exc)}")
+
+    def _show_no_model(self, reason: str) -> None:
+        """Nothing is loaded or loading: say so everywhere, and offer the two ways to load a model."""
+        self.welcome.show_no_model(reason)
+        self.status.show_no_model()
+        self.chip.setText("No model loaded")
+        self.say(f"{reason} No model is loaded. {NO_MODEL_HINT}", "warning")
 
     def _show_memory(self) -> None:
         if self.runtime is not None:
@@ -239,14 +376,17 @@ class MainWindow(QMainWindow):
             self.load_model(new)
             return
         try:
-            self.apply_runtime(self.runtime.replanned(new))
+            self.apply_runtime(self.runtime.replanned(new.with_(theme=self.settings.theme)))
         except SpecMemoError as exc:
             self.dialogs.tell("Settings not applied", str(exc))
 
     # -- conversations ---------------------------------------------------------
     def new_conversation(self) -> int:
+        """A new chat (the open one, if it has no messages yet)."""
         if self.generating:
             return self.conversation_id or 0
+        if self.conversation_id is not None and not self.history:
+            return self.conversation_id
         conv = self.store.create(system_prompt=self.settings.system_prompt)
         self.sidebar.refresh(select=conv.id)
         self.open_conversation(conv.id)
@@ -258,6 +398,7 @@ class MainWindow(QMainWindow):
         self.conversation_id = conversation_id
         self.history = [(m.id, m.role, m.content) for m in self.store.messages(conversation_id)]
         self.view.set_messages([(role, text) for _, role, text in self.history])
+        self.title.setText(self.store.get(conversation_id).title)
         self.say("")
         self._update_buttons()
 
@@ -265,6 +406,7 @@ class MainWindow(QMainWindow):
         if conversation_id == self.conversation_id:
             self.conversation_id, self.history = None, []
             self.view.set_messages([])
+            self.title.setText("New chat")
             self._update_buttons()
 
     def export(self, path: Path, fmt: str) -> None:
@@ -301,13 +443,25 @@ class MainWindow(QMainWindow):
         if not text.strip():
             self.say("Type a message first: empty messages are not sent.")
             return
-        if self.runtime is None:
+        if self.runtime is None and self.models.busy:
             self.say("The model is not loaded yet; your message stays in the box. Send it once loading finishes.")
+            return
+        if self.runtime is None:
+            self.say("No model is loaded, so nothing can answer; your message stays in the box. "
+                     + NO_MODEL_HINT, "warning")
             return
         if self.conversation_id is None:
             self.new_conversation()
         self._regenerating = False
         self._begin(self._job(self.history, text))
+
+    def send_example(self, text: str) -> None:
+        """An example prompt from the welcome panel: into the box, and sent when a model is ready."""
+        self.input.setPlainText(text)
+        if self.runtime is not None:
+            self.send()
+        else:
+            self.input.setFocus()
 
     def regenerate(self) -> None:
         """Answer the last user message again: later messages leave the history and the view."""
@@ -352,9 +506,10 @@ class MainWindow(QMainWindow):
                 self.history.append((msg.id, "user", text))
             except ChatStoreError as exc:
                 self.history.append((0, "user", text))
-                self.say(str(exc))
+                self.say(str(exc), "warning")
             if self.store.get(self.conversation_id).title == "New chat":
                 self.store.rename(self.conversation_id, title_from(text))
+                self.title.setText(title_from(text))
                 self.sidebar.refresh()
             self.view.add("user", text)
         self.view.begin_reply()
@@ -392,35 +547,56 @@ class MainWindow(QMainWindow):
             self.history.append((msg.id, "assistant", stats.text))
         except ChatStoreError as exc:
             self.history.append((0, "assistant", stats.text))
-            self.say(str(exc))
+            self.say(str(exc), "warning")
         if stats.stopped:
             self.say("Stopped. Regenerate to answer again.")
         self.status.show_speed(stats)
         self._update_buttons()
 
-    def _on_failed(self, kind: str, message: str, user_text: str) -> None:
+    def _on_failed(self, exc: Exception, user_text: str) -> None:
+        """Every reply failure ends here, typed: the placeholder goes, the user's message stays, and
+        each type gets its way forward."""
         self.generating = False
         self.view.drop_last("assistant")
         reply_id, self._reply_id = self._reply_id, None
         if reply_id is not None and self.history and self.history[-1][1] == "user":
             try:  # the reply's placeholder (the chat's last message) goes; the user's message stays
                 self.store.delete_messages_after(self.conversation_id, reply_id - 1)
-            except ChatStoreError as exc:
-                self.say(str(exc))
+            except ChatStoreError as store_exc:
+                self.say(str(store_exc), "warning")
         self._update_buttons()
-        if kind == "too_long":
-            self.say(message)  # the text was never taken out of the input box
-        elif kind == "oom" and self.runtime is not None:
-            choice = self.dialogs.ask("Out of memory", message + " Your message is kept. Re-plan with a smaller "
-                                      "context and tree, and try again?", ["Re-plan smaller and retry", "Cancel"])
-            if choice == "Re-plan smaller and retry":
-                self.apply_settings(smaller_settings(self.settings))
-                self.regenerate()
-        elif kind == "no_model":
-            self.say(message)
+        kept = " Your message is kept."
+        match exc:
+            case TooLongError():
+                self.say(str(exc), "warning")  # the text was never taken out of the input box
+            case NoModelError():
+                self._show_no_model(str(exc))
+            case OutOfMemoryError() if self.runtime is not None:
+                self._offer("Out of memory", str(exc) + kept + " Re-plan with a smaller context and tree, and "
+                            "try again?", {"Re-plan smaller and retry": self._retry_smaller, "Cancel": None})
+            case ContextFullError():
+                self._offer("The conversation is full", str(exc) + kept,
+                            {"Move it to a new chat": lambda: self._move_to_new_chat(user_text), "Cancel": None})
+            case _:
+                self._offer("The reply failed", describe(exc) + kept,
+                            {"Retry": lambda: self._retry(user_text), "Cancel": None})
+
+    def _retry(self, user_text: str) -> None:
+        """Answer ``user_text`` again: Regenerate if it reached the history, else Send it from the box."""
+        if self.history and self.history[-1][1:] == ("user", user_text):
+            self.regenerate()
         else:
-            self.dialogs.tell("The reply failed", message + " Your message is kept; try again with Regenerate "
-                              "(or Send, if it is still in the box).")
+            self.input.setPlainText(user_text)
+            self.send()
+
+    def _retry_smaller(self) -> None:
+        self.apply_settings(smaller_settings(self.settings))
+        self.regenerate()
+
+    def _move_to_new_chat(self, user_text: str) -> None:
+        self.conversation_id = None
+        self.new_conversation()
+        self.input.setPlainText(user_text)
 
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         self._memory_timer.stop()

@@ -16,8 +16,27 @@ TERMS = (  # (plan term, label, colour)
 )
 
 
+MIN_SLICE_PX = 6.0  # a non-zero term is never thinner than this (the tree buffers are a few MiB of GiBs)
+
+
 def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+    if n >= 2**28:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 or n == 0 else f"{n / 2**10:.0f} KiB"
+
+
+def slice_widths(values: list[int], width: float, minimum: float = MIN_SLICE_PX) -> list[float]:
+    """Widths of ``values`` side by side in ``width``: proportional, except that every non-zero value
+    gets at least ``minimum`` (taken from the wider slices in proportion), zeros get 0."""
+    total = sum(values)
+    if total <= 0:
+        return [0.0] * len(values)
+    raw = [width * v / total for v in values]
+    small = [v > 0 and w < minimum for v, w in zip(values, raw)]
+    reserved = minimum * sum(small)
+    rest = sum(w for w, s in zip(raw, small) if not s)
+    scale = max(width - reserved, 0.0) / rest if rest > 0 else 0.0
+    return [minimum if s else w * scale for w, s in zip(raw, small)]
 
 
 class MemoryChart(QWidget):
@@ -47,18 +66,18 @@ class MemoryChart(QWidget):
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         width = self.width() - 2
         total = max(sum(self.terms.values()), 1)
-        p.setPen(QPen(QColor("#c8c8c8")))
-        p.setBrush(QColor("#f7f7f7"))
+        p.setPen(QPen(self.palette().mid().color()))
+        p.setBrush(self.palette().base())
         p.drawRect(QRectF(1, 1, width, self.BAR_HEIGHT))
         x = 1.0
-        for key, _, colour in TERMS:
-            w = width * self.terms.get(key, 0) / total
+        widths = slice_widths([self.terms.get(key, 0) for key, _, _ in TERMS], width)
+        for (_, _, colour), w in zip(TERMS, widths):
             if w > 0:
                 p.fillRect(QRectF(x, 1, w, self.BAR_HEIGHT), QColor(colour))
                 x += w
-        if 0 < self.budget < total:
+        if 0 < self.budget < total:  # NOTE: placed by bytes; the minimum slice widths shift it a pixel or two
             bx = 1 + width * self.budget / total
-            p.setPen(QPen(QColor("#202020"), 2, Qt.PenStyle.DashLine))
+            p.setPen(QPen(self.palette().text().color(), 2, Qt.PenStyle.DashLine))
             p.drawLine(int(bx), 0, int(bx), self.BAR_HEIGHT + 2)
         p.setPen(QPen(self.palette().text().color()))
         col_w = max(width / 3, 1)

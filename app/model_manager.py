@@ -1,4 +1,8 @@
-"""Loading a model off the GUI thread, with stage progress, Cancel and classified failures."""
+"""Loading a model off the GUI thread, with stage progress, Cancel and typed failures.
+
+A failure reaches the window as the exception itself (LoadCancelled, HeadsError, ModelFileError,
+FetchError, or anything a broken model file made torch or transformers raise); the window
+matches it by type and offers a way forward. ``busy`` is false again after every outcome."""
 
 from __future__ import annotations
 
@@ -8,33 +12,16 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from specmemo_core.errors import FetchError, HeadsError, ModelFileError, SpecMemoError, TreeError
-
-from .runtime import LoadCancelled, Runtime, load_runtime
+from .runtime import Runtime, load_runtime
 from .settings import ChatSettings
 
 Loader = Callable[..., Runtime]  # load_runtime's signature; tests inject their own
 
 
-def failure_kind(exc: BaseException) -> str:
-    """Which way forward the window offers: see MainWindow._on_load_failed."""
-    if isinstance(exc, LoadCancelled):
-        return "cancelled"
-    if isinstance(exc, HeadsError):
-        return "heads"
-    if isinstance(exc, ModelFileError):
-        return "model_file"
-    if isinstance(exc, FetchError):
-        return "fetch"
-    if isinstance(exc, TreeError):
-        return "tree"
-    return "error"
-
-
 class _LoadWorker(QObject):
     progress = Signal(str, float)
     loaded = Signal(object)  # Runtime
-    failed = Signal(str, str, object)  # kind, message, the settings that failed
+    failed = Signal(object, object)  # the exception, the settings that failed
 
     def __init__(self, data_folder: Path, loader: Loader) -> None:
         super().__init__()
@@ -47,11 +34,8 @@ class _LoadWorker(QObject):
         self.cancel.clear()
         try:
             runtime = self.loader(settings, self.data_folder, self.progress.emit, self.cancel)
-        except SpecMemoError as exc:
-            self.failed.emit(failure_kind(exc), str(exc), settings)
-            return
-        except (OSError, RuntimeError, ValueError, MemoryError) as exc:  # torch/transformers on odd files
-            self.failed.emit("error", f"Loading failed: {exc}", settings)
+        except Exception as exc:  # noqa: BLE001 - typed by the core, or torch/transformers on an odd file
+            self.failed.emit(exc, settings)
             return
         self.loaded.emit(runtime)
 
@@ -61,7 +45,7 @@ class ModelManager(QObject):
 
     progress = Signal(str, float)
     loaded = Signal(object)
-    failed = Signal(str, str, object)
+    failed = Signal(object, object)  # the exception, the settings that failed
     _load = Signal(object)
 
     def __init__(self, data_folder: Path, loader: Loader = load_runtime, parent: QObject | None = None) -> None:
@@ -89,9 +73,9 @@ class ModelManager(QObject):
         self.busy = False
         self.loaded.emit(runtime)
 
-    def _done_failed(self, kind: str, message: str, settings: ChatSettings) -> None:
+    def _done_failed(self, exc: Exception, settings: ChatSettings) -> None:
         self.busy = False
-        self.failed.emit(kind, message, settings)
+        self.failed.emit(exc, settings)
 
     def shutdown(self) -> None:
         self.cancel()

@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "app_settings.json"
 PRECISION_CHOICES = (None, "fp32", "bf16", "fp16", "int8", "int4")  # None: the planner chooses
+THEME_CHOICES = ("system", "light", "dark")  # View ▸ Theme
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ChatSettings:
     tree: str | None = None
     heads: str = "auto"
     precision: str | None = None
+    theme: str = "system"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prefer <= 1.0:
@@ -41,6 +43,8 @@ class ChatSettings:
             raise SpecMemoError(f"temperature must be ≥ 0, got {self.temperature}")
         if self.precision not in PRECISION_CHOICES:
             raise SpecMemoError(f"unknown precision {self.precision!r}")
+        if self.theme not in THEME_CHOICES:
+            raise SpecMemoError(f"unknown theme {self.theme!r}: choose one of {', '.join(THEME_CHOICES)}")
 
     def plan_choices(self) -> PlanChoices:
         """What these settings ask of the planner (the core's one plan entry)."""

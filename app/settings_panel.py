@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
@@ -11,20 +13,22 @@ from PySide6.QtWidgets import (
 from specmemo_core.planning.planner import Plan
 
 from .memory_chart import MemoryChart, gib
+from .plan_text import turns_text
 from .planning import PlanInputs, make_plan
 from .settings import PRECISION_CHOICES, ChatSettings, heads_path_problem, model_path_problem
 
 AUTO = "auto (planner)"
 
 
-def describe_plan(plan: Plan, settings: ChatSettings) -> str:
+def describe_plan(plan: Plan, settings: ChatSettings, max_context: int) -> str:
     if not plan.fits:
         return "Does not fit: " + "; ".join(plan.suggestions)
     tree = (settings.tree or plan.tree) if settings.speculate else None
     speed = f"{plan.predicted_tokens_per_s:.1f} tokens/s predicted" if plan.predicted_tokens_per_s else \
         "speed not measured"
     mode = f"tree {tree} ({plan.tree_nodes} nodes)" if tree else "plain decoding"
-    return (f"<b>{plan.turns} turns fit</b> ({plan.kv_tokens} tokens of context) · {speed}<br>"
+    return (f"<b>{html.escape(turns_text(plan, settings.turns, max_context))}</b> ({plan.kv_tokens} tokens of "
+            f"context) · {speed}<br>"
             f"{mode} · {plan.precision} · {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} usable")
 
 
@@ -32,7 +36,7 @@ def _error_label() -> QLabel:
     """A red, wrapping label that says why a chosen path was refused."""
     label = QLabel()
     label.setWordWrap(True)
-    label.setStyleSheet("color: #b00020")
+    label.setStyleSheet("color: palette(bright-text)")  # the theme's warning colour
     return label
 
 
@@ -42,6 +46,7 @@ class SettingsDialog(QDialog):
     def __init__(self, settings: ChatSettings, inputs: PlanInputs | None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("SpecMemo Chat — Settings")
+        self.setMinimumWidth(540)
         self.inputs = inputs
         self.original = settings
         self.plan: Plan | None = None
@@ -211,5 +216,5 @@ class SettingsDialog(QDialog):
             return
         settings = self.settings()
         self.plan = make_plan(self.inputs, settings)
-        self.plan_label.setText(describe_plan(self.plan, settings))
+        self.plan_label.setText(describe_plan(self.plan, settings, self.inputs.model.max_context))
         self.chart.set_plan(self.plan.predicted_bytes, self.plan.budget_bytes)

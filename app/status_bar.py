@@ -1,39 +1,72 @@
-"""The status bar: device and free memory, the plan in force, live speed, memory in use."""
+"""The status bar: device and free memory, CPU threads, the turns the plan holds, live speed, memory in use.
+
+(The model, precision, tree and context are on the header's chip.)"""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+import torch
+from PySide6.QtWidgets import QFrame, QLabel, QStatusBar, QWidget
 
 from specmemo_core.planning.device import DeviceInfo
 
 from .memory_chart import gib
+from .plan_text import turns_text
 from .runtime import Runtime
 from .worker import ReplyStats
 
 
+def _separator() -> QFrame:
+    line = QFrame()
+    line.setFrameShape(QFrame.Shape.VLine)
+    line.setFrameShadow(QFrame.Shadow.Sunken)
+    return line
+
+
 class ChatStatusBar(QStatusBar):
+    """Permanent fields, each after a separator; a field with no text yet is hidden with its separator."""
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.device = QLabel("probing the device…")
+        self.threads = QLabel("")
         self.plan = QLabel("no model loaded")
         self.speed = QLabel("")
         self.memory = QLabel("")
-        for label in (self.device, self.plan, self.speed, self.memory):
+        self._separators: dict[QLabel, QFrame] = {}
+        for i, label in enumerate((self.device, self.threads, self.plan, self.speed, self.memory)):
+            if i:
+                self._separators[label] = _separator()
+                self.addPermanentWidget(self._separators[label])
             self.addPermanentWidget(label)
+        self._set(self.threads, "")
+        self._set(self.speed, "")
+        self._set(self.memory, "")
+
+    def _set(self, label: QLabel, text: str) -> None:
+        label.setText(text)
+        label.setVisible(bool(text))
+        if label in self._separators:
+            self._separators[label].setVisible(bool(text))
 
     def show_device(self, device: DeviceInfo) -> None:
-        self.device.setText(f"{device.name} · {gib(device.free_bytes)} free of {gib(device.total_bytes)}")
+        self._set(self.device, f"{device.name} · {gib(device.free_bytes)} free of {gib(device.total_bytes)}")
+        self._set(self.threads, f"{torch.get_num_threads()} CPU threads")
 
     def show_runtime(self, runtime: Runtime) -> None:
         self.show_device(runtime.device)
         p = runtime.plan
-        mode = f"tree {runtime.tree}" if runtime.speculative else "plain"
-        self.plan.setText(f"{runtime.backend.name} · {p.precision} · {mode} · {runtime.capacity} tokens "
-                          f"({p.turns} turns)")
+        self._set(self.plan, turns_text(p, runtime.settings.turns, runtime.inputs.model.max_context))
+        self.plan.setToolTip("\n".join(p.notes))
+
+    def show_no_model(self) -> None:
+        self._set(self.device, "no device in use")
+        self._set(self.plan, "no model loaded")
+        self._set(self.speed, "")
+        self._set(self.memory, "")
 
     def show_speed(self, stats: ReplyStats) -> None:
         accepted = f" · {stats.mean_accepted:.2f} tokens/step" if stats.steps else ""
-        self.speed.setText(f"{stats.tokens_per_s:.1f} tokens/s{accepted}")
+        self._set(self.speed, f"{stats.tokens_per_s:.1f} tokens/s{accepted}")
 
     def show_memory(self, in_use: int) -> None:
-        self.memory.setText(f"{gib(in_use)} in use")
+        self._set(self.memory, f"{gib(in_use)} in use")

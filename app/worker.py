@@ -14,11 +14,18 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from specmemo_core.runtime.decoding import GenerationConfig, ReplyStats
-from specmemo_core.errors import ContextFullError, SpecMemoError
+from specmemo_core.errors import SpecMemoError
 
-from .context_window import Messages, TooLongError, fit_window, system_messages
+from .context_window import Messages, fit_window, system_messages
 
 CONTEXT_MARGIN = 16  # tokens: re-encoded replies may split a little differently
+
+
+class NoModelError(SpecMemoError):
+    """A reply was asked for before any model was loaded."""
+
+    def __init__(self) -> None:
+        super().__init__("No model is loaded: load the default model or choose a model file, then send again.")
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,7 @@ class ChatWorker(QObject):
     token_ready = Signal(str)
     stats_updated = Signal(object)  # ReplyStats, while streaming
     finished = Signal(object)  # ReplyStats with the whole reply text
-    failed = Signal(str, str, str)  # kind ("too_long" | "oom" | "context" | "error" | "no_model"), message, user text
+    failed = Signal(object, str)  # the exception (TooLongError, OutOfMemoryError, NoModelError, …), the user's text
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,18 +66,16 @@ class ChatWorker(QObject):
 
     @Slot(object)
     def generate(self, job: Job) -> None:
+        """Answer ``job``; every failure (typed by the core, or anything else) is reported by ``failed``."""
         if self._backend is None:
-            self.failed.emit("no_model", "No model is loaded yet: wait for loading to finish, or load one "
-                             "from Settings.", job.user_text)
+            self.failed.emit(NoModelError(), job.user_text)
             return
         self.cancel.clear()
         try:
             session, dropped = self._session_for(job)
-        except TooLongError as exc:
-            self.failed.emit("too_long", str(exc), job.user_text)
-            return
-        except SpecMemoError as exc:
-            self.failed.emit("error", str(exc), job.user_text)
+        except Exception as exc:  # noqa: BLE001 - TooLongError, or a backend that broke: the window decides
+            self._session = None
+            self.failed.emit(exc, job.user_text)
             return
         if dropped:
             self.context_trimmed.emit(dropped)
@@ -106,20 +111,9 @@ class ChatWorker(QObject):
                 if now - last > 0.2:
                     last = now
                     self.stats_updated.emit(stats)
-        except ContextFullError as exc:
-            self._session = None
-            self.failed.emit("context", str(exc), job.user_text)
-            return
-        except (MemoryError, RuntimeError) as exc:
-            self._session = None
-            if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
-                self.failed.emit("oom", f"The device ran out of memory during the reply ({exc}).", job.user_text)
-            else:
-                self.failed.emit("error", f"The reply failed: {exc}", job.user_text)
-            return
-        except SpecMemoError as exc:
-            self._session = None
-            self.failed.emit("error", str(exc), job.user_text)
+        except Exception as exc:  # noqa: BLE001 - OutOfMemoryError, ContextFullError, or a bug in the engine
+            self._session = None  # its KV cache may be half-written: the next reply builds a new one
+            self.failed.emit(exc, job.user_text)
             return
         stats.seconds = time.perf_counter() - start
         stats.stopped = self.cancel.is_set()

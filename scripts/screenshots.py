@@ -1,8 +1,11 @@
-"""Screenshots of SpecMemo Chat for the README: the main window mid-conversation (real model) and Settings.
+"""Screenshots of SpecMemo Chat for the README, light and dark: the welcome state, the main window
+mid-conversation (real model) and the settings panel.
 
-    xvfb-run -a python scripts/screenshots.py [--out docs/screenshots]
+    SPECMEMO_DATA_DIR=... xvfb-run -a python scripts/screenshots.py [--out docs/screenshots]
 
-Uses the real default model (SPECMEMO_DATA_DIR as usual) and a throw-away chat history.
+Uses the real default model (SPECMEMO_DATA_DIR as usual) and a throw-away chat history; the saved
+theme in the data folder is left as it was. Writes welcome.png, main_window.png, main_window_dark.png,
+settings.png and settings_dark.png.
 """
 
 from __future__ import annotations
@@ -29,6 +32,39 @@ def wait(app, condition, timeout: float = 300.0) -> None:
         time.sleep(0.02)
 
 
+def settle(app, seconds: float = 0.3) -> None:
+    """Let pending renders and re-polishing run before a grab."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        app.processEvents()
+        time.sleep(0.02)
+
+
+def converse(app, window, out: Path) -> None:
+    """Ask QUESTIONS; grab the window while the last reply streams (main_window.png)."""
+    for i, question in enumerate(QUESTIONS):
+        before = len(window.view.entries)
+        window.input.setPlainText(question)
+        window.send()
+        if i == len(QUESTIONS) - 1:  # catch the last reply while it streams
+            wait(app, lambda: (len(window.view.entries) >= before + 2 and len(window.view.reply_text) > 60)
+                 or not window.generating)
+            window.view.render()
+            settle(app, 0.1)
+            window.grab().save(str(out / "main_window.png"))
+        wait(app, lambda: not window.generating)
+
+
+def grab_settings(app, window, path: Path) -> None:
+    dialog = window.settings_dialog()
+    dialog.show()
+    settle(app)
+    dialog.adjustSize()
+    settle(app)
+    dialog.grab().save(str(path))
+    dialog.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
@@ -37,7 +73,7 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
-    from app.settings import ChatSettings
+    from app.settings import ChatSettings, load_settings, save_settings
     from specmemo_core.storage.chatstore import ChatStore
     from specmemo_core.storage.sources import data_dir
 
@@ -45,34 +81,28 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication(sys.argv[:1])
     app.setApplicationName("SpecMemo Chat")
+    app.setStyle("Fusion")
+    saved = load_settings(data_dir())
     with tempfile.TemporaryDirectory() as tmp:
         store = ChatStore(Path(tmp) / "history.sqlite3")
-        window = MainWindow(store, ChatSettings(max_reply_tokens=args.reply_tokens), data_dir())
+        window = MainWindow(store, ChatSettings(max_reply_tokens=args.reply_tokens, theme="light"), data_dir())
         window.resize(1180, 780)
         window.show()
         window.start()
         wait(app, lambda: window.runtime is not None)
-        for i, question in enumerate(QUESTIONS):
-            before = len(window.view.entries)
-            window.input.setPlainText(question)
-            window.send()
-            if i == len(QUESTIONS) - 1:  # catch the last reply while it streams
-                wait(app, lambda: (len(window.view.entries) >= before + 2 and len(window.view.reply_text) > 60)
-                     or not window.generating)
-                window.view.render()
-                app.processEvents()
-                window.grab().save(str(out / "main_window.png"))
-            wait(app, lambda: not window.generating)
-        dialog = window.settings_dialog()
-        dialog.show()
-        app.processEvents()
-        dialog.adjustSize()
-        app.processEvents()
-        dialog.grab().save(str(out / "settings.png"))
-        dialog.close()
+        settle(app)
+        window.grab().save(str(out / "welcome.png"))
+        converse(app, window, out)
+        grab_settings(app, window, out / "settings.png")
+        window.set_theme("dark")
+        settle(app)
+        window.grab().save(str(out / "main_window_dark.png"))
+        grab_settings(app, window, out / "settings_dark.png")
         window.close()
         store.close()
-    print(f"saved {out / 'main_window.png'} and {out / 'settings.png'}")
+    save_settings(data_dir(), saved)  # the screenshots' theme and reply length are not the user's
+    names = ", ".join(f"{n}.png" for n in ("welcome", "main_window", "main_window_dark", "settings", "settings_dark"))
+    print(f"saved {names} in {out}")
     return 0
 
 

@@ -31,3 +31,8 @@ class TreeError(SpecMemoError):
 
 class ContextFullError(SpecMemoError):
     """The conversation no longer fits the KV cache that was allocated for it."""
+
+
+class OutOfMemoryError(SpecMemoError):
+    """The device ran out of memory during a reply (torch's OutOfMemoryError or Python's MemoryError,
+    converted where a reply runs). The conversation is kept; a smaller plan (context, tree) may fit."""

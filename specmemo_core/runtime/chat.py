@@ -10,8 +10,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import torch
+
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig, Step
-from specmemo_core.errors import ContextFullError, SpecMemoError
+from specmemo_core.errors import ContextFullError, OutOfMemoryError, SpecMemoError
 from specmemo_core.text import encodable
 
 _PLACEHOLDER = "\x00SPECMEMO{}\x00"
@@ -159,6 +161,11 @@ class ChatSession:
                 if tail:
                     reply += tail
                     yield TextPiece(tail, FLUSH)
+        except (torch.OutOfMemoryError, MemoryError) as exc:  # the one place a reply's OOM becomes typed
+            raise OutOfMemoryError(
+                f"The device ran out of memory during the reply ({exc}). The conversation is kept: re-plan "
+                "with a smaller context or tree (Settings), then answer it again."
+            ) from exc
         finally:
             self.messages.append({"role": "assistant", "content": reply})
             if not stream.stopped and self.tokenizer.decode(stream.ids, skip_special_tokens=True) == reply:

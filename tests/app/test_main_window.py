@@ -7,22 +7,30 @@ import json
 from PySide6.QtCore import Qt
 
 from app.chat_view import Entry
+from specmemo_core.errors import OutOfMemoryError
 from specmemo_core.storage.chatstore import ChatStore
 
 from .scripted import ScriptedBackend, default_reply, fake_runtime
 
 
 class Answers:
-    """Stands in for Dialogs: records questions, answers with a fixed choice."""
+    """Stands in for Dialogs: records questions, answers with fixed choices."""
 
-    def __init__(self, choice: str | None = None) -> None:
-        self.choice, self.asked, self.told = choice, [], []
+    def __init__(self, choice: str | None = None, *later: str) -> None:
+        self.choice, self.later, self.asked, self.told = choice, list(later), [], []
 
     def ask(self, title, text, choices):
+        """The first answer is ``choice``; each later question takes the next of ``later`` (if any)."""
         self.asked.append((title, text, choices))
-        return self.choice
+        answer = self.choice
+        if self.later:
+            self.choice = self.later.pop(0)
+        return answer
 
     def tell(self, title, text):
+        self.told.append((title, text))
+
+    def inform(self, title, text):
         self.told.append((title, text))
 
 
@@ -117,10 +125,14 @@ def test_restart_finds_the_history(qtbot, make_window):
     wait_reply(qtbot, window)
     conv_id = window.conversation_id
     window.close()
-    again = make_window(fake_runtime())  # a new window on the same history file
+    again = make_window(fake_runtime())  # a new window on the same history file: a new, empty chat
     assert again.sidebar.titles() == ["remember me"]
-    assert again.conversation_id == conv_id
+    assert again.conversation_id is None and again.view.entries == []
+    assert again.pages.currentWidget() is again.welcome
+    again.sidebar.list.setCurrentRow(0)  # the last chat is one click away
+    assert again.conversation_id == conv_id and again.title.text() == "remember me"
     assert [e.role for e in again.view.entries] == ["user", "assistant"]
+    assert again.pages.currentWidget() is again.view
     assert "remember me" in again.view.toPlainText()
     type_and_send(qtbot, again, "and now?")  # the conversation goes on with its old turns
     wait_reply(qtbot, again)
@@ -190,7 +202,7 @@ def test_out_of_memory_replans_smaller_and_retries(qtbot, make_window):
     backend = ScriptedBackend()
     window = make_window(fake_runtime(backend))
     window.dialogs = Answers("Re-plan smaller and retry")
-    backend.fail_next = MemoryError("out of memory")
+    backend.fail_next = OutOfMemoryError("The device ran out of memory during the reply.")
     turns_before = window.settings.turns
     type_and_send(qtbot, window, "hello")
     qtbot.waitUntil(lambda: bool(window.dialogs.asked) and not window.generating, timeout=15000)
@@ -206,10 +218,11 @@ def test_reply_error_keeps_the_message(qtbot, make_window, folder):
 
     backend = ScriptedBackend(fail_next=SpecMemoError("the engine broke"))
     window = make_window(fake_runtime(backend))
-    window.dialogs = Answers()
+    window.dialogs = Answers("Cancel")
     type_and_send(qtbot, window, "hello")
-    qtbot.waitUntil(lambda: bool(window.dialogs.told), timeout=15000)
-    assert "the engine broke" in window.dialogs.told[0][1]
+    qtbot.waitUntil(lambda: bool(window.dialogs.asked), timeout=15000)
+    (title, text, choices), = window.dialogs.asked
+    assert "the engine broke" in text and choices == ["Retry", "Cancel"]
     assert window.view.entries == [Entry("user", "hello")]
     assert window.regenerate_button.isEnabled()
     store = ChatStore(folder / "history.sqlite3")
@@ -234,3 +247,86 @@ def test_a_streaming_reply_is_saved_as_it_grows(qtbot, make_window, folder, monk
     (user, reply) = reader.messages(window.conversation_id)
     assert reply.content == window.history[-1][2] and json.loads(reply.stats_json)["stopped"]
     reader.close()
+
+
+def test_an_unexpected_exception_mid_reply_offers_retry_which_answers(qtbot, make_window):
+    """A bug in the engine (here a ZeroDivisionError) is shown with its type, and Retry answers the kept message."""
+    backend = ScriptedBackend(fail_next=ZeroDivisionError("division by zero"))
+    window = make_window(fake_runtime(backend))
+    window.dialogs = Answers("Retry")
+    type_and_send(qtbot, window, "hello")
+    qtbot.waitUntil(lambda: bool(window.dialogs.asked), timeout=15000)
+    wait_reply(qtbot, window)
+    (title, text, choices), = window.dialogs.asked
+    assert title == "The reply failed" and "ZeroDivisionError: division by zero" in text
+    assert [(r, c[:2]) for _, r, c in window.history] == [("user", "he"), ("assistant", "w0")]
+
+
+def test_first_window_is_a_welcome_with_example_prompts_that_send(qtbot, make_window):
+    window = make_window(fake_runtime())
+    assert window.conversation_id is None and window.pages.currentWidget() is window.welcome
+    assert window.welcome.state == "ready" and len(window.welcome.examples) >= 3
+    example = window.welcome.examples[0]
+    qtbot.mouseClick(example, Qt.MouseButton.LeftButton)
+    wait_reply(qtbot, window)
+    assert window.history[0][1:] == ("user", example.text())
+    assert window.pages.currentWidget() is window.view
+    assert window.sidebar.titles() == [window.title.text()]
+
+
+def test_header_chip_and_status_bar_fields(qtbot, make_window):
+    import torch
+
+    window = make_window(fake_runtime())
+    runtime = window.runtime
+    assert window.chip.text() == (f"scripted-model · {runtime.plan.precision} · "
+                                  + (f"tree {runtime.tree}" if runtime.speculative else "plain decoding")
+                                  + f" · {runtime.capacity:,} tokens")
+    assert window.status.threads.text() == f"{torch.get_num_threads()} CPU threads"
+    assert "turns fit" in window.status.plan.text()
+    assert window.hint.text() == ""
+
+
+def test_shortcuts_and_about_are_in_the_help_menu(qtbot, make_window):
+    window = make_window(fake_runtime())
+    window.dialogs = Answers()
+    window.actions["Keyboard shortcuts…"].trigger()
+    window.actions["About SpecMemo Chat"].trigger()
+    (title, text), (about_title, about) = window.dialogs.told
+    assert title == "Keyboard shortcuts" and "Shift+Enter" in text and "Esc" in text and "Ctrl+N" in text
+    assert about_title == "About SpecMemo Chat" and "speculative decoding" in about
+
+
+def test_theme_menu_switches_palette_and_is_saved(qtbot, make_window, folder):
+    from PySide6.QtWidgets import QApplication
+
+    from app.settings import load_settings
+    from app.theme import DARK, LIGHT
+
+    window = make_window(fake_runtime())
+    try:
+        window.actions["Theme: Dark"].trigger()
+        assert QApplication.palette().base().color().name() == DARK.base
+        assert load_settings(folder).theme == "dark" and window.actions["Theme: Dark"].isChecked()
+        assert window.view.palette().base().color().name() == DARK.base  # the bubbles are re-rendered from it
+        window.apply_settings(window.settings.with_(turns=4))  # a re-plan keeps the theme
+        assert window.settings.theme == "dark" and load_settings(folder).theme == "dark"
+    finally:
+        window.actions["Theme: Light"].trigger()
+    assert QApplication.palette().base().color().name() == LIGHT.base and load_settings(folder).theme == "light"
+
+
+def test_ready_is_said_in_the_success_colour_and_problems_in_the_warning_colour(qtbot, make_window):
+    from app.theme import LIGHT
+
+    from .test_model_loading import StubLoader
+
+    window = make_window(loader=StubLoader(), settings=fake_runtime().settings)
+    window.start()
+    qtbot.waitUntil(lambda: window.runtime is not None, timeout=10000)
+    assert "is ready" in window.hint.text() and LIGHT.success in window.hint.styleSheet()
+    type_and_send(qtbot, window, "   ")
+    assert LIGHT.warning not in window.hint.styleSheet() and LIGHT.success not in window.hint.styleSheet()
+    type_and_send(qtbot, window, "x " * 100_000)
+    wait_reply(qtbot, window)
+    assert "too long" in window.hint.text() and LIGHT.warning in window.hint.styleSheet()

@@ -17,7 +17,7 @@ def test_slider_replans_live(qtbot):
     dialog.slider.setValue(100)  # "more speed"
     speed_end = dialog.plan
     assert speed_end.tree is not None and speed_end.predicted_tokens_per_s > turns_end.predicted_tokens_per_s
-    assert dialog.plan_label.text() != text_turns and f"{speed_end.turns} turns fit" in dialog.plan_label.text()
+    assert dialog.plan_label.text() != text_turns and f"{speed_end.turns} of 20 turns fit" in dialog.plan_label.text()
     assert dialog.chart.terms == speed_end.predicted_bytes and dialog.chart.terms["tree_buffers"] > 0
     dialog.turns.setValue(2)
     dialog.precision.setCurrentText("int4")
@@ -74,8 +74,36 @@ def test_settings_apply_replans_and_persist(qtbot, make_window, folder):
     assert window.runtime.tree is None
     window.apply_settings(window.settings.with_(prefer=1.0, temperature=0.7, system_prompt="Be brief."))
     assert window.runtime.tree is not None and window.runtime.settings.temperature == 0.7
-    assert "tree" in window.status.plan.text()
+    assert f"tree {window.runtime.tree}" in window.chip.text() and "turns fit" in window.status.plan.text()
     assert load_settings(folder).system_prompt == "Be brief."
     dialog = window.settings_dialog()
     qtbot.addWidget(dialog)
     assert dialog.slider.value() == 100 and dialog.system_prompt.toPlainText() == "Be brief."
+
+
+def test_plan_says_when_the_models_context_limits_the_turns(qtbot):
+    """20 turns wanted, fewer fit: the text says the model's context is the limit (the plan's note), not memory."""
+    dialog = SettingsDialog(ChatSettings(turns=20), fake_inputs())
+    qtbot.addWidget(dialog)
+    limit = dialog.inputs.model.max_context
+    assert dialog.plan.turns < 20 and dialog.plan.kv_tokens == limit and dialog.plan.notes
+    assert f"{dialog.plan.turns} of 20 turns fit: the model&#x27;s {limit}-token context is the limit" in \
+        dialog.plan_label.text()
+    dialog.turns.setValue(4)
+    assert "<b>" + f"{dialog.plan.turns} turns fit</b>" in dialog.plan_label.text() and "limit" not in \
+        dialog.plan_label.text()
+
+
+def test_every_non_zero_memory_term_stays_visible_in_the_bar():
+    """The tree buffers (a few MiB beside GiBs of weights) get the minimum width; zero terms none; the
+    slices still fill the bar exactly, and the wide ones keep their proportions."""
+    from app.memory_chart import MIN_SLICE_PX, gib, slice_widths
+
+    gib_ = 2**30
+    values = [gib_, 0, gib_ // 2, 2 * 2**20, gib_ // 4, gib_ // 4]
+    widths = slice_widths(values, 400.0)
+    assert widths[1] == 0.0 and widths[3] == MIN_SLICE_PX
+    assert abs(sum(widths) - 400.0) < 1e-6
+    assert abs(widths[0] / widths[2] - 2.0) < 1e-9 and abs(widths[4] - widths[5]) < 1e-9
+    assert slice_widths([0, 0], 400.0) == [0.0, 0.0]
+    assert gib(2 * 2**20) == "2 MiB" and gib(300 * 2**10) == "300 KiB" and gib(0) == "0 MiB"

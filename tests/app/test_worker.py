@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.context_window import TooLongError, fit_window
-from app.worker import ChatThread, Job
+from app.worker import ChatThread, Job, NoModelError
+from specmemo_core.errors import OutOfMemoryError
 from specmemo_core.runtime.decoding import GenerationConfig
 
 from .scripted import ScriptedBackend, default_reply
@@ -79,17 +80,27 @@ def test_stop_ends_the_reply_early(qtbot, chat):
     assert done[0].text == "".join(pieces)
 
 
-def test_out_of_memory_and_too_long_are_reported(qtbot, chat):
-    backend = ScriptedBackend(fail_next=MemoryError("CUDA out of memory"))
+def test_failures_arrive_typed_with_the_users_text(qtbot, chat):
+    """Out of memory, a message too long, and an exception the worker has no name for (a bug in an
+    engine): each reaches the GUI thread as the exception object itself, and the worker keeps working."""
+    backend = ScriptedBackend(fail_next=OutOfMemoryError("The device ran out of memory during the reply."))
     chat.configure(backend, 256, True)
-    failures = []
+    failures, done = [], []
     chat.worker.failed.connect(lambda *args: failures.append(args))
+    chat.worker.finished.connect(done.append)
     chat.generate(Job(1, [], "hello", GenerationConfig(max_new_tokens=16)))
     qtbot.waitUntil(lambda: bool(failures), timeout=10000)
-    assert failures[0][0] == "oom" and failures[0][2] == "hello"
+    assert isinstance(failures[0][0], OutOfMemoryError) and failures[0][1] == "hello"
     chat.generate(Job(1, [], "x" * 100_000, GenerationConfig(max_new_tokens=16)))
     qtbot.waitUntil(lambda: len(failures) == 2, timeout=10000)
-    assert failures[1][0] == "too_long" and "too long" in failures[1][1]
+    assert isinstance(failures[1][0], TooLongError) and "too long" in str(failures[1][0])
+    backend.fail_next = ZeroDivisionError("division by zero")
+    chat.generate(Job(1, [], "again", GenerationConfig(max_new_tokens=16)))
+    qtbot.waitUntil(lambda: len(failures) == 3, timeout=10000)
+    assert type(failures[2][0]) is ZeroDivisionError and failures[2][1] == "again"
+    chat.generate(Job(1, [], "and again", GenerationConfig(max_new_tokens=16)))
+    qtbot.waitUntil(lambda: bool(done), timeout=10000)
+    assert done[0].text == "".join(default_reply("and again"))
 
 
 def test_no_model_yet(qtbot, chat):
@@ -97,5 +108,5 @@ def test_no_model_yet(qtbot, chat):
     chat.worker.failed.connect(lambda *args: failures.append(args))
     chat.generate(Job(1, [], "hello"))
     qtbot.waitUntil(lambda: bool(failures), timeout=10000)
-    assert failures[0][0] == "no_model"
+    assert isinstance(failures[0][0], NoModelError) and "No model is loaded" in str(failures[0][0])
 

@@ -21,6 +21,7 @@ from app.settings import ChatSettings
 from app.worker import ChatWorker, Job
 from specmemo_core.storage import sources
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
+from specmemo_core.errors import OutOfMemoryError
 from specmemo_core.storage.chatstore import ChatStore
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.engine import Engine
@@ -62,10 +63,11 @@ def test_out_of_memory_mid_reply_core(record_property) -> None:
     config = GenerationConfig(max_new_tokens=12)
     big = ChatSession(Decoder(model, model.new_cache(1024)), tok, end_of_turn_ids(tok))
     pieces = []
-    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+    with pytest.raises(OutOfMemoryError, match="ran out of memory during the reply") as raised:
         for piece in big.send("please keep this message", config):
             pieces.append(piece)
     assert len(pieces) == 5  # it failed mid-reply, not before
+    assert isinstance(raised.value.__cause__, torch.OutOfMemoryError)  # typed where the reply runs
     assert big.messages[0] == {"role": "user", "content": "please keep this message"}
     # re-planned smaller: a new session with a smaller KV cache answers the same message
     model.calls = 0
@@ -77,7 +79,8 @@ def test_out_of_memory_mid_reply_core(record_property) -> None:
 
 
 def test_out_of_memory_mid_reply_worker(qapp) -> None:
-    """The app's worker over the real engine: 'oom' with the user's text, then re-planned smaller it finishes."""
+    """The app's worker over the real engine: OutOfMemoryError with the user's text, then re-planned smaller it
+    finishes."""
     tok = tiny_tokenizer()
     model = oom_model(fail_at=4, max_cache_tokens=300)
     hf_config = tiny_hf_model(0).config
@@ -92,8 +95,9 @@ def test_out_of_memory_mid_reply_worker(qapp) -> None:
     worker.configure(EngineBackend(engine), 1024, False)
     worker.generate(job)  # direct call: runs on this thread, signals are delivered directly
     assert finished == [] and len(failed) == 1
-    kind, message, user_text = failed[0]
-    assert kind == "oom" and "ran out of memory during the reply" in message and user_text == "my precious question"
+    exc, user_text = failed[0]
+    assert isinstance(exc, OutOfMemoryError) and "ran out of memory during the reply" in str(exc)
+    assert user_text == "my precious question"
     assert tokens, "the failure came mid-reply, after text had streamed"
     settings = ChatSettings(turns=20)
     smaller = smaller_settings(settings)
