@@ -31,3 +31,7 @@ class TreeError(SpecMemoError):
 
 class ContextFullError(SpecMemoError):
     """The conversation no longer fits the KV cache that was allocated for it."""
+
+
+class LowMemoryError(SpecMemoError):
+    """The computer ran out of memory (RAM) while loading the model; nothing on disk was changed."""
