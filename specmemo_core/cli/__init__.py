@@ -370,10 +370,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.tree:
         trees = [_tree_option(args.tree, trees, record, folder)]
     step_time = None
-    if engine is not None and budget.kind == best.kind:
-        from specmemo_core.planning.plan_check import time_forward
+    if engine is not None and budget.kind == best.kind:  # the cached timing (measured once, with a progress bar)
+        from specmemo_core.planning.timing import timing_for
+        from specmemo_core.storage.sources import data_dir
 
-        step_time = time_forward(engine.model, engine.heads)
+        step_time = timing_for(engine, best.name, data_dir(), None, StageProgress()).step_time()
     # --tree is the user's choice: use it when it fits, even where the timing says plain is faster
     result = plan(budget, shape, heads, request, trees, None if args.tree else step_time)
     out = asdict(result)
