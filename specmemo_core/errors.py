@@ -36,3 +36,7 @@ class ContextFullError(SpecMemoError):
 class OutOfMemoryError(SpecMemoError):
     """The device ran out of memory during a reply (torch's OutOfMemoryError or Python's MemoryError,
     converted where a reply runs). The conversation is kept; a smaller plan (context, tree) may fit."""
+
+
+class LowMemoryError(SpecMemoError):
+    """The computer ran out of memory (RAM) while loading the model; nothing on disk was changed."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,8 +26,31 @@ class PlanDoesNotFit(SpecMemoError):
     """The device refused the plan's trial allocation."""
 
 
-def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512, repeats: int = 5) -> StepTime:
-    """The planner's step-time model from a start-up timing: a forward over 1 and over
+Progress = Callable[[str, float], None]
+TIMING_STAGE = "timing the device"
+
+
+@dataclass(frozen=True)
+class TimingHooks:
+    """What a timing run reports and waits on: ``progress(stage, fraction)`` after each
+    timed run, and ``pause()`` before it (it may block, e.g. while the app is replying, so
+    a background timing neither slows a reply nor is slowed by one)."""
+
+    progress: Progress | None = None
+    pause: Callable[[], None] | None = None
+
+    def before_run(self) -> None:
+        if self.pause is not None:
+            self.pause()
+
+    def done(self, runs: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(TIMING_STAGE, min(runs / max(total, 1), 1.0))
+
+
+def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int = 128, repeats: int = 3,
+                 hooks: TimingHooks = TimingHooks()) -> StepTime:
+    """The planner's step-time model from a short timing: a forward over 1 and over
     ``big`` tokens at ``context`` tokens of history, and the cost of a drafted level.
 
     The two sizes are timed alternately and each keeps its fastest run: on a shared
@@ -39,39 +62,51 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 64, context: int
     level: timing the LM head alone missed a quarter of a CPU step, and the planner chose
     a tree that lost. On CUDA, where decoding replays graph-captured steps, see
     ``time_graph_steps``.
+
+    NOTE: kept short (a 128-token history, 32-token forwards, 3 repeats: about a tenth of
+    the work it once did): attention over 128 or 512 tokens costs a few percent of a small
+    model's step, and a timing taken under load is re-measured later (``planning.timing``).
     """
     if model.device.type == "cuda":  # there the decoder replays graph-captured steps: time those
-        return time_graph_steps(model, heads, big, context, repeats)
+        return time_graph_steps(model, heads, big, context, repeats, hooks)
     device = model.device
     cache = model.new_cache(context + big)
     ids = torch.randint(0, model.spec.vocab_size, (context + big,), device=device,
                         generator=torch.Generator(device=device).manual_seed(0))
+    depth = min(3, heads.num_heads) if heads is not None else 0
+    total = 2 * repeats + 2 + (2 * repeats + 1 if heads is not None else 0)  # timed runs, for the progress
     with torch.inference_mode():
         model(ids[:context], torch.arange(context, device=device), causal_mask(0, context, device), cache)
         cache.commit_prefix(context)
         masks = {t: tree_mask(context, torch.ones(t, t, dtype=torch.bool, device=device).tril()) for t in (1, big)}
+        runs = 0
 
         def forward(t: int) -> float:
+            nonlocal runs
+            hooks.before_run()
             _sync(device)
             t0 = time.perf_counter()
-            model.logits(model(ids[:t], context + torch.arange(t, device=device), masks[t], cache))
+            model.logits(model(ids[:t], context + torch.arange(t, device=device), masks[t], cache))  # [t, V]
             _sync(device)
-            return time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            runs += 1
+            hooks.done(runs, total)
+            return seconds
 
         forward(1), forward(big)  # warm-up
         t1 = tb = float("inf")
         for _ in range(repeats):
             t1, tb = min(t1, forward(1)), min(tb, forward(big))
-    if heads is None:
-        return linear_step_time(t1, tb, big)
     plain = linear_step_time(t1, tb, big)
-    depth = min(3, heads.num_heads)
-    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(), repeats)
+    if heads is None:
+        return plain
+    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(), repeats,
+                                     hooks, (runs, total))
     return linear_step_time(t1, tb, big, max(0.0, step - plain(depth + 1, 0)) / depth)
 
 
-def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context: int = 512,
-                     repeats: int = 5) -> StepTime:
+def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 32, context: int = 128,
+                     repeats: int = 3, hooks: TimingHooks = TimingHooks()) -> StepTime:
     """The step-time model from whole greedy steps of the static decoder, as a GPU runs
     them (``step.StepUnit``s, one CUDA-graph replay per step; eager elsewhere).
 
@@ -86,12 +121,19 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
 
+    trees = 1 if heads is None else 3
+    done = 0
+
     def fastest(tree: Any) -> float:
+        nonlocal done
         width = tree.width if tree is not None else 1
         nodes = tree.num_nodes if tree is not None else 1
         cache = new_static_cache(model, context + nodes + width * steps + 1)
         decoder = StaticDecoder(model, cache, heads if tree is not None else None, tree, graphs=True)
-        return _fastest_step(decoder, ids, width * steps, warmup=2)  # the first steps capture
+        seconds = _fastest_step(decoder, ids, steps, warmup=2, width=width, hooks=hooks,
+                                runs=(done, trees * steps))  # the first steps capture
+        done += steps
+        return seconds
 
     t1 = fastest(None)
     if heads is None:
@@ -107,21 +149,33 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 64, context:
     return linear_step_time(t1, t1 + slope * (big - 1), big, level)
 
 
-def _fastest_step(decoder: Any, prompt: list[int], max_new_tokens: int, warmup: int) -> float:
-    """The fastest decoding step after the first ``warmup`` (which warm up or capture)."""
+def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, width: int,
+                  hooks: TimingHooks = TimingHooks(), runs: tuple[int, int] = (0, 0)) -> float:
+    """The fastest of ``steps`` decoding steps after the first ``warmup`` (which warm up or
+    capture). ``width``: most tokens a step commits; ``runs`` = (runs done before, runs in
+    all) for the progress fraction."""
     from specmemo_core.runtime.decoding import GenerationConfig
 
-    times = [s.forward_s for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens))
-             if not s.prefill]
+    times: list[float] = []
+    hooks.before_run()
+    # a step commits 1 to `width` tokens: room for `steps` steps even if every draft is accepted
+    for step in decoder.generate(prompt, GenerationConfig(max_new_tokens=steps * width)):
+        if not step.prefill:
+            times.append(step.forward_s)
+            hooks.done(runs[0] + len(times), runs[1])
+            if len(times) == steps:
+                break
+        hooks.before_run()  # the generator is suspended here: a pause does not land inside a step
     return min(times[warmup:] or times)
 
 
-def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int) -> float:
+def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int,
+                              hooks: TimingHooks = TimingHooks(), runs: tuple[int, int] = (0, 0)) -> float:
     from specmemo_core.runtime.decoding import Decoder
 
     steps = 2 * repeats + 1
     decoder = Decoder(model, model.new_cache(len(prompt) + (tree.num_nodes + 1) * (steps + 1)), heads, tree)
-    return _fastest_step(decoder, prompt, tree.num_nodes * steps, warmup=1)
+    return _fastest_step(decoder, prompt, steps, warmup=1, width=tree.width, hooks=hooks, runs=runs)
 
 
 def _sync(device: torch.device) -> None:

@@ -1,17 +1,28 @@
-"""The device's start-up timing as numbers, cached per (model, device, threads, precision).
+"""The device's step timing as numbers, cached per (model, device, threads, precision).
 
 The planner's step-time model (``planner.linear_step_time``) comes from timing a forward
 of 1 and of ``big`` tokens and the cost of a drafted level (``plan_check.time_forward``).
-That takes seconds to minutes on a small CPU, so it is measured once and kept in the
-data folder; every entry point (app, ``specmemo chat``/``generate``/``plan``/``bench``)
-reads the same cache through ``timing_for``.
+It is measured once and kept in the data folder with the time it was taken and the torch
+version; every entry point reads the same cache.
+
+Two ways to get a timing:
+
+- ``timing_for`` waits: the cached timing (even a stale one), else one measured now. For
+  the command line (``specmemo plan``, ``bench``), where a number is wanted at once.
+- ``timing_without_waiting`` never measures: the cached timing, else a conservative prior
+  (``prior_timing``). The app plans from it so the window and the first reply never wait;
+  ``refresh_in_background`` then measures in a thread when the timing is missing or stale
+  (older than ``MAX_AGE_DAYS``, another torch version) and hands the new one to a callback,
+  with which the app re-plans silently.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,38 +31,74 @@ from specmemo_core.planning.planner import StepTime, linear_step_time
 log = logging.getLogger(__name__)
 
 TIMING_FILE = "step_timing.json"
-TIMING_BIG = 64  # tokens of the larger timed forward
+TIMING_BIG = 32  # tokens of the larger timed forward (plan_check.time_forward's default)
+MAX_AGE_DAYS = 14.0
 
 Progress = Callable[[str, float], None]
 
 
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
 @dataclass(frozen=True)
 class StepTiming:
-    """The start-up timing as numbers (so it can be cached): see planner.linear_step_time."""
+    """The timing as numbers (so it can be cached): see planner.linear_step_time.
+
+    ``measured_at`` is the Unix time of the measurement; None marks a prior (nothing was
+    measured on this device yet), whose absolute speed is only a guess."""
 
     t1: float
     t_big: float
     big: int
     draft_level: float
+    measured_at: float | None = None
+    torch_version: str = ""
+
+    @property
+    def is_prior(self) -> bool:
+        return self.measured_at is None
 
     def step_time(self) -> StepTime:
         return linear_step_time(self.t1, self.t_big, self.big, self.draft_level)
 
+    def is_stale(self, now: float | None = None) -> bool:
+        """A prior, older than MAX_AGE_DAYS, or taken under another torch version."""
+        if self.measured_at is None or self.torch_version != _torch_version():
+            return True
+        return (now if now is not None else time.time()) - self.measured_at > MAX_AGE_DAYS * 86400
+
     @classmethod
     def from_step_time(cls, step_time: StepTime, big: int = TIMING_BIG) -> "StepTiming":
-        """Read the numbers back out of plan_check.time_forward's linear model."""
+        """Read the numbers back out of plan_check.time_forward's linear model (a prior
+        until ``measured`` stamps it)."""
         t1 = step_time(1, 0)
         return cls(t1, step_time(big, 0), big, step_time(1, 1) - t1)
+
+    def measured(self, at: float) -> "StepTiming":
+        return replace(self, measured_at=at, torch_version=_torch_version())
 
 
 def timing_key(fingerprint: str, device_name: str, threads: int, precision: str | None) -> str:
     return f"{fingerprint}|{device_name}|{threads}|{precision or 'fp32'}"
 
 
+def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> str:
+    """The key of ``engine`` (an ``Engine``) on ``device_name`` with this process's threads."""
+    import torch
+
+    return timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
+
+
 def cached_timing(folder: Path, key: str) -> StepTiming | None:
+    """The stored timing; an entry written before timings were dated reads as measured
+    at time 0, so it is stale and measured again."""
     try:
         data = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8"))[key]
-        return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]))
+        return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]),
+                          float(data.get("measured_at") or 0.0), str(data.get("torch_version", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -63,32 +110,88 @@ def store_timing(folder: Path, key: str, timing: StepTiming) -> None:
         data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
         data[key] = asdict(timing)
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")  # a background refresh may write too
         tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         tmp.replace(path)
     except (OSError, ValueError) as exc:  # only costs a re-timing next start
         log.warning("could not save step timing to %s (%s)", path, exc)
 
 
-def measure_timing(model: Any, heads: Any) -> StepTiming:
-    """Time this device now (``plan_check.time_forward``)."""
-    from specmemo_core.planning.plan_check import time_forward
+def prior_timing(weight_bytes: int, device_kind: str) -> StepTiming | None:
+    """A conservative guess before anything is measured, so the first plan is a small tree.
 
-    return StepTiming.from_step_time(time_forward(model, heads))
+    On a CPU a plain step streams the weights once (taken at 8 GB/s: a slow laptop), each
+    extra tree node adds 8 % of that and each drafted level 10 %: dearer than this 2-core
+    machine measured unloaded (6.4 % per node, 7.7 % per level), so the planner keeps to
+    small trees (for SmolLM2 with its shipped heads calibrated-4+lookup-3, 7 nodes, which
+    the unloaded measurement picks too). Elsewhere (GPUs) None: the planner chooses by
+    memory until the background timing is in.
+    """
+    if device_kind != "cpu":
+        return None
+    t1 = max(weight_bytes / 8e9, 1e-3)
+    return StepTiming(t1, t1 * (1.0 + 0.08 * (TIMING_BIG - 1)), TIMING_BIG, 0.10 * t1)
+
+
+def measure_timing(model: Any, heads: Any, progress: Progress | None = None,
+                   pause: Callable[[], None] | None = None) -> StepTiming:
+    """Time this device now (``plan_check.time_forward``), dated."""
+    from specmemo_core.planning.plan_check import TimingHooks, time_forward
+
+    step_time = time_forward(model, heads, big=TIMING_BIG, hooks=TimingHooks(progress, pause))
+    return StepTiming.from_step_time(step_time, TIMING_BIG).measured(time.time())
 
 
 def timing_for(engine: Any, device_name: str, folder: Path | None, precision: str | None,
                progress: Progress | None = None) -> StepTiming:
-    """The cached timing of this engine on this device, else measured now and cached."""
-    import torch
-
-    key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
+    """The cached timing of this engine on this device (even a stale one), else measured now and cached."""
+    key = engine_timing_key(engine, device_name, precision)
     cached = cached_timing(folder, key) if folder is not None else None
     if cached is not None:
         return cached
-    if progress is not None:
-        progress("timing the device (once)", 0.0)
-    timing = measure_timing(engine.model, engine.heads)
+    timing = measure_timing(engine.model, engine.heads, progress)
     if folder is not None:
         store_timing(folder, key, timing)
     return timing
+
+
+def timing_without_waiting(engine: Any, device_name: str, folder: Path | None,
+                           precision: str | None) -> StepTiming | None:
+    """The cached timing (even a stale one), else ``prior_timing``: never measures."""
+    from specmemo_core.runtime.quantize import weight_bytes
+
+    cached = cached_timing(folder, engine_timing_key(engine, device_name, precision)) if folder is not None else None
+    return cached if cached is not None else prior_timing(weight_bytes(engine.model), engine.model.device.type)
+
+
+def needs_refresh(engine: Any, device_name: str, folder: Path | None, precision: str | None) -> bool:
+    cached = cached_timing(folder, engine_timing_key(engine, device_name, precision)) if folder is not None else None
+    return cached is None or cached.is_stale()
+
+
+def refresh_in_background(engine: Any, device_name: str, folder: Path | None, precision: str | None, *,
+                          on_done: Callable[[StepTiming], None], progress: Progress | None = None,
+                          pause: Callable[[], None] | None = None) -> threading.Thread | None:
+    """Measure in a daemon thread when the cached timing is missing or stale; store it and
+    call ``on_done(timing)`` from that thread. None when the cached timing is fresh.
+
+    ``pause`` is called before each timed run and may block: the app blocks it while a
+    reply is generated, so the timing never slows a reply (and is not slowed by one).
+    ``progress(stage, fraction)`` reports the fraction done."""
+    if not needs_refresh(engine, device_name, folder, precision):
+        return None
+    key = engine_timing_key(engine, device_name, precision)
+
+    def run() -> None:
+        try:
+            timing = measure_timing(engine.model, engine.heads, progress, pause)
+        except Exception:  # a failed timing costs only the plan's accuracy; log it, keep the prior
+            log.exception("the background device timing failed")
+            return
+        if folder is not None:
+            store_timing(folder, key, timing)
+        on_done(timing)
+
+    thread = threading.Thread(target=run, name="specmemo-device-timing", daemon=True)
+    thread.start()
+    return thread

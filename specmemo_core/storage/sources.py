@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, BinaryIO, Callable
 
 import torch
 
-from specmemo_core.errors import FetchError, ModelFileError
+from specmemo_core.errors import FetchError, LowMemoryError, ModelFileError
+from specmemo_core.storage import gguf_load
 
 if TYPE_CHECKING:
     import transformers
@@ -35,7 +36,7 @@ Progress = Callable[[str, float], None]  # (stage text, fraction of that stage d
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-_CHUNK = 1 << 20
+_CHUNK = 8 << 20  # large blocks: hashing runs at disk speed
 _NO_PROGRESS: Progress = lambda stage, fraction: None  # noqa: E731
 
 
@@ -248,8 +249,14 @@ def model_name(source: str | Path) -> str:
     return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
 
 
-def model_identity(name: str, config: transformers.PretrainedConfig, embedding: torch.Tensor) -> ModelIdentity:
-    """Fingerprint shape fields and a strided embedding sample: cheap, yet model-specific."""
+def fingerprint_sample(embedding: torch.Tensor) -> torch.Tensor:
+    """Every 997th value of the embedding, as float32: taken before any cast, so the
+    fingerprint is the same whatever dtype the model runs in."""
+    return embedding.detach().reshape(-1)[::997].to(torch.float32).contiguous()
+
+
+def model_identity(name: str, config: transformers.PretrainedConfig, sample: torch.Tensor) -> ModelIdentity:
+    """Fingerprint shape fields and a strided embedding sample (``fingerprint_sample``)."""
     heads = getattr(config, "num_attention_heads", None)
     names = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
@@ -257,7 +264,6 @@ def model_identity(name: str, config: transformers.PretrainedConfig, embedding: 
     fields["num_key_value_heads"] = fields["num_key_value_heads"] or heads
     fields["head_dim"] = fields["head_dim"] or config.hidden_size // heads
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    sample = embedding.detach().reshape(-1)[::997].to(torch.float32).contiguous()
     digest.update(sample.numpy().tobytes())
     return ModelIdentity(name=name, fingerprint=digest.hexdigest()[:16])
 
@@ -276,91 +282,127 @@ def _finish(path: Path, sd: dict[str, torch.Tensor], config: transformers.Pretra
 
 
 _FIX_GGUF = "download it again, or delete it and use 'default' for the built-in model"
+_CACHE_FILES = ("config.json", "gguf_index.json", "tokenizer_config.json", "COMPLETE")
 
 
-def _gguf_cache_key(path: Path) -> str:
-    """Cheap content key: size plus the first and last MiB (hashing 100 MB+ each start is slow)."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(f"{size}\0".encode())
+def _stamped_sha256(stamp: Path, path: Path) -> str | None:
+    """The sha256 a stamp records for `path`, if the file's size and mtime still match it."""
+    try:
+        data = json.loads(stamp.read_text())
+        st = path.stat()
+        if data["size"] == st.st_size and data["mtime_ns"] == st.st_mtime_ns:
+            return str(data["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _hash_stamp(path: Path) -> Path:
+    """Where the content hash of a user's file is remembered (its own folder may be read-only)."""
+    name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return data_dir() / "file-hashes" / f"{name}.json"
+
+
+def content_sha256(path: Path, progress: Progress | None = None) -> str:
+    """sha256 of the whole file, hashed once and stamped with its size and mtime: the
+    default model's fetch stamp already holds it, so a later start reads a few bytes."""
+    for stamp in (_stamp_file(path), _hash_stamp(path)):
+        if (known := _stamped_sha256(stamp, path)) is not None:
+            return known
     with path.open("rb") as f:
-        digest.update(f.read(_CHUNK))
-        f.seek(max(size - _CHUNK, 0))
-        digest.update(f.read(_CHUNK))
-    return digest.hexdigest()[:16]
+        sha256 = _hash_copy(f, None, path.stat().st_size, progress or _NO_PROGRESS, "checking file")
+    stamp = _hash_stamp(path)
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stamp.with_suffix(".tmp")
+        tmp.write_text(_stamp(path, sha256))
+        os.replace(tmp, stamp)
+    except OSError as exc:  # only costs a re-hash next start
+        log.warning("could not write %s (%s)", stamp, exc)
+    return sha256
 
 
-def _check_gguf(path: Path) -> None:
-    """Fail early, naming the file, before transformers gives an obscure error."""
-    from gguf import GGUFReader
-
-    try:  # parses every tensor header and maps its data: a truncated file fails here
-        field = GGUFReader(path).fields.get("general.architecture")
-        arch = field.contents() if field is not None else None
-    except Exception as exc:
-        raise ModelFileError(path, f"the file is truncated or corrupt ({exc})", _FIX_GGUF) from exc
-    if arch not in SUPPORTED_TYPES:
-        raise ModelFileError(path, f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_TYPES)})",
-                             "use a GGUF of a supported model family")
-
-
-def _write_cache(cache: Path, config, sd: dict[str, torch.Tensor], tokenizer) -> None:
+def _write_cache(cache: Path, index: gguf_load.GGUFIndex, config: transformers.PretrainedConfig,
+                 tokenizer: transformers.PreTrainedTokenizerBase) -> None:
     """Write into a temp folder, mark COMPLETE last, then rename: never a half-written cache."""
-    from safetensors.torch import save_file
-
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache.parent))
     try:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tied = getattr(config, "tie_word_embeddings", False)
-        save_file({k: v.contiguous() for k, v in sd.items() if not (tied and k == "lm_head.weight")},
-                  tmp / "model.safetensors")
+        (tmp / "gguf_index.json").write_text(index.to_json())
         (tmp / "COMPLETE").write_text("ok\n")
         if cache.exists():  # a stale or concurrent copy; ours is complete
             shutil.rmtree(cache, ignore_errors=True)
         os.replace(tmp, cache)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    for old in cache.parent.glob("*/model.safetensors"):  # fp32 copies of the earlier cache format
+        shutil.rmtree(old.parent, ignore_errors=True)
 
 
-def _load_gguf(path: Path, report: Progress) -> tuple:
-    """De-quantize with transformers once (~16 s), then reuse a safetensors cache (<1 s)."""
+def _read_cache(cache: Path) -> tuple | None:
+    """(index, config, tokenizer) from a complete cache; None (and the cache removed) when it
+    is damaged. Running out of memory is not damage: it is reported and the cache kept."""
+    if not all((cache / name).is_file() for name in _CACHE_FILES):
+        return None
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        return (gguf_load.GGUFIndex.from_json((cache / "gguf_index.json").read_text()),
+                AutoConfig.from_pretrained(cache, local_files_only=True),
+                AutoTokenizer.from_pretrained(cache, local_files_only=True))
+    except MemoryError:  # not damage: the caller reports it, the cache stays
+        raise
+    except Exception as exc:  # a damaged cache is rebuilt, not fatal (tokenizers raises bare Exception)
+        log.warning("ignoring damaged cache %s (%s)", cache, exc)
+        shutil.rmtree(cache, ignore_errors=True)
+        return None
+
+
+def _read_gguf_header(path: Path, cache: Path, report: Progress) -> tuple:
+    """First load of a file: its tensor table, config and tokenizer, written to `cache`."""
+    report("reading the model file", 0.0)
+    index, config = gguf_load.read_header(path)
+    report("reading the model file", 0.5)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except MemoryError:  # reported by the caller as such, not as a bad file
+        raise
+    except Exception as exc:
+        raise ModelFileError(path, f"its tokenizer could not be read ({exc})", _FIX_GGUF) from exc
+    report("reading the model file", 1.0)
+    try:
+        _write_cache(cache, index, config, tokenizer)
+    except OSError as exc:  # still usable, only slower next time
+        log.warning("could not write model cache %s (%s)", cache, exc)
+    return index, config, tokenizer
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, report: Progress) -> tuple:
+    """Weights de-quantized tensor by tensor from the mapped file (about a second for the
+    default model); the parsed header is cached under the file's content hash."""
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelFileError(path, "not a GGUF file (it lacks the GGUF magic bytes)",
                                  "point SpecMemo at a real .gguf model file")
-    cache = data_dir() / "cache" / _gguf_cache_key(path)
-    if (cache / "COMPLETE").is_file():
-        report("loading cached weights", 0.0)
-        from safetensors.torch import load_file
-        from transformers import AutoConfig, AutoTokenizer
+    cache = data_dir() / "cache" / content_sha256(path, report)[:16]
+    samples: dict[str, torch.Tensor] = {}
 
-        try:
-            return (AutoConfig.from_pretrained(cache, local_files_only=True), load_file(cache / "model.safetensors"),
-                    AutoTokenizer.from_pretrained(cache, local_files_only=True), True)
-        except Exception as exc:  # a damaged cache is rebuilt, not fatal
-            log.warning("ignoring damaged cache %s (%s)", cache, exc)
-            shutil.rmtree(cache, ignore_errors=True)
-    _check_gguf(path)
-    report("de-quantizing GGUF", 0.0)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    def keep(name: str, tensor: torch.Tensor) -> None:  # the fingerprint samples the float32 embedding
+        if name == "token_embd.weight":
+            samples["model.embed_tokens.weight"] = fingerprint_sample(tensor)
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                     local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    except Exception as exc:
-        raise ModelFileError(path, f"the file is truncated or corrupt ({exc})", _FIX_GGUF) from exc
-    config = model.config
-    if hasattr(config, "quantization_config"):  # the weights we keep are plain floats
-        del config.quantization_config
-    sd = {k: v.detach() for k, v in model.state_dict().items()}
-    report("writing cache", 0.0)
-    try:
-        _write_cache(cache, config, sd, tokenizer)
-    except OSError as exc:  # still usable, only slower next time
-        log.warning("could not write model cache %s (%s)", cache, exc)
-    return config, sd, tokenizer, False
+        cached = _read_cache(cache)
+        index, config, tokenizer = cached or _read_gguf_header(path, cache, report)
+        sd = gguf_load.load_state_dict(path, index, dtype, report, keep)
+    except MemoryError as exc:
+        raise LowMemoryError(f"the computer ran out of memory while loading {path.name} ({exc}); "
+                             "close other programs, or choose a smaller model") from exc
+    return config, sd, tokenizer, samples.get("model.embed_tokens.weight"), cached is not None
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -427,15 +469,16 @@ def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float3
     if not path.exists():
         raise ModelFileError(path, "file not found", "check the path, or use 'default' for the built-in model")
     if path.is_dir():
-        config, sd, tokenizer, cached = (*_load_folder(path, report), False)
+        config, sd, tokenizer = _load_folder(path, report)
+        embedding, cached = sd.get("model.embed_tokens.weight"), False
+        sample = fingerprint_sample(embedding) if embedding is not None else None
     elif path.suffix.lower() == ".gguf":
-        config, sd, tokenizer, cached = _load_gguf(path, report)
+        config, sd, tokenizer, sample, cached = _load_gguf(path, dtype, report)
     else:
         raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
                              "point SpecMemo at a .gguf file or at a folder holding config.json")
-    raw_embedding = sd.get("model.embed_tokens.weight")  # fingerprint before casting: same for any dtype
-    sd = _finish(path, sd, config, dtype)
-    identity = model_identity(model_name(source), config, raw_embedding)
+    sd = _finish(path, sd, config, dtype)  # refuses weights without an embedding
+    identity = model_identity(model_name(source), config, sample)
     seconds = time.perf_counter() - start
     log.info("loaded %s in %.2f s (%s)", path, seconds, "cache" if cached else "full load")
     report(f"loaded in {seconds:.1f} s" + (" from cache" if cached else ""), 1.0)

@@ -25,15 +25,17 @@ def _byte_chars() -> list[str]:
     return [chr(b) for b in keep] + [chr(256 + i) for i in range(len(extra))]
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, hidden: int = 16, layers: int = 2) -> Path:
-    """A valid, tiny llama GGUF with random float32 weights and a byte-level tokenizer."""
+def write_tiny_gguf(path: Path, seed: int = 0, hidden: int = 16, layers: int = 2, *, arch: str = "llama",
+                    quant: str = "F32", tied: bool = True) -> Path:
+    """A valid, tiny GGUF (llama or qwen2) with random weights and a byte-level tokenizer;
+    ``quant`` names the gguf type of the matrices (norms and biases stay float32)."""
     import gguf
 
     rng = np.random.default_rng(seed)
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *_byte_chars(), "he", "hel"]
-    heads, kv_heads, ff = 2, 1, 32
+    heads, kv_heads, ff = 2, 1, 2 * hidden
     kv = kv_heads * hidden // heads
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(layers)
     w.add_context_length(64)
     w.add_embedding_length(hidden)
@@ -53,14 +55,23 @@ def write_tiny_gguf(path: Path, seed: int = 0, hidden: int = 16, layers: int = 2
     w.add_eos_token_id(2)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
     shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,)}
+    if not tied:
+        shapes["output.weight"] = (len(tokens), hidden)
     for i in range(layers):
         shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
                    f"blk.{i}.attn_q.weight": (hidden, hidden), f"blk.{i}.attn_k.weight": (kv, hidden),
                    f"blk.{i}.attn_v.weight": (kv, hidden), f"blk.{i}.attn_output.weight": (hidden, hidden),
                    f"blk.{i}.ffn_gate.weight": (ff, hidden), f"blk.{i}.ffn_up.weight": (ff, hidden),
                    f"blk.{i}.ffn_down.weight": (hidden, ff)}
+        if arch == "qwen2":
+            shapes |= {f"blk.{i}.attn_q.bias": (hidden,), f"blk.{i}.attn_k.bias": (kv,), f"blk.{i}.attn_v.bias": (kv,)}
+    kind = gguf.GGMLQuantizationType[quant]
     for name, shape in shapes.items():
-        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+        values = rng.standard_normal(shape).astype(np.float32)  # [rows, cols] numpy order
+        if len(shape) == 1 or kind == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, values)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

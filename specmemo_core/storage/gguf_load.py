@@ -1,0 +1,183 @@
+"""Weights straight from a GGUF file, one tensor at a time.
+
+The file is memory-mapped; each tensor is de-quantized on its own (``gguf.quants``),
+put in the layout our model expects, converted to the target dtype and its float32
+copy dropped, so the peak is the final weights plus one tensor. The tensor table and
+the config are small and are kept in a cache folder: parsing the header of a model
+with a 49k-token vocabulary takes seconds in ``GGUFReader``, mapping the file does not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from specmemo_core.errors import ModelFileError
+
+if TYPE_CHECKING:
+    import transformers
+    from gguf import GGUFReader
+
+Progress = Callable[[str, float], None]
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+_FIX = "download it again, or delete it and use 'default' for the built-in model"
+_ROTARY_PERMUTED = ("llama", "mistral")  # llama.cpp reorders these families' Q/K rows for its RoPE kernel
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight"}
+_BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_UNUSED = ("rope_freqs.weight",)  # NOTE: Llama-3.1 long-context factors; transformers ignores them too
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor's bytes lie in the file and how to read them."""
+
+    name: str  # GGUF name, e.g. blk.0.attn_q.weight
+    kind: int  # gguf.GGMLQuantizationType value
+    shape: tuple[int, ...]  # numpy order (rows first), as the model wants it
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GGUFIndex:
+    """The file's tensor table and the head counts that undo llama.cpp's Q/K reordering."""
+
+    architecture: str
+    tensors: tuple[TensorEntry, ...]
+    num_heads: int
+    num_kv_heads: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "GGUFIndex":
+        data = json.loads(text)
+        tensors = tuple(TensorEntry(t["name"], int(t["kind"]), tuple(t["shape"]), int(t["offset"]), int(t["nbytes"]))
+                        for t in data["tensors"])
+        return cls(str(data["architecture"]), tensors, int(data["num_heads"]), int(data["num_kv_heads"]))
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """Our state-dict name for a GGUF tensor name; None for one the model does not use."""
+    if gguf_name in _TOP:
+        return _TOP[gguf_name]
+    found = _BLOCK_NAME.fullmatch(gguf_name)
+    if found is None or found[2] not in _BLOCK:
+        return None
+    return f"model.layers.{found[1]}.{_BLOCK[found[2]]}.{found[3]}"
+
+
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return field.contents() if field is not None else default
+
+
+def read_header(path: Path) -> tuple[GGUFIndex, "transformers.PretrainedConfig"]:
+    """Parse the file's header: refuses an unsupported family or tensor type before
+    anything is allocated, and names the file when it is truncated or corrupt."""
+    from gguf import GGUFReader
+
+    try:  # parses every tensor header and maps its data: a truncated file fails here
+        reader = GGUFReader(path)
+    except Exception as exc:
+        raise ModelFileError(path, f"the file is truncated or corrupt ({exc})", _FIX) from exc
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFileError(path, f"architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})", "use a GGUF of a supported model family")
+    tensors = tuple(_entry(path, t) for t in reader.tensors if t.name not in _UNUSED)
+    unknown = [t.name for t in tensors if hf_name(t.name) is None]
+    if unknown:
+        raise ModelFileError(path, f"tensors this {arch} loader does not know: {', '.join(unknown[:5])}",
+                             "use a plain (not multimodal or mixture-of-experts) GGUF of a supported family")
+    config = build_config(reader, arch, tensors)
+    heads = config.num_attention_heads
+    return GGUFIndex(arch, tensors, heads, config.num_key_value_heads or heads), config
+
+
+def _entry(path: Path, tensor: Any) -> TensorEntry:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import _type_traits  # NOTE: gguf exposes no public "can de-quantize" check
+
+    kind = GGMLQuantizationType(tensor.tensor_type)
+    if kind not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) and kind not in _type_traits:
+        raise ModelFileError(path, f"tensor {tensor.name} is stored as {kind.name}, which cannot be de-quantized here",
+                             "use a GGUF quantized as Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, a K-quant, F16, BF16 or F32")
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return TensorEntry(tensor.name, int(kind), shape, int(tensor.data_offset), int(tensor.n_bytes))
+
+
+def build_config(reader: GGUFReader, arch: str, tensors: tuple[TensorEntry, ...]) -> "transformers.PretrainedConfig":
+    """The transformers config of the model, from the GGUF metadata keys."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    def key(name: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{name}", default)
+
+    names = {t.name: t for t in tensors}
+    heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    head_dim = key("attention.key_length") or (key("rope.dimension_count") if arch in _ROTARY_PERMUTED else None)
+    fields = dict(
+        vocab_size=names["token_embd.weight"].shape[0], hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")), num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads, num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(head_dim or hidden // heads), rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(key("context_length")), rope_theta=float(key("rope.freq_base", 10000.0)),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"),
+    )
+    kind = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[arch]
+    return kind(**fields)
+
+
+def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's conversion, which stores each head's rotary pairs as two halves
+    interleaved: rows (h, pair, i) back to (h, i, pair). Works for weights and biases."""
+    rows = weight.shape[0]  # [out, in] or [out]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def read_tensor(data: np.ndarray, entry: TensorEntry, index: GGUFIndex) -> np.ndarray:
+    """One tensor de-quantized to float32 in our layout; ``data`` is the file, memory-mapped."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quant_shape_to_byte_shape
+
+    kind = GGMLQuantizationType(entry.kind)
+    raw = data[entry.offset: entry.offset + entry.nbytes].reshape(quant_shape_to_byte_shape(entry.shape, kind))
+    weight = dequantize(raw, kind)  # float32 [rows, cols]; a view of the file for F32
+    if index.architecture in _ROTARY_PERMUTED and (".attn_q." in entry.name or ".attn_k." in entry.name):
+        weight = _unpermute(weight, index.num_heads if ".attn_q." in entry.name else index.num_kv_heads)
+    return weight
+
+
+def load_state_dict(path: Path, index: GGUFIndex, dtype: torch.dtype, progress: Progress,
+                    keep: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor, de-quantized and converted one at a time. ``keep(name, fp32)`` sees
+    each float32 tensor before it is converted (the fingerprint samples the embedding)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if data.size < max((t.offset + t.nbytes for t in index.tensors), default=0):
+        raise ModelFileError(path, "the file is truncated or corrupt (it ends before its last tensor)", _FIX)
+    out: dict[str, torch.Tensor] = {}
+    for i, entry in enumerate(index.tensors):
+        weight = read_tensor(data, entry, index)
+        tensor = torch.from_numpy(weight if weight.flags.writeable else weight.copy())  # [rows, cols] float32
+        if keep is not None:
+            keep(entry.name, tensor)
+        out[str(hf_name(entry.name))] = tensor.to(dtype)  # no copy for float32
+        progress("loading weights", (i + 1) / len(index.tensors))
+    return out

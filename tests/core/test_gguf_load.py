@@ -1,0 +1,128 @@
+"""Streaming GGUF loading: the same weights as transformers' loader, tensor for tensor,
+for quantized files of both supported families; the cache is keyed by the content."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specmemo_core.errors import LowMemoryError, ModelFileError
+from specmemo_core.storage import gguf_load
+from specmemo_core.storage.sources import content_sha256, load_model
+from tests.core.test_sources import write_tiny_gguf
+
+
+def _transformers_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """What the earlier loader kept: transformers' own de-quantizing GGUF import."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                 local_files_only=True)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("arch", "quant"), [("llama", "Q8_0"), ("llama", "Q4_0"), ("llama", "Q4_1"),
+                                              ("llama", "F16"), ("qwen2", "Q5_1"), ("qwen2", "BF16")])
+def test_streamed_weights_equal_transformers(data_dir: Path, tmp_path: Path, arch: str, quant: str) -> None:
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", hidden=32, arch=arch, quant=quant, tied=arch == "llama")
+    loaded = load_model(path)
+    expected = _transformers_state_dict(path)
+    assert loaded.state_dict.keys() == expected.keys()
+    unequal = [k for k, v in expected.items() if not torch.equal(loaded.state_dict[k], v)]
+    assert unequal == []
+    assert loaded.config.model_type == arch
+    assert loaded.config.tie_word_embeddings == (arch == "llama")
+
+
+def test_rotary_rows_are_put_back_for_llama_only() -> None:
+    """llama.cpp stores each head's rotary pairs as halves; undoing it is a per-head
+    interleave, and its inverse is llama.cpp's own permutation."""
+    heads, head_dim, cols = 2, 8, 3
+    hf = np.arange(heads * head_dim * cols, dtype=np.float32).reshape(heads * head_dim, cols)  # [out, in]
+    stored = hf.reshape(heads, 2, head_dim // 2, cols).swapaxes(1, 2).reshape(hf.shape)  # llama.cpp's order
+    assert not np.array_equal(stored, hf)
+    assert np.array_equal(gguf_load._unpermute(stored, heads), hf)
+
+
+def test_bfloat16_is_converted_tensor_by_tensor_with_a_dtype_free_fingerprint(data_dir: Path, tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=32, quant="Q8_0")
+    full, half = load_model(path), load_model(path, dtype=torch.bfloat16)
+    assert all(v.dtype == torch.bfloat16 for v in half.state_dict.values())
+    assert torch.equal(half.state_dict["model.layers.0.mlp.up_proj.weight"],
+                       full.state_dict["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16))
+    assert half.identity == full.identity
+
+
+def test_unsupported_architecture_is_refused_before_loading(data_dir: Path, tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match="architecture 'gpt2' is not supported") as info:
+        load_model(path)
+    assert str(path) in str(info.value)
+    assert not (data_dir / "cache").exists()
+
+
+def test_files_differing_only_in_the_middle_load_their_own_weights(data_dir: Path, tmp_path: Path) -> None:
+    """The earlier cache key (size + first and last MiB) gave both files one cache."""
+    (tmp_path / "a").mkdir()
+    a = write_tiny_gguf(tmp_path / "a" / "m.gguf", hidden=32)
+    first = load_model(a)
+    data = bytearray(a.read_bytes())
+    entry = next(t for t in gguf_load.read_header(a)[0].tensors if t.name == "blk.0.ffn_up.weight")
+    data[entry.offset: entry.offset + 4] = np.float32(123.0).tobytes()
+    b = tmp_path / "b" / "m.gguf"
+    b.parent.mkdir()
+    b.write_bytes(bytes(data))
+    second = load_model(b)
+    assert content_sha256(a) != content_sha256(b)
+    assert second.state_dict["model.layers.0.mlp.up_proj.weight"][0, 0].item() == 123.0
+    assert first.state_dict["model.layers.0.mlp.up_proj.weight"][0, 0].item() != 123.0
+
+
+def test_file_is_hashed_once_and_the_cache_is_reused(data_dir: Path, tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=32, quant="Q8_0")
+    stages: list[str] = []
+    first = load_model(path, progress=lambda stage, fraction: stages.append(stage))
+    assert "checking file" in stages and not first.from_cache
+    stages.clear()
+    second = load_model(path, progress=lambda stage, fraction: stages.append(stage))
+    assert "checking file" not in stages and second.from_cache
+    assert all(torch.equal(v, first.state_dict[k]) for k, v in second.state_dict.items())
+    assert not list((data_dir / "cache").glob("*/model.safetensors"))  # no float copy of the weights is kept
+
+
+def test_out_of_memory_reading_a_valid_cache_keeps_it(data_dir: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, any error reading the cache deleted it: a valid cache was lost to low RAM."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=32)
+    load_model(path)
+    (cache,) = (data_dir / "cache").iterdir()
+
+    def no_memory(text: str) -> gguf_load.GGUFIndex:  # fault injection: what numpy raises when RAM runs out
+        raise MemoryError("Unable to allocate 1.00 GiB for an array")
+
+    with monkeypatch.context() as patch, pytest.raises(LowMemoryError, match="ran out of memory"):
+        patch.setattr(gguf_load.GGUFIndex, "from_json", staticmethod(no_memory))
+        load_model(path)
+    assert (cache / "COMPLETE").is_file() and (cache / "gguf_index.json").is_file()
+    assert load_model(path).from_cache
+
+
+def test_damaged_cache_is_rebuilt(data_dir: Path, tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=32)
+    first = load_model(path)
+    (cache,) = (data_dir / "cache").iterdir()
+    (cache / "gguf_index.json").write_text("{not json")
+    again = load_model(path)
+    assert not again.from_cache and again.identity == first.identity
+    assert load_model(path).from_cache

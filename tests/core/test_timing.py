@@ -1,0 +1,104 @@
+"""The device timing: short, reporting its fraction, cached with its date and torch
+version, re-measured in a background thread when missing or stale, a prior meanwhile."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specmemo_core.planning import timing
+from specmemo_core.planning.entry import PlanChoices, make_plan, plan_inputs
+from specmemo_core.planning.device import cpu_device
+from specmemo_core.planning.plan_check import TimingHooks, time_forward
+from specmemo_core.planning.timing import (
+    MAX_AGE_DAYS, StepTiming, cached_timing, engine_timing_key, prior_timing, refresh_in_background, store_timing,
+    timing_for, timing_without_waiting,
+)
+from specmemo_core.runtime.engine import Engine
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.storage.sources import ModelIdentity
+from tests.tiny import tiny_config, tiny_model, tiny_tokenizer
+
+
+@pytest.fixture
+def engine() -> Engine:
+    torch.set_num_threads(1)
+    heads = random_heads(4, 64, 300, seed=2, scale=0.5, kind="hydra")
+    return Engine(tiny_model(), tiny_tokenizer(), tiny_config(), ModelIdentity("tiny", "0" * 16), heads, None)
+
+
+def test_time_forward_reports_a_rising_fraction_and_pauses_before_each_run(engine: Engine) -> None:
+    fractions: list[float] = []
+    pauses: list[int] = []
+    step = time_forward(engine.model, engine.heads, big=8, context=16, repeats=2,
+                        hooks=TimingHooks(lambda stage, f: fractions.append(f), lambda: pauses.append(1)))
+    assert step(1, 0) > 0 and step(8, 0) >= step(1, 0) and step(1, 1) >= step(1, 0)
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and 0 < fractions[0] < 0.5
+    assert len(pauses) >= len(fractions)  # one before every timed run
+
+
+def test_timing_is_dated_and_goes_stale() -> None:
+    fresh = StepTiming(0.1, 0.5, 32, 0.01).measured(time.time())
+    assert not fresh.is_prior and not fresh.is_stale()
+    assert fresh.is_stale(now=fresh.measured_at + (MAX_AGE_DAYS + 1) * 86400)
+    other_torch = StepTiming(0.1, 0.5, 32, 0.01, fresh.measured_at, "1.0.0")
+    assert other_torch.is_stale()
+    assert StepTiming(0.1, 0.5, 32, 0.01).is_prior and StepTiming(0.1, 0.5, 32, 0.01).is_stale()
+
+
+def test_cache_round_trip_and_undated_entries_are_stale(tmp_path: Path) -> None:
+    fresh = StepTiming(0.1, 0.5, 32, 0.01).measured(time.time())
+    store_timing(tmp_path, "k", fresh)
+    assert cached_timing(tmp_path, "k") == fresh
+    (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"old": {"t1": 0.3, "t_big": 1.9, "big": 64,
+                                                                   "draft_level": 0.3}}))
+    old = cached_timing(tmp_path, "old")
+    assert old is not None and old.t1 == 0.3 and not old.is_prior and old.is_stale()
+
+
+def test_prior_plans_a_small_tree_on_cpu_and_nothing_on_gpus(engine: Engine) -> None:
+    from specmemo_core.planning.planner import TreeOption
+
+    prior = prior_timing(540_000_000, "cpu")  # SmolLM2-135M in fp32
+    assert prior is not None and prior.is_prior and prior_timing(540_000_000, "cuda") is None
+    step = prior.step_time()
+    small, big = TreeOption("small", 7, 3, 2.41), TreeOption("big", 72, 4, 3.69)  # the shipped heads' calibration
+    assert small.expected_accepted / step(7, 3) > 1 / step(1, 0) > big.expected_accepted / step(72, 4)
+    inputs = plan_inputs(engine, cpu_device(), prior)
+    assert make_plan(inputs, PlanChoices()).fits
+
+
+def test_no_wait_gives_the_prior_then_the_background_timing(engine: Engine, tmp_path: Path) -> None:
+    first = timing_without_waiting(engine, "test-cpu", tmp_path, None)
+    assert first is not None and first.is_prior
+    done: list[StepTiming] = []
+    fractions: list[float] = []
+    thread = refresh_in_background(engine, "test-cpu", tmp_path, None, on_done=done.append,
+                                   progress=lambda stage, f: fractions.append(f))
+    assert thread is not None
+    thread.join(timeout=120)
+    assert len(done) == 1 and not done[0].is_prior and fractions[-1] == 1.0
+    assert cached_timing(tmp_path, engine_timing_key(engine, "test-cpu", None)) == done[0]
+    assert timing_without_waiting(engine, "test-cpu", tmp_path, None) == done[0]
+    assert refresh_in_background(engine, "test-cpu", tmp_path, None, on_done=done.append) is None  # fresh
+    assert timing_for(engine, "test-cpu", tmp_path, None) == done[0]  # cached: no measuring
+
+
+def test_background_timing_waits_while_paused(engine: Engine, tmp_path: Path) -> None:
+    """The app holds the timing while it replies: nothing is measured until it lets go."""
+    quiet = threading.Event()
+    fractions: list[float] = []
+    done: list[StepTiming] = []
+    thread = refresh_in_background(engine, "test-cpu", tmp_path, None, on_done=done.append,
+                                   progress=lambda stage, f: fractions.append(f), pause=quiet.wait)
+    assert thread is not None
+    thread.join(timeout=0.5)
+    assert thread.is_alive() and fractions == [] and done == []
+    quiet.set()
+    thread.join(timeout=120)
+    assert len(done) == 1
