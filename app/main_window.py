@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressDialog, QPushButton, QSplitter, QVBoxLayout, QWidget,
 )
 
+from specmemo_core.storage.atomic import write_text_atomic
 from specmemo_core.storage.chatstore import ChatStore, ChatStoreError
 from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.errors import SpecMemoError
@@ -272,7 +273,7 @@ class MainWindow(QMainWindow):
             raise SpecMemoError("open a chat first")
         text = self.store.export_json(self.conversation_id) if fmt == "json" else \
             self.store.export_markdown(self.conversation_id)
-        Path(path).write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)  # a failed write (disk full) leaves the previous export whole
 
     def _export_dialog(self, fmt: str) -> None:
         if self.conversation_id is None:

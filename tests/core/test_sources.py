@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from specmemo_core import sources
+from specmemo_core.storage import sources
 from specmemo_core.errors import FetchError, ModelFileError
 from specmemo_core.storage.sources import DEFAULT_MODEL, ensure_default_model, load_model, model_name
 
