@@ -188,6 +188,63 @@ def heads_not_safetensors(tmp_path, monkeypatch):
     assert bad.exists()
 
 
+LOAD_HEADS_CHILD = r"""
+import resource, sys
+from specmemo_core.errors import HeadsError
+from specmemo_core.runtime.heads import load_heads
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30), resource.RLIM_INFINITY))  # 1 GiB more, no further
+try:
+    load_heads(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    print("loaded")
+except HeadsError as err:
+    print("HeadsError", err)
+except BaseException as err:
+    print("other", type(err).__name__, err)
+"""
+
+
+def _load_heads_capped(path: Path, hidden: int, vocab: int) -> str:
+    """load_heads in a child Python allowed 1 GiB more memory than it starts with: what it printed."""
+    proc = subprocess.run([sys.executable, "-c", LOAD_HEADS_CHILD, str(path), str(hidden), str(vocab)],
+                          capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)
+    return proc.stdout + proc.stderr[-500:]
+
+
+@case("heads metadata claiming 100,000 heads",
+      "HeadsError 'declare 100000 heads, but the file holds weights for 1' before anything is allocated")
+def heads_claim_too_many(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    path = save_heads(random_heads(1, 512, 1000), tmp_path / "heads")
+    with safe_open(str(path), framework="pt") as f:
+        meta = {**f.metadata(), "num_heads": "100000"}  # 100,000 x 512 x 512 floats: ~105 GB if believed
+    save_file(load_file(str(path)), str(path), metadata=meta)
+    before = digest(path)
+    out = _load_heads_capped(path.parent, 512, 1000)
+    assert out.startswith("HeadsError") and "declare 100000 heads, but the file holds weights for 1" in out, out
+    assert digest(path) == before
+
+
+@case("Medusa config claiming 3,000 heads for one head's tensors",
+      "HeadsError 'declare 3000 heads, but the file holds weights for 1' before anything is allocated")
+def medusa_claim_too_many(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "medusa"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3000, "medusa_num_layers": 1}))
+    hidden, vocab = 256, 4000  # 3,000 own LM heads of 4,000 x 256: ~13 GB if believed
+    save_file({"0.0.linear.weight": torch.zeros(hidden, hidden), "0.0.linear.bias": torch.zeros(hidden),
+               "0.1.weight": torch.zeros(vocab, hidden)}, str(folder / "medusa_lm_head.safetensors"))
+    before = tree_of(folder)
+    out = _load_heads_capped(folder, hidden, vocab)
+    assert out.startswith("HeadsError") and "declare 3000 heads, but the file holds weights for 1" in out, out
+    assert tree_of(folder) == before
+
+
 # --- tree files -----------------------------------------------------------------------------------
 
 def _bad_tree(tmp_path: Path, content: str, needle: str) -> None:
