@@ -36,12 +36,16 @@ def _turn_starts(history: Sequence[dict[str, str]], start: int) -> list[int]:
 
 
 def fit_window(history: Messages, user_text: str, system_prompt: str, start: int,
-               count_tokens: Callable[[Messages], int], capacity: int, reserve: int) -> Window:
+               count_tokens: Callable[[Messages], int], capacity: int, reserve: int, *, fewest: int = 0) -> Window:
     """Slide ``start`` forward until system prompt + history[start:] + the new message + ``reserve``
     (the reply and the tree's scratch slots) fit ``capacity`` tokens.
 
-    Raises TooLongError (with a message for the user) if even the new message alone does not fit.
+    Raises TooLongError (with a message for the user) if even the new message alone does not fit; at once,
+    without counting anything, when ``fewest`` (a lower bound of the message's tokens: the core's
+    ``token_bound.fewest_tokens``) already does not fit.
     """
+    if fewest + reserve > capacity:
+        raise TooLongError(_too_long(f"at least {fewest}", reserve, capacity))
     system = system_messages(system_prompt)
     user = [{"role": "user", "content": user_text}]
     start = min(max(start, 0), len(history))
@@ -53,8 +57,10 @@ def fit_window(history: Messages, user_text: str, system_prompt: str, start: int
             return Window(begin, dropped, tokens)
         dropped += 1 if begin < len(history) else 0
     alone = count_tokens(system + user)
-    raise TooLongError(
-        f"This message is too long for the model's context: it needs about {alone} tokens plus "
-        f"{reserve} for the reply, but the context holds {capacity}. Shorten it or split it into "
-        f"several messages; the text is kept in the input box."
-    )
+    raise TooLongError(_too_long(f"about {alone}", reserve, capacity))
+
+
+def _too_long(needed: str, reserve: int, capacity: int) -> str:
+    return (f"This message is too long for the model's context: it needs {needed} tokens plus {reserve} for the "
+            f"reply, but the context holds {capacity}. Shorten it or split it into several messages; the text is "
+            "kept in the input box.")

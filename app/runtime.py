@@ -49,6 +49,10 @@ class ChatBackend(Protocol):
 
     def count_tokens(self, messages: Messages) -> int: ...
 
+    def fewest_tokens(self, text: str) -> int:
+        """A cheap lower bound of ``text``'s tokens, from its length (refuses a huge message before counting)."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineBackend:
@@ -72,6 +76,11 @@ class EngineBackend:
         from specmemo_core.runtime.chat import encode_conversation
 
         return len(encode_conversation(self.engine.tokenizer, messages))
+
+    def fewest_tokens(self, text: str) -> int:
+        from specmemo_core.runtime.token_bound import fewest_tokens, longest_token_chars
+
+        return fewest_tokens(text, longest_token_chars(self.engine.tokenizer))
 
     def with_tree(self, tree: str | None) -> "EngineBackend":
         """The same weights and heads with another tree (None: plain decoding; without

@@ -31,3 +31,7 @@ class TreeError(SpecMemoError):
 
 class ContextFullError(SpecMemoError):
     """The conversation no longer fits the KV cache that was allocated for it."""
+
+
+class ChatTemplateError(SpecMemoError):
+    """The model's chat template failed, or ran past its step or output budget (a runaway loop)."""

@@ -78,6 +78,9 @@ class ScriptedBackend:
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         return sum(len(m["content"]) // 4 + 4 for m in messages)
 
+    def fewest_tokens(self, text: str) -> int:
+        return len(text) // 4
+
 
 def fake_device(free: int = 8 * GIB) -> DeviceInfo:
     return DeviceInfo("cpu", 0, "Test CPU", 16 * GIB, free, "", "cpu")
