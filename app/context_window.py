@@ -16,8 +16,8 @@ class TooLongError(_core.TooLongError):
 
 
 def fit_window(history: Messages, user_text: str, system_prompt: str, start: int, count_tokens, capacity: int,
-               reserve: int) -> Window:
+               reserve: int, *, fewest: int = 0) -> Window:
     try:
-        return _core.fit_window(history, user_text, system_prompt, start, count_tokens, capacity, reserve)
+        return _core.fit_window(history, user_text, system_prompt, start, count_tokens, capacity, reserve, fewest=fewest)
     except _core.TooLongError as exc:
-        raise TooLongError(exc.needed, exc.reserve, exc.capacity) from None
+        raise TooLongError(exc.needed, exc.reserve, exc.capacity, bound=exc.bound) from None

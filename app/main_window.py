@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from specmemo_core.errors import (
     ContextFullError, FetchError, HeadsError, ModelFileError, OutOfMemoryError, SpecMemoError,
 )
+from specmemo_core.storage.atomic import write_text_atomic
 from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.storage.chatstore import ChatStore, ChatStoreError
 
@@ -414,7 +415,7 @@ class MainWindow(QMainWindow):
             raise SpecMemoError("open a chat first")
         text = self.store.export_json(self.conversation_id) if fmt == "json" else \
             self.store.export_markdown(self.conversation_id)
-        Path(path).write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)  # a failed write (disk full) leaves the previous export whole
 
     def _export_dialog(self, fmt: str) -> None:
         if self.conversation_id is None:
@@ -598,7 +599,26 @@ class MainWindow(QMainWindow):
         self.new_conversation()
         self.input.setPlainText(user_text)
 
+    def _store_closed(self) -> bool:
+        """Close the chat store; while some writes cannot be saved, ask: Retry, Quit anyway (they stay in the
+        journal for the next start) or Cancel. False only for Cancel."""
+        unsaved = self.store.close()
+        while unsaved.count:
+            choice = self.dialogs.ask("Some messages are not saved yet", unsaved.question,
+                                      ["Retry", "Quit anyway", "Cancel"])
+            if choice == "Retry":
+                unsaved = self.store.close()
+            elif choice == "Quit anyway":
+                self.store.close(force=True)
+                return True
+            else:
+                return False
+        return True
+
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        if not self._store_closed():
+            event.ignore()  # the user chose Cancel: the window stays, nothing is lost
+            return
         self._memory_timer.stop()
         self.chat.shutdown()
         self.models.shutdown()

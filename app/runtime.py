@@ -52,6 +52,10 @@ class ChatBackend(Protocol):
 
     def with_tree(self, tree: str | None) -> "ChatBackend": ...
 
+    def fewest_tokens(self, text: str) -> int:
+        """A cheap lower bound of ``text``'s tokens, from its length (refuses a huge message before counting)."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineBackend:
@@ -74,6 +78,11 @@ class EngineBackend:
         from specmemo_core.runtime.chat import encode_conversation
 
         return len(encode_conversation(self.engine.tokenizer, messages))
+
+    def fewest_tokens(self, text: str) -> int:
+        from specmemo_core.runtime.token_bound import fewest_tokens, longest_token_chars
+
+        return fewest_tokens(text, longest_token_chars(self.engine.tokenizer))
 
     def with_tree(self, tree: str | None) -> "EngineBackend":
         """The same weights and heads with the plan's tree (None: plain decoding)."""

@@ -89,7 +89,8 @@ class ChatWorker(QObject):
             self._conversation, self._start, self._session = job.conversation, 0, None
         reserve = job.config.max_new_tokens + CONTEXT_MARGIN
         window = fit_window(job.history, job.user_text, job.system_prompt, self._start,
-                            self._backend.count_tokens, self._capacity, reserve)
+                            self._backend.count_tokens, self._capacity, reserve,
+                            fewest=self._backend.fewest_tokens(job.user_text))
         self._start = window.start
         wanted = system_messages(job.system_prompt) + job.history[window.start:]
         if self._session is None or self._session.messages != wanted:

@@ -40,3 +40,7 @@ class OutOfMemoryError(SpecMemoError):
 
 class LowMemoryError(SpecMemoError):
     """The computer ran out of memory (RAM) while loading the model; nothing on disk was changed."""
+
+
+class ChatTemplateError(SpecMemoError):
+    """The model's chat template failed, or ran past its step or output budget (a runaway loop)."""

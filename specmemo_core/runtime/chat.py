@@ -12,7 +12,9 @@ from typing import Any, Iterator
 
 import torch
 
+from specmemo_core.runtime.chat_template import render_chat_template
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig, Step
+from specmemo_core.runtime.token_bound import fewest_tokens, longest_token_chars
 from specmemo_core.errors import ContextFullError, OutOfMemoryError, SpecMemoError
 from specmemo_core.text import encodable
 
@@ -61,7 +63,7 @@ def encode_conversation(
     if tokenizer.chat_template is None:
         raise SpecMemoError("this model's tokenizer has no chat template; use a chat/instruct model")
     placeholders = [{"role": m["role"], "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]
-    text = tokenizer.apply_chat_template(placeholders, add_generation_prompt=True, tokenize=False)
+    text = render_chat_template(tokenizer, placeholders)  # bounded: a looping template cannot hang
     ids: list[int] = []
     rest = text
     for i, message in enumerate(messages):
@@ -111,6 +113,12 @@ class TextStream:
         return piece
 
 
+def _too_long(needed: str, capacity: int) -> str:
+    return (f"This message is too long for the conversation's context: with it the prompt needs {needed} tokens "
+            f"plus the reply, but the context holds {capacity}. Shorten it, or start a new chat; the conversation "
+            "so far is unchanged.")
+
+
 @dataclass
 class ChatSession:
     """One conversation: its messages and its decoder (whose KV cache spans the turns)."""
@@ -135,16 +143,16 @@ class ChatSession:
             raise SpecMemoError("the message is empty: type something first")
         config = config or GenerationConfig()
         config = GenerationConfig(**{**config.__dict__, "stop_token_ids": config.stop_token_ids | self.stop_token_ids})
+        capacity = self.decoder.cache.capacity
+        if len(user_text) >= capacity:  # only then can the text alone outgrow the context: bound it before tokenizing
+            fewest = fewest_tokens(user_text, longest_token_chars(self.tokenizer))
+            if fewest >= capacity:
+                raise ContextFullError(_too_long(f"at least {fewest}", capacity))
         self.messages.append({"role": "user", "content": encodable(user_text)})
         prompt = encode_conversation(self.tokenizer, self.messages, self.reply_ids)
-        capacity = self.decoder.cache.capacity
         if len(prompt) >= capacity:  # refused before the cache is touched: the conversation stays usable
             self.messages.pop()
-            raise ContextFullError(
-                f"This message is too long for the conversation's context: with it the prompt needs "
-                f"{len(prompt)} tokens plus the reply, but the context holds {capacity}. Shorten it, or "
-                f"start a new chat; the conversation so far is unchanged."
-            )
+            raise ContextFullError(_too_long(str(len(prompt)), capacity))
         stream = TextStream(self.tokenizer, config.stop_strings)
         reply = ""
         try:

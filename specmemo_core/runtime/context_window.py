@@ -19,10 +19,10 @@ CONTEXT_MARGIN = 16  # tokens kept free besides the reply: re-encoded replies ma
 class TooLongError(SpecMemoError):
     """The new message alone does not fit the context."""
 
-    def __init__(self, needed: int, reserve: int, capacity: int) -> None:
-        self.needed, self.reserve, self.capacity = needed, reserve, capacity
+    def __init__(self, needed: int, reserve: int, capacity: int, *, bound: str = "about") -> None:
+        self.needed, self.reserve, self.capacity, self.bound = needed, reserve, capacity, bound
         super().__init__(
-            f"This message is too long for the model's context: it needs about {needed} tokens plus "
+            f"This message is too long for the model's context: it needs {bound} {needed} tokens plus "
             f"{reserve} for the reply, but the context holds {capacity}. Shorten it or split it into "
             f"several messages.")
 
@@ -45,12 +45,16 @@ def _turn_starts(history: Sequence[dict[str, str]], start: int) -> list[int]:
 
 
 def fit_window(history: Messages, user_text: str, system_prompt: str, start: int,
-               count_tokens: Callable[[Messages], int], capacity: int, reserve: int) -> Window:
+               count_tokens: Callable[[Messages], int], capacity: int, reserve: int, *, fewest: int = 0) -> Window:
     """Slide ``start`` forward until system prompt + history[start:] + the new message + ``reserve``
     (the reply and the tree's scratch slots) fit ``capacity`` tokens.
 
-    Raises TooLongError (with a message for the user) if even the new message alone does not fit.
+    Raises TooLongError (with a message for the user) if even the new message alone does not fit; at once,
+    without counting anything, when ``fewest`` (a lower bound of the message's tokens:
+    ``token_bound.fewest_tokens``) already does not fit.
     """
+    if fewest + reserve > capacity:
+        raise TooLongError(fewest, reserve, capacity, bound="at least")
     system = system_messages(system_prompt)
     user = [{"role": "user", "content": user_text}]
     start = min(max(start, 0), len(history))

@@ -396,7 +396,7 @@ def _load_own(path: Path) -> HeadsModule:
         )
     except (KeyError, ValueError) as exc:
         raise HeadsError(f"{path}: heads metadata is incomplete ({exc}).") from exc
-    return _with_weights(new_heads(spec), tensors, path)
+    return _with_weights(spec, tensors, path)
 
 
 def _load_medusa_folder(folder: Path) -> MedusaHeads:
@@ -419,12 +419,12 @@ def _load_medusa_folder(folder: Path) -> MedusaHeads:
                      base_name=str(config.get("base_model_name_or_path", "")))
     ours: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        head, block, *rest = name.split(".")
-        if int(block) == num_layers:
+        head, block, *rest = name.split(".") + ["", ""]
+        if block == str(num_layers):
             ours[f"lm_heads.{head}.weight"] = t
         else:
-            ours[f"blocks.{head}.{block}.{'.'.join(rest)}"] = t
-    return _with_weights(MedusaHeads(spec), ours, folder)
+            ours[f"blocks.{head}.{block}.{'.'.join(r for r in rest if r)}"] = t
+    return _with_weights(spec, ours, folder)
 
 
 def _read_medusa_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -446,8 +446,12 @@ def _read_medusa_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise HeadsError(f"{folder}: no medusa_lm_head.safetensors or medusa_lm_head.pt found.")
 
 
-def _with_weights(heads: HeadsModule, tensors: dict[str, torch.Tensor], path: Path) -> HeadsModule:
-    expected = heads.state_dict()
+def _with_weights(spec: HeadsSpec, tensors: dict[str, torch.Tensor], path: Path) -> HeadsModule:
+    """Heads of ``spec`` holding ``tensors``, after every declared shape was checked against the tensors
+    present: a file claiming 100,000 heads for one head's weights is refused before anything is allocated."""
+    _check_declared(spec, tensors, path)
+    with torch.device("meta"):  # shapes only: no memory, whatever the declared sizes
+        expected = new_heads(spec).state_dict()
     missing = set(expected) - set(tensors)
     extra = set(tensors) - set(expected)
     bad = [k for k in set(expected) & set(tensors) if tensors[k].shape != expected[k].shape]
@@ -460,8 +464,23 @@ def _with_weights(heads: HeadsModule, tensors: dict[str, torch.Tensor], path: Pa
             ) if part
         )
         raise HeadsError(f"{path}: heads weights do not match their declared shape ({detail}).")
+    heads = new_heads(spec)  # now as large as the tensors actually present, no larger
     heads.load_state_dict({k: t.to(expected[k].dtype) for k, t in tensors.items()})
     if heads.spec.draft_vocab and not (
             (heads.vocab_ids >= 0) & (heads.vocab_ids < heads.spec.vocab_size)).all():
         raise HeadsError(f"{path}: the drafting vocabulary names tokens outside the model's vocabulary.")
     return heads
+
+
+def _check_declared(spec: HeadsSpec, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse a spec whose head and layer counts the tensors cannot back (each head has a tensor pair per
+    layer), before even a shape-only model of that many modules is built."""
+    present = {name.split(".")[1] for name in tensors if name.split(".")[0] in ("blocks", "inputs", "lm_heads")}
+    if spec.num_heads != len(present):
+        raise HeadsError(f"{path}: the heads declare {spec.num_heads} heads, but the file holds weights for "
+                         f"{len(present)}. The file is damaged or was not made for this app; train or copy the "
+                         "heads again.")
+    if 2 * spec.num_heads * spec.num_layers > len(tensors):
+        raise HeadsError(f"{path}: the heads declare {spec.num_layers} layers per head, but the file holds only "
+                         f"{len(tensors)} tensors for {spec.num_heads} head(s). The file is damaged or was not "
+                         "made for this app; train or copy the heads again.")

@@ -1,7 +1,9 @@
 """Chat history in one SQLite file that survives crashes, full disks and app upgrades.
 
-Each write is its own committed transaction (WAL), so a kill loses at most the reply in flight; message
-writes that fail for reasons that pass (disk full, read-only folder) wait in `pending` for flush_pending()."""
+Each write is its own committed transaction (WAL, checkpointed every few writes and on close), so a kill loses
+at most the reply in flight; message writes that fail for reasons that pass (disk full, read-only folder, a lock
+held too long) wait in `pending` for flush_pending() and in a journal file (journal.py) that the next start
+replays. A damaged file is set aside and what can still be read of it is copied into the new one (salvage.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.storage.journal import PendingJournal, PendingWrite
+from specmemo_core.storage.salvage import Salvage, salvage
 from specmemo_core.text import encodable
 
 log = logging.getLogger(__name__)
@@ -26,6 +30,7 @@ FILE_NAME = "history.sqlite3"
 _CONV_COLS = "id, title, created, updated, system_prompt, settings_json"
 _MSG_COLS = "id, conversation_id, role, content, created, complete, stats_json"
 _SAVE = "save the message"
+CHECKPOINT_WRITES, CHECKPOINT_S = 50, 30.0  # fold the WAL into the main file this often (whichever comes first)
 # Primary SQLite result codes that decide how a failure is handled, and the text Python < 3.11 gives instead.
 _PERM, _READONLY, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 3, 8, 11, 13, 14, 26
 _READ_ONLY = ("the data folder is read-only", "you may write there again", "Make the data folder writable.")
@@ -44,6 +49,25 @@ class StoreVersionError(ChatStoreError):
 
 class StoreWriteError(ChatStoreError):
     """A write failed for a reason that may pass (disk full, read-only folder); message writes wait in `pending`."""
+
+
+class WalLostError(StoreWriteError):
+    """The history's write-ahead log was deleted under the running store: writing on would be writing blind.
+    What it held was folded into the main file; message writes wait in `pending` and the journal."""
+
+
+@dataclass(frozen=True)
+class Unsaved:
+    """What ``ChatStore.close`` could not save: ``count`` message writes, kept in ``journal`` for the next start."""
+
+    count: int
+    journal: Path | None
+    reason: str = ""
+
+    @property
+    def question(self) -> str:
+        return (f"{self.count} message(s) could not be saved yet ({self.reason}). Retry, or quit anyway: they are "
+                f"kept in {self.journal} and saved the next time the app starts.")
 
 
 @dataclass(frozen=True)
@@ -120,9 +144,14 @@ class ChatStore:
             path = data_dir() / FILE_NAME
         self.path = Path(path)
         self.recovered_from: Path | None = None
-        # Failed message writes as (method name, arguments incl. the original timestamp), oldest first.
-        self.pending: list[tuple[str, tuple[object, ...]]] = []
+        self.salvage: Salvage | None = None  # what was read back out of a damaged file (set with recovered_from)
+        # Failed message writes (method name, arguments incl. the original timestamp), oldest first; each is
+        # also in the journal until it is saved.
+        self.pending: list[PendingWrite] = []
+        self.journal = PendingJournal(self.path)
+        self.last_error = ""
         self._lock = threading.RLock()  # guards the connection and keeps `pending` in order across threads
+        self._writes, self._checkpointed, self._wal_id, self._closed = 0, time.monotonic(), None, False
         try:
             if not self.path.parent.is_dir():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,9 +160,20 @@ class ChatStore:
             if problem:
                 self.recovered_from = self._set_aside(problem)
             self._connect()
+            if self.recovered_from is not None:
+                self.salvage = salvage(self.recovered_from, self._conn)
+                log.warning("%s", self.salvage.summary)
         except (OSError, sqlite3.Error) as err:
             raise ChatStoreError(f"Cannot open the chat history {self.path}: {err}. Check that its folder is writable "
                                  "and the disk is not full, or set SPECMEMO_DATA_DIR to another folder.") from err
+        self._replay()
+
+    def _replay(self) -> None:
+        """Save the writes a previous run left in the journal (they stay there if they still cannot be)."""
+        self.pending = self.journal.read()
+        if self.pending:
+            log.warning("saving %d message write(s) left in %s", len(self.pending), self.journal.location)
+            self._flush_all()
 
     def _probe(self) -> str | None:
         """Why the existing file is unusable (None if fine), read-only so a newer app's file stays byte-identical."""
@@ -193,6 +233,38 @@ class ChatStore:
         for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
             with suppress(FileNotFoundError):
                 os.chmod(name, 0o600)
+        self._wal_id = self._wal_identity()
+
+    def _wal_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(f"{self.path}-wal")
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _check_wal(self) -> None:
+        """Refuse to write when the WAL our connection holds is no longer the file on disk (deleted, replaced):
+        commits would go to a file nobody else sees and vanish at the next crash. What the old WAL holds is
+        first folded into the main file through our still-open handle."""
+        if self._wal_id is None or self._wal_identity() == self._wal_id:
+            return
+        with suppress(sqlite3.Error):
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raise WalLostError(f"The chat history's log file {self.path}-wal was deleted or replaced while SpecMemo Chat "
+                           f"was running (a cleanup tool?). Everything saved so far was written into {self.path}; "
+                           f"restart the app to go on saving. Unsaved messages are kept in {self.journal.primary} "
+                           "and saved at the next start.")
+
+    def _after_commit(self) -> None:
+        """A PASSIVE checkpoint every CHECKPOINT_WRITES writes or CHECKPOINT_S seconds, so the WAL never holds
+        much that only it has."""
+        self._writes += 1
+        if self._wal_id is None:
+            self._wal_id = self._wal_identity()
+        if self._writes >= CHECKPOINT_WRITES or time.monotonic() - self._checkpointed >= CHECKPOINT_S:
+            self._writes, self._checkpointed = 0, time.monotonic()
+            with suppress(sqlite3.Error):  # busy readers only delay it; the next write tries again
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     @contextmanager
     def _writing(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -200,10 +272,12 @@ class ChatStore:
         try:
             with self._lock:
                 conn = self._conn
+                self._check_wal()
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
                     conn.execute("COMMIT")
+                    self._after_commit()
                 except BaseException:
                     if conn.in_transaction:
                         with suppress(sqlite3.Error):
@@ -275,28 +349,63 @@ class ChatStore:
 
     def flush_pending(self) -> list[Message]:
         """Retry failed message writes in order (the GUI calls this later); stops at the first failure, keeping
-        it on StoreWriteError, dropping it on any other ChatStoreError (it can never succeed: chat deleted)."""
+        it on StoreWriteError, dropping it on any other ChatStoreError (it can never succeed: chat deleted).
+        The journal follows: emptied when all are saved, rewritten when only some are."""
         saved: list[Message] = []
         with self._lock:
-            while self.pending:
-                try:
-                    saved.append(self._apply(*self.pending[0]))
-                except ChatStoreError as err:
-                    if not isinstance(err, StoreWriteError):
-                        self.pending.pop(0)
-                    raise
-                self.pending.pop(0)
+            before = len(self.pending)
+            try:
+                while self.pending:
+                    try:
+                        saved.append(self._apply(self.pending[0]))
+                    except ChatStoreError as err:
+                        self.last_error = str(err)
+                        if not isinstance(err, StoreWriteError):
+                            self.pending.pop(0)
+                        raise
+                    self.pending.pop(0)
+            finally:
+                if len(self.pending) != before and self.journal.location is not None:
+                    self.journal.rewrite(self.pending)
         return saved
+
+    def _flush_all(self) -> None:
+        """Save what can be saved: past writes that can never succeed, up to the first one that may later."""
+        while self.pending:
+            try:
+                self.flush_pending()
+            except StoreWriteError:
+                return
+            except ChatStoreError:
+                continue
 
     def _save(self, method: str, args: tuple[object, ...]) -> Message:
         with self._lock:  # queue behind older failures, so the file keeps the on-screen order
-            self.pending.append((method, args))
-            return self.flush_pending()[-1]
+            write = PendingWrite(method, args)
+            self.pending.append(write)
+            try:
+                return self.flush_pending()[-1]
+            except ChatStoreError:
+                if any(w is write for w in self.pending):
+                    self._journal(write)
+                raise
 
-    def _apply(self, method: str, args: tuple[object, ...]) -> Message:
+    def _journal(self, write: PendingWrite) -> None:
+        try:
+            self.journal.append(write)
+        except OSError as err:  # NOTE: neither folder takes a line: the write lives in memory only, as before
+            log.error("could not keep an unsaved message in %s or %s: %s", self.journal.primary,
+                      self.journal.spare, err)
+
+    def _apply(self, write: PendingWrite) -> Message:
+        method, args = write.method, write.args
         if method == "add_message":
             conversation_id, role, content, complete, stats_json, created = args
             with self._writing(_SAVE) as conn:
+                same = conn.execute(f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ? AND role = ? AND "
+                                    "created = ? AND content = ?", (conversation_id, role, created, content)).fetchone()
+                if same is not None:  # replayed from the journal after it was saved: saved once only
+                    return _message(same)
                 cur = conn.execute("INSERT INTO messages (conversation_id, role, content, created, complete, "
                                    "stats_json) VALUES (?, ?, ?, ?, ?, ?)",
                                    (conversation_id, role, content, created, complete, stats_json))
@@ -345,7 +454,20 @@ class ChatStore:
                          for m in self.messages(conversation_id)],
         }, indent=2, ensure_ascii=False)
 
-    def close(self) -> None:
-        """Checkpoint (the WAL folds into the main file) and close; later calls raise ChatStoreError."""
+    def close(self, force: bool = False) -> Unsaved:
+        """Save pending message writes, checkpoint (the WAL folds into the main file) and close; later calls raise
+        ChatStoreError. If some writes still cannot be saved, the store stays open and the answer says how many
+        (``Unsaved.question`` for the window's Retry / Quit anyway): close() again retries, close(force=True)
+        closes anyway, leaving them in the journal for the next start."""
         with self._lock:
+            if self._closed:
+                return Unsaved(len(self.pending), self.journal.location, self.last_error)
+            self._flush_all()
+            unsaved = Unsaved(len(self.pending), self.journal.location, self.last_error)
+            if unsaved.count and not force:
+                return unsaved
+            with suppress(sqlite3.Error):  # through our handle: also saves what a deleted WAL held
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.close()
+            self._closed = True
+            return unsaved

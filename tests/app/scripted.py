@@ -81,6 +81,9 @@ class ScriptedBackend:
     def with_tree(self, tree: str | None) -> "ScriptedBackend":
         return self  # the script replies the same whatever the tree
 
+    def fewest_tokens(self, text: str) -> int:
+        return len(text) // 4
+
 
 def fake_device(free: int = 8 * GIB) -> DeviceInfo:
     return DeviceInfo("cpu", 0, "Test CPU", 16 * GIB, free, "", "cpu")

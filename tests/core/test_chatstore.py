@@ -220,7 +220,11 @@ def test_failed_integrity_check_is_set_aside(tmp_path: Path, damage: str) -> Non
     path.write_bytes(bytes(data))
     again = ChatStore(path)
     assert again.recovered_from is not None and again.recovered_from.read_bytes() == bytes(data)
-    assert again.list() == []
+    assert again.salvage is not None and again.salvage.original == again.recovered_from
+    # whatever could be read back is exactly what was saved (the deleted chat stays deleted)
+    recovered = [m.content for c in again.list() for m in again.messages(c.id)]
+    assert len(recovered) == again.salvage.messages
+    assert set(recovered) <= {f"message {i} " + "x" * 200 for i in range(300)}
     again.close()
 
 
@@ -250,7 +254,7 @@ def test_disk_full_keeps_messages_pending_until_flushed(store: ChatStore) -> Non
     big = "x" * 100_000
     with pytest.raises(StoreWriteError, match="disk is full.*kept on screen"):
         store.add_message(conv.id, "user", big)
-    assert [method for method, _ in store.pending] == ["add_message"]
+    assert [write.method for write in store.pending] == ["add_message"]
     with pytest.raises(StoreWriteError):  # a later message queues behind it, keeping the order
         store.add_message(conv.id, "assistant", "small")
     assert len(store.pending) == 2

@@ -8,8 +8,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
 
-KINDS = {"test_bad_inputs": "bad input", "test_faults": "injected fault", "test_privacy": "privacy",
-         "test_endurance": "endurance"}
+KINDS = {"test_bad_inputs": "bad input", "test_template": "bad input", "test_faults": "injected fault",
+         "test_privacy": "privacy", "test_endurance": "endurance"}
 
 
 @pytest.fixture(autouse=True)

@@ -188,6 +188,63 @@ def heads_not_safetensors(tmp_path, monkeypatch):
     assert bad.exists()
 
 
+LOAD_HEADS_CHILD = r"""
+import resource, sys
+from specmemo_core.errors import HeadsError
+from specmemo_core.runtime.heads import load_heads
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30), resource.RLIM_INFINITY))  # 1 GiB more, no further
+try:
+    load_heads(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    print("loaded")
+except HeadsError as err:
+    print("HeadsError", err)
+except BaseException as err:
+    print("other", type(err).__name__, err)
+"""
+
+
+def _load_heads_capped(path: Path, hidden: int, vocab: int) -> str:
+    """load_heads in a child Python allowed 1 GiB more memory than it starts with: what it printed."""
+    proc = subprocess.run([sys.executable, "-c", LOAD_HEADS_CHILD, str(path), str(hidden), str(vocab)],
+                          capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300)
+    return proc.stdout + proc.stderr[-500:]
+
+
+@case("heads metadata claiming 100,000 heads",
+      "HeadsError 'declare 100000 heads, but the file holds weights for 1' before anything is allocated")
+def heads_claim_too_many(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    path = save_heads(random_heads(1, 512, 1000), tmp_path / "heads")
+    with safe_open(str(path), framework="pt") as f:
+        meta = {**f.metadata(), "num_heads": "100000"}  # 100,000 x 512 x 512 floats: ~105 GB if believed
+    save_file(load_file(str(path)), str(path), metadata=meta)
+    before = digest(path)
+    out = _load_heads_capped(path.parent, 512, 1000)
+    assert out.startswith("HeadsError") and "declare 100000 heads, but the file holds weights for 1" in out, out
+    assert digest(path) == before
+
+
+@case("Medusa config claiming 3,000 heads for one head's tensors",
+      "HeadsError 'declare 3000 heads, but the file holds weights for 1' before anything is allocated")
+def medusa_claim_too_many(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "medusa"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 3000, "medusa_num_layers": 1}))
+    hidden, vocab = 256, 4000  # 3,000 own LM heads of 4,000 x 256: ~13 GB if believed
+    save_file({"0.0.linear.weight": torch.zeros(hidden, hidden), "0.0.linear.bias": torch.zeros(hidden),
+               "0.1.weight": torch.zeros(vocab, hidden)}, str(folder / "medusa_lm_head.safetensors"))
+    before = tree_of(folder)
+    out = _load_heads_capped(folder, hidden, vocab)
+    assert out.startswith("HeadsError") and "declare 3000 heads, but the file holds weights for 1" in out, out
+    assert tree_of(folder) == before
+
+
 # --- tree files -----------------------------------------------------------------------------------
 
 def _bad_tree(tmp_path: Path, content: str, needle: str) -> None:
@@ -269,6 +326,96 @@ def huge_message_app(tmp_path, monkeypatch):
     with pytest.raises(TooLongError, match="too long for the model's context.*the text is kept in the input box"):
         fit_window(history, "lorem ipsum " * 8334, "", 0, lambda m: len(encode(tok, m)), 2048, 256)
     assert history == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+TEMPLATE_CHILD = r"""
+import sys
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.chat import encode_conversation
+from tests.tiny import tiny_tokenizer
+tok = tiny_tokenizer()
+tok.chat_template = sys.argv[1]
+try:
+    ids = encode_conversation(tok, [{"role": "user", "content": "hello"}])
+    print("encoded", len(ids))
+except SpecMemoError as err:
+    print(type(err).__name__, err)
+"""
+
+RUNAWAY_LOOP = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+RUNAWAY_OUTPUT = "{% for i in range(100000) %}{{ messages }}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def _encode_with_template(template: str) -> str:
+    """encode_conversation with ``template`` in a child Python (a hang there ends the child, not the suite)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", TEMPLATE_CHILD, template], capture_output=True, text=True,
+                              cwd=REPO, env=child_env(), timeout=240)
+    except subprocess.TimeoutExpired:
+        return "hung"
+    return proc.stdout + proc.stderr[-500:]
+
+
+@case("chat template with a runaway loop (10^10 steps)",
+      "ChatTemplateError 'did not finish within … steps … choose another model'; nothing hangs")
+def template_runaway_loop(tmp_path, monkeypatch):
+    out = _encode_with_template(RUNAWAY_LOOP)
+    assert out.startswith("ChatTemplateError") and "did not finish within" in out, out
+    assert "Choose another model" in out
+
+
+@case("chat template with runaway output (10 MB)", "ChatTemplateError 'produced more than … characters'")
+def template_runaway_output(tmp_path, monkeypatch):
+    out = _encode_with_template(RUNAWAY_OUTPUT)
+    assert out.startswith("ChatTemplateError") and "produced more than" in out, out
+
+
+MEGABYTE = "lorem ipsum dolor sit amet, " * 37_450  # ~1 MB of text
+
+
+@case("1 MB message (core)", "ContextFullError 'needs at least … tokens' from its length alone, before tokenizing")
+def megabyte_message_core(tmp_path, monkeypatch):
+    session = _session()
+    _one_turn(session)
+    messages, history = [dict(m) for m in session.messages], list(session.decoder.history)
+    with pytest.raises(ContextFullError, match="needs at least [0-9]+ tokens.*is unchanged"):
+        _one_turn(session, MEGABYTE)
+    assert session.messages == messages and session.decoder.history == history
+    _one_turn(session, "and now a short one")
+
+
+@case("1 MB message in a 200-turn chat (app worker)",
+      "TooLongError 'needs at least … tokens' before any token is counted; the text is kept in the box")
+def megabyte_message_worker(tmp_path, monkeypatch):
+    from dataclasses import dataclass as frozen_dataclass
+
+    from app.runtime import EngineBackend
+    from app.worker import ChatWorker, Job
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.sources import ModelIdentity
+    from tests.tiny import tiny_hf_model
+
+    @frozen_dataclass(frozen=True)
+    class CountingBackend(EngineBackend):  # the real backend, noting the size of every count it makes
+        counted: list = None  # type: ignore[assignment]
+
+        def count_tokens(self, messages):
+            self.counted.append(sum(len(m["content"]) for m in messages))
+            return super().count_tokens(messages)
+
+    hf = tiny_hf_model(0)
+    engine = Engine(tiny_model(), tiny_tokenizer(), hf.config, ModelIdentity("tiny", "0" * 16), None, None)
+    backend = CountingBackend(engine, counted=[])
+    worker = ChatWorker()
+    failed = []
+    worker.failed.connect(lambda *a: failed.append(a))
+    history = [{"role": role, "content": f"turn {i} {role}"} for i in range(200) for role in ("user", "assistant")]
+    worker.configure(backend, 1024, False)
+    worker.generate(Job(1, history, MEGABYTE, GenerationConfig(max_new_tokens=8)))
+    assert len(failed) == 1 and failed[0][0] == "too_long" and failed[0][2] == MEGABYTE
+    assert "needs at least" in failed[0][1] and "kept in the input box" in failed[0][1]
+    assert all(size < len(MEGABYTE) for size in backend.counted), "the 1 MB message was tokenized"
 
 
 NON_UTF8 = b"caf\xe9 \xff\xfe na\xefve".decode("utf-8", "surrogateescape")  # what a Latin-1 terminal gives Python

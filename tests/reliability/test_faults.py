@@ -22,7 +22,7 @@ from app.worker import ChatWorker, Job
 from specmemo_core.storage import sources
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.errors import OutOfMemoryError
-from specmemo_core.storage.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore, StoreWriteError
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.engine import Engine
 from specmemo_core.runtime.model import CausalLM
@@ -111,7 +111,7 @@ def test_out_of_memory_mid_reply_worker(qapp) -> None:
 KILL_CHILD = r"""
 import sys
 from pathlib import Path
-from specmemo_core.storage.chatstore import ChatStore
+from specmemo_core.storage.chatstore import ChatStore, StoreWriteError
 store = ChatStore(Path(sys.argv[1]))
 conv = store.create("crash test")
 for turn in range(10_000):
@@ -224,3 +224,200 @@ def test_model_download_interrupted_in_process(data_dir: Path, local_index: Path
     started = time.perf_counter()
     assert ensure_default_model().read_bytes() == payload
     assert time.perf_counter() - started < 60
+
+
+# --- nothing lost: pending writes, damaged files, a deleted WAL, failed exports ------------------------------
+
+def _full(store: ChatStore, full: bool) -> None:
+    """A real SQLITE_FULL from the next page allocation (full=True), or the space back (False)."""
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0] if full else 1073741823
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_pending_message_saved_on_close_after_space_returns(tmp_path: Path) -> None:
+    """Disk full, space back, the window closes: close() saves the waiting message, nothing is lost."""
+    path = tmp_path / "history.sqlite3"
+    store = ChatStore(path)
+    conv = store.create()
+    _full(store, True)
+    with pytest.raises(StoreWriteError):
+        store.add_message(conv.id, "user", "written while the disk was full " + "x" * 100_000)
+    _full(store, False)  # space is back; no later save happens before the user quits
+    assert store.close().count == 0
+    again = ChatStore(path)
+    assert [m.content[:31] for m in again.messages(conv.id)] == ["written while the disk was full"]
+    again.close()
+
+
+def test_pending_message_survives_quit_while_disk_full(tmp_path: Path) -> None:
+    """Disk still full at quit: close() reports 1 unsaved (kept in the journal); the next start saves it once."""
+    path = tmp_path / "history.sqlite3"
+    store = ChatStore(path)
+    conv = store.create()
+    store.add_message(conv.id, "user", "saved before")
+    _full(store, True)
+    for text in ("question while full " + "q" * 100_000, "reply while full " + "r" * 100_000):
+        with pytest.raises(StoreWriteError, match="the disk is full"):
+            store.add_message(conv.id, "user", text)
+    unsaved = store.close()
+    assert unsaved.count == 2 and unsaved.journal is not None and unsaved.journal.exists()
+    assert "2 message(s) could not be saved yet" in unsaved.question and str(unsaved.journal) in unsaved.question
+    assert store.close(force=True).count == 2  # "Quit anyway"
+    again = ChatStore(path)  # the disk has room again at the next start
+    texts = [m.content[:20] for m in again.messages(conv.id)]
+    assert texts == ["saved before", "question while full ", "reply while full rrr"]
+    assert again.pending == [] and not unsaved.journal.exists()
+    again.close()
+    assert [m.content[:12] for m in ChatStore(path).messages(conv.id)] == ["saved before", "question whi",
+                                                                       "reply while "]  # replayed once only
+
+
+def test_pending_message_survives_a_locked_database(tmp_path: Path) -> None:
+    """'database is locked' past the busy timeout, then quit: the message is kept in the journal and saved later."""
+    path = tmp_path / "history.sqlite3"
+    store = ChatStore(path)
+    conv = store.create()
+    store._conn.execute("PRAGMA busy_timeout = 0")  # the 5 s wait, shortened: the same SQLITE_BUSY after it
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    with pytest.raises(StoreWriteError, match="locked"):
+        store.add_message(conv.id, "user", "sent while locked")
+    assert store.close(force=True).count == 1
+    other.execute("ROLLBACK")
+    other.close()
+    again = ChatStore(path)
+    assert [m.content for m in again.messages(conv.id)] == ["sent while locked"]
+    again.close()
+
+
+def test_journal_falls_back_to_a_second_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history's folder cannot take the journal either: the unsaved message goes to the spare journal."""
+    import tempfile
+
+    spare_dir = tmp_path / "spare"
+    spare_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spare_dir))
+    path = tmp_path / "history.sqlite3"
+    store = ChatStore(path)
+    conv = store.create()
+    store.journal.primary.mkdir()  # a folder where the journal file goes: opening it for writing fails
+    _full(store, True)
+    with pytest.raises(StoreWriteError):
+        store.add_message(conv.id, "user", "nowhere to go " + "z" * 100_000)
+    unsaved = store.close(force=True)
+    assert unsaved.count == 1 and unsaved.journal == store.journal.spare and unsaved.journal.parent == spare_dir
+    store.journal.primary.rmdir()
+    again = ChatStore(path)
+    assert [m.content[:14] for m in again.messages(conv.id)] == ["nowhere to go "]
+    assert list(spare_dir.iterdir()) == []
+    again.close()
+
+
+def _history(path: Path, messages: int) -> list[str]:
+    store = ChatStore(path)
+    texts = []
+    for chat in range(5):
+        conv = store.create(f"chat {chat}")
+        for i in range(messages // 5):
+            texts.append(f"chat {chat} message {i}: " + "w" * 300)
+            store.add_message(conv.id, "user" if i % 2 == 0 else "assistant", texts[-1])
+    assert store.close().count == 0
+    return texts
+
+
+def test_damaged_page_salvages_the_rest(tmp_path: Path) -> None:
+    """512 random bytes in the middle of a 500-message history: the file is set aside, the readable rest kept."""
+    import random
+
+    path = tmp_path / "history.sqlite3"
+    texts = _history(path, 500)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 512] = random.Random(512).randbytes(512)
+    path.write_bytes(bytes(data))
+    store = ChatStore(path)
+    assert store.recovered_from is not None and store.recovered_from.read_bytes() == bytes(data)
+    assert store.salvage is not None and store.salvage.original == store.recovered_from
+    recovered = [m.content for c in store.list() for m in store.messages(c.id)]
+    assert store.salvage.messages == len(recovered) and len(store.list()) == 5
+    assert len(recovered) >= 480, len(recovered)  # one 4 KiB page holds ~12 of these messages
+    assert set(recovered) <= set(texts)
+    assert f"{len(recovered)} message(s)" in store.salvage.summary and str(store.recovered_from) in \
+        store.salvage.summary
+    store.add_message(store.list()[0].id, "user", "life goes on")
+    store.close()
+
+
+WAL_CHILD = r"""
+import os, sys
+from pathlib import Path
+from specmemo_core.storage.chatstore import ChatStore, WalLostError
+store = ChatStore(Path(sys.argv[1]))
+conv = store.create("wal test")
+for i in range(20):
+    store.add_message(conv.id, "user", f"before {i}")
+os.remove(sys.argv[1] + "-wal")  # a cleanup tool deletes the WAL under the running app
+try:
+    store.add_message(conv.id, "user", "after the deletion")
+    print("written blind", flush=True)
+except WalLostError as err:
+    print("refused", err, flush=True)
+os.kill(os.getpid(), 9)  # then the app dies
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="an open file cannot be deleted on Windows")
+def test_deleted_wal_under_a_running_store(tmp_path: Path) -> None:
+    """The -wal file deleted while the app runs: writing is refused (restart), nothing written is lost."""
+    path = tmp_path / "history.sqlite3"
+    proc = subprocess.run([sys.executable, "-c", WAL_CHILD, str(path)], capture_output=True, text=True, cwd=REPO,
+                          env=ENV, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert proc.stdout.startswith("refused") and "restart the app" in proc.stdout, proc.stdout
+    store = ChatStore(path)
+    assert store.recovered_from is None
+    texts = [m.content for m in store.messages(store.list()[0].id)]
+    assert texts == [f"before {i}" for i in range(20)] + ["after the deletion"]
+    store.close()
+
+
+def test_wal_checkpointed_on_a_schedule(tmp_path: Path) -> None:
+    """Many writes without a close: the WAL is folded into the main file as they go, not only at 1000 pages."""
+    path = tmp_path / "history.sqlite3"
+    store = ChatStore(path)
+    conv = store.create()
+    for i in range(200):
+        store.add_message(conv.id, "user", f"message {i} " + "m" * 100)
+    main = sqlite3.connect(path.resolve().as_uri() + "?mode=ro&immutable=1", uri=True)  # the main file alone
+    in_main = main.execute("SELECT count(*) FROM messages").fetchone()[0]
+    main.close()
+    assert in_main >= 150, in_main
+    store.close()
+    assert Path(f"{path}-wal").exists() is False or Path(f"{path}-wal").stat().st_size == 0
+
+
+EXPORT_CHILD = r"""
+import resource, signal, sys
+from pathlib import Path
+from specmemo_core.storage.atomic import write_text_atomic
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the limit fails with EFBIG, like a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    write_text_atomic(Path(sys.argv[1]), "new export " * 10_000)
+    print("written")
+except OSError as err:
+    print("failed", err)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_failed_export_keeps_the_previous_one(tmp_path: Path) -> None:
+    """An export that fails mid-write (file too large / disk full) leaves the previous export whole, no temp file."""
+    target = tmp_path / "chat.md"
+    target.write_text("previous export\n" * 100, encoding="utf-8")
+    before = target.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", EXPORT_CHILD, str(target)], capture_output=True, text=True,
+                          cwd=REPO, env=ENV, timeout=120)
+    assert proc.stdout.startswith("failed"), (proc.stdout, proc.stderr)
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["chat.md"]
