@@ -67,10 +67,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_threads_arg(p)
 
 
+LONGEST_CONTEXT = 131_072  # tokens: the longest context of the models SpecMemo plans for (Llama 3.1, Qwen 2.5)
+
+
 def generation_config(args: argparse.Namespace) -> GenerationConfig:
     """Checked before the model loads, so a typo costs no loading time."""
     if args.max_new_tokens < 1:
         raise SpecMemoError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.max_new_tokens >= LONGEST_CONTEXT:  # any model's context: refused before loading one
+        raise SpecMemoError(f"--max-new-tokens {args.max_new_tokens} cannot fit any model's context (at most "
+                            f"{LONGEST_CONTEXT} tokens, the prompt included); ask for fewer")
     if args.context is None:
         return GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     if args.context < 2:

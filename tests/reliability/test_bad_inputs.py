@@ -390,6 +390,7 @@ def megabyte_message_core(tmp_path, monkeypatch):
 def megabyte_message_worker(tmp_path, monkeypatch):
     from dataclasses import dataclass as frozen_dataclass
 
+    from app.context_window import TooLongError
     from app.runtime import EngineBackend
     from app.worker import ChatWorker, Job
     from specmemo_core.runtime.engine import Engine
@@ -413,8 +414,8 @@ def megabyte_message_worker(tmp_path, monkeypatch):
     history = [{"role": role, "content": f"turn {i} {role}"} for i in range(200) for role in ("user", "assistant")]
     worker.configure(backend, 1024, False)
     worker.generate(Job(1, history, MEGABYTE, GenerationConfig(max_new_tokens=8)))
-    assert len(failed) == 1 and failed[0][0] == "too_long" and failed[0][2] == MEGABYTE
-    assert "needs at least" in failed[0][1] and "kept in the input box" in failed[0][1]
+    assert len(failed) == 1 and isinstance(failed[0][0], TooLongError) and failed[0][1] == MEGABYTE
+    assert "needs at least" in str(failed[0][0]) and "kept in the input box" in str(failed[0][0])
     assert all(size < len(MEGABYTE) for size in backend.counted), "the 1 MB message was tokenized"
 
 
@@ -541,9 +542,9 @@ CLI_CASES = [
     ("generate --temperature -1", ["generate", "--prompt", "hi", "--temperature", "-1"],
      "temperature must be a number ≥ 0, got -1.0"),
     ("generate --max-new-tokens 0", ["generate", "--prompt", "hi", "--max-new-tokens", "0"],
-     "max new tokens must be at least 1, got 0"),
+     "--max-new-tokens must be at least 1, got 0"),
     ("generate --max-new-tokens 10^11", ["generate", "--prompt", "hi", "--max-new-tokens", "100000000000"],
-     "--max-new-tokens 100000000000 cannot fit a context of 4096 tokens"),
+     "--max-new-tokens 100000000000 cannot fit any model's context"),
 ]
 for _name, _args, _needle in CLI_CASES:
     CASES.append(Case(f"CLI {_name}", f"exit code 2, one line 'error: …{_needle[:40]}…', no traceback, no files",

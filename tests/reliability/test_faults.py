@@ -211,7 +211,7 @@ def test_model_download_killed_then_restarted(data_dir: Path, local_index: Path,
 
 def test_model_download_interrupted_in_process(data_dir: Path, local_index: Path, monkeypatch) -> None:
     """Ctrl-C (KeyboardInterrupt) during extraction: nothing left in models/ or tmp/, the retry succeeds."""
-    payload = b"GGUF pretend model " + os.urandom(3 << 20)
+    payload = b"GGUF pretend model " + os.urandom(20 << 20)  # several of the copy's 8 MB blocks
     _offer_model(local_index, payload, monkeypatch)
 
     def interrupt(stage: str, fraction: float) -> None:
