@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from app.runtime import EngineBackend, Runtime
 from app.settings import ChatSettings
@@ -103,9 +102,3 @@ def test_closing_the_window_calls_the_timing_off(qtbot, make_window, folder: Pat
     assert thread is not None and not thread.is_alive()
     assert cached_timing(folder, engine_timing_key(engine, DEVICE.name, None)) is None
 
-
-def test_the_status_bar_shows_the_threads(make_window) -> None:
-    from tests.app.scripted import fake_runtime
-
-    window = make_window(runtime=fake_runtime())
-    assert window.status.threads.text() == f"{torch.get_num_threads()} CPU threads"
