@@ -10,7 +10,7 @@ Two ways to get a timing:
 - ``timing_for`` waits: the cached timing (even a stale one), else one measured now. For
   the command line (``specmemo plan``, ``bench``), where a number is wanted at once.
 - ``timing_without_waiting`` never measures: the cached timing, else a conservative prior
-  (``prior_timing``). The app plans from it so the window and the first reply never wait;
+  (``prior_timing``). The app, ``chat`` and ``generate`` plan from it so nothing waits on it;
   ``refresh_in_background`` then measures in a thread when the timing is missing or stale
   (older than ``MAX_AGE_DAYS``, another torch version) and hands the new one to a callback,
   with which the app re-plans silently.
