@@ -14,7 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load the model, plan, generate 16 tokens with speculation, print one line, exit")
     p.add_argument("--model", default=None, help="'default', a .gguf file or a model folder (overrides settings)")
     p.add_argument("--history", default=None, help="chat history file (default: in the user data folder)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the model (default: the cores not busy now)")
     p.add_argument("--screenshot", default=None, metavar="PNG",
                    help="save the window to PNG once the model is loaded (at most 300 s), then quit: installer checks")
     return p
@@ -26,10 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     from specmemo_core.errors import SpecMemoError
     from specmemo_core.storage.sources import data_dir
 
-    if args.threads:
-        import torch
+    from specmemo_core.planning.threads import apply_threads
 
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads or 0)  # before any model loads: the cores free now, or --threads
     folder = data_dir()
     if args.self_test:
         from .self_test import run_self_test

@@ -30,11 +30,12 @@ from .chat_input import ChatInput
 from .chat_view import ChatView
 from .context_window import TooLongError
 from .conversation_list import ConversationList
+from .device_timing import DeviceTimer
 from .dialogs import Dialogs
 from .menus import Command, about_html, build_menus, shortcuts_html
 from .model_manager import Loader, ModelManager
 from .planning import smaller_settings
-from .runtime import LoadCancelled, Runtime, load_runtime, memory_in_use
+from .runtime import EngineBackend, LoadCancelled, Runtime, load_runtime, memory_in_use
 from .settings import ChatSettings, model_path_problem, save_settings
 from .settings_panel import SettingsDialog
 from .status_bar import ChatStatusBar
@@ -95,6 +96,11 @@ class MainWindow(QMainWindow):
         self.models.progress.connect(self._on_load_progress)
         self.models.loaded.connect(self._on_loaded)
         self.models.failed.connect(self._on_load_failed)
+        self.timer = DeviceTimer(data_folder, self)
+        self.timer.progress.connect(self.status.show_timing)
+        self.timer.ended.connect(lambda: self.status.show_timing(None))
+        self.timer.measured.connect(self._on_timed)
+        self._timed: tuple[object, object] | None = None  # a timing that came while a reply streamed
         self._memory_timer = QTimer(self)
         self._memory_timer.timeout.connect(self._show_memory)
         self._memory_timer.start(2000)
@@ -237,6 +243,7 @@ class MainWindow(QMainWindow):
         if runtime is not None:
             self.apply_runtime(runtime)
             self.welcome.show_ready()
+            self._time_device(runtime)
         else:
             self.load_model(self.settings)
 
@@ -297,6 +304,37 @@ class MainWindow(QMainWindow):
         self.apply_runtime(runtime)
         self.welcome.show_ready()
         self.say(f"{runtime.backend.name} is ready.", "success")
+        self._time_device(runtime)
+
+    # -- device timing -----------------------------------------------------------
+    def _time_device(self, runtime: Runtime) -> None:
+        """The plan came from the cached timing or the prior: when that is missing or stale,
+        time the device in the background (the window is ready and replies meanwhile)."""
+        self._timed = None
+        if self.timer.start(runtime):
+            self.status.show_timing(0.0)
+
+    def _on_timed(self, timing: object, model: object) -> None:
+        """The background timing is in: re-plan with it, now or once the streaming reply ends."""
+        if self.generating:
+            self._timed = (timing, model)
+            return
+        runtime = self.runtime
+        if runtime is None or not isinstance(runtime.backend, EngineBackend) \
+                or runtime.backend.engine.model is not model:
+            return  # another model was loaded meanwhile: its own timing follows
+        try:
+            self.apply_runtime(runtime.with_timing(timing))
+        except SpecMemoError as exc:  # the plan in force stays
+            self.status.showMessage(f"The device was timed, but the plan was kept: {exc}", 10000)
+            return
+        self.status.showMessage(f"The device was timed: the plan now uses {chip_text(self.runtime)}.", 10000)
+
+    def _after_reply(self) -> None:
+        self.timer.replying(False)
+        timed, self._timed = self._timed, None
+        if timed is not None:
+            self._on_timed(*timed)
 
     def apply_runtime(self, runtime: Runtime) -> None:
         runtime = replace(runtime, settings=runtime.settings.with_(theme=self.settings.theme))
@@ -488,6 +526,7 @@ class MainWindow(QMainWindow):
 
     def _begin(self, job: Job) -> None:
         self.generating = True
+        self.timer.replying(True)
         self.say("")
         self._update_buttons()
         self.chat.generate(job)
@@ -553,11 +592,13 @@ class MainWindow(QMainWindow):
             self.say("Stopped. Regenerate to answer again.")
         self.status.show_speed(stats)
         self._update_buttons()
+        self._after_reply()
 
     def _on_failed(self, exc: Exception, user_text: str) -> None:
         """Every reply failure ends here, typed: the placeholder goes, the user's message stays, and
         each type gets its way forward."""
         self.generating = False
+        self._after_reply()
         self.view.drop_last("assistant")
         reply_id, self._reply_id = self._reply_id, None
         if reply_id is not None and self.history and self.history[-1][1] == "user":
@@ -620,6 +661,7 @@ class MainWindow(QMainWindow):
             event.ignore()  # the user chose Cancel: the window stays, nothing is lost
             return
         self._memory_timer.stop()
+        self.timer.shutdown()
         self.chat.shutdown()
         self.models.shutdown()
         super().closeEvent(event)

@@ -18,6 +18,7 @@ from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.device import DeviceInfo
 from specmemo_core.planning.entry import PlanDoesNotFitError
 from specmemo_core.planning.planner import Plan
+from specmemo_core.planning.timing import StepTiming
 
 from .planning import PlanInputs, make_plan
 from .settings import ChatSettings
@@ -118,6 +119,10 @@ class Runtime:
             raise PlanDoesNotFitError(new_plan)
         return self.with_plan(new_plan, settings)
 
+    def with_timing(self, timing: StepTiming) -> "Runtime":
+        """The plan made again from a new device timing (the background one), same settings."""
+        return replace(self, inputs=replace(self.inputs, timing=timing)).replanned(self.settings)
+
     def with_plan(self, plan: Plan, settings: ChatSettings) -> "Runtime":
         """``plan`` (made for ``settings``) in force, with the backend switched to the tree it picks."""
         applied = replace(self, plan=plan, settings=settings)
@@ -135,8 +140,9 @@ def memory_in_use(device: DeviceInfo) -> int:
 
 def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
                  cancel: threading.Event | None = None, device: DeviceInfo | None = None) -> Runtime:
-    """Probe the device, load the model and heads, time a step (cached), plan, apply the plan:
-    the core's one plan entry (``specmemo_core.planning.entry.load_planned``).
+    """Probe the device, load the model and heads, plan from the cached device timing (else
+    the prior: never measured here, the window times the device in the background once it
+    is ready), apply the plan: the core's one plan entry (``planning.entry.load_planned``).
 
     Raises the core's SpecMemoError subclasses (ModelFileError, HeadsError, FetchError, …)
     unchanged so the window can offer the right way forward, or LoadCancelled.
@@ -152,5 +158,5 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
         report("probing the device", 0.0)
         device = find_device(None)
     planned = load_planned(settings.model, heads=settings.heads, choices=settings.plan_choices(), device=device,
-                           data_folder=data_folder, progress=report)
+                           data_folder=data_folder, progress=report, wait_for_timing=False)
     return Runtime(EngineBackend(planned.engine), planned.device, planned.inputs, planned.plan, settings)

@@ -1,4 +1,5 @@
-"""The status bar: device and free memory, CPU threads, the turns the plan holds, live speed, memory in use.
+"""The status bar: device and free memory, CPU threads, the turns the plan holds, live speed, memory in use,
+the background device timing while it runs.
 
 (The model, precision, tree and context are on the header's chip.)"""
 
@@ -32,8 +33,9 @@ class ChatStatusBar(QStatusBar):
         self.plan = QLabel("no model loaded")
         self.speed = QLabel("")
         self.memory = QLabel("")
+        self.timing = QLabel("")
         self._separators: dict[QLabel, QFrame] = {}
-        for i, label in enumerate((self.device, self.threads, self.plan, self.speed, self.memory)):
+        for i, label in enumerate((self.device, self.threads, self.plan, self.speed, self.memory, self.timing)):
             if i:
                 self._separators[label] = _separator()
                 self.addPermanentWidget(self._separators[label])
@@ -41,6 +43,7 @@ class ChatStatusBar(QStatusBar):
         self._set(self.threads, "")
         self._set(self.speed, "")
         self._set(self.memory, "")
+        self._set(self.timing, "")
 
     def _set(self, label: QLabel, text: str) -> None:
         label.setText(text)
@@ -70,3 +73,7 @@ class ChatStatusBar(QStatusBar):
 
     def show_memory(self, in_use: int) -> None:
         self._set(self.memory, f"{gib(in_use)} in use")
+
+    def show_timing(self, fraction: float | None) -> None:
+        """The background device timing's progress; None: not running."""
+        self._set(self.timing, "" if fraction is None else f"timing the device … {round(100 * fraction)}%")

@@ -27,6 +27,8 @@ def plan_choices(args: argparse.Namespace) -> PlanChoices:
 
 
 def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
+    """Planned from the cached device timing, else the prior: a reply never waits on a
+    timing (``specmemo plan`` and ``bench`` measure and cache one)."""
     from specmemo_core.planning.entry import find_device, load_planned
     from specmemo_core.storage.sources import data_dir
 
@@ -34,7 +36,7 @@ def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     progress = StageProgress()
     try:
         return load_planned(args.model, heads=args.heads, choices=plan_choices(args), device=device,
-                            data_folder=data_dir(), progress=progress)
+                            data_folder=data_dir(), progress=progress, wait_for_timing=False)
     finally:
         progress.close()
 

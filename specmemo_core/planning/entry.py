@@ -180,17 +180,23 @@ def torch_dtype(precision: str | None):
 
 def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices: PlanChoices = PlanChoices(),
                  device: DeviceInfo | None = None, data_folder: Path | None = None,
-                 progress: Progress | None = None) -> PlannedEngine:
-    """Load the model and heads, time the device (cached in ``data_folder``), plan, and
-    apply the plan: the engine every entry point chats with."""
-    from specmemo_core.planning.timing import timing_for
+                 progress: Progress | None = None, wait_for_timing: bool = True) -> PlannedEngine:
+    """Load the model and heads, take the device timing, plan, and apply the plan: the
+    engine every entry point chats with.
+
+    ``wait_for_timing``: True measures the device when ``data_folder`` holds no timing for
+    it (``timing.timing_for``, cached there); False never measures: the cached timing,
+    else the prior (``timing.timing_without_waiting``), so nothing waits on a timing;
+    the app then measures in the background (``timing.refresh_in_background``)."""
+    from specmemo_core.planning.timing import timing_for, timing_without_waiting
     from specmemo_core.runtime.engine import Engine, HeadsChoice
 
     device = device or find_device(None)
     engine = Engine.load(model, heads=heads if choices.speculate else HeadsChoice.NONE,
                          dtype=torch_dtype(choices.precision), device=device.torch_device,
                          progress=progress, precision=choices.precision)
-    timing = timing_for(engine, device.name, data_folder, choices.precision, progress)
+    timing = (timing_for(engine, device.name, data_folder, choices.precision, progress) if wait_for_timing
+              else timing_without_waiting(engine, device.name, data_folder, choices.precision))
     if progress is not None:
         progress("planning", 1.0)
     inputs = plan_inputs(engine, device, timing)

@@ -10,7 +10,7 @@ Two ways to get a timing:
 - ``timing_for`` waits: the cached timing (even a stale one), else one measured now. For
   the command line (``specmemo plan``, ``bench``), where a number is wanted at once.
 - ``timing_without_waiting`` never measures: the cached timing, else a conservative prior
-  (``prior_timing``). The app plans from it so the window and the first reply never wait;
+  (``prior_timing``). The app, ``chat`` and ``generate`` plan from it so nothing waits on it;
   ``refresh_in_background`` then measures in a thread when the timing is missing or stale
   (older than ``MAX_AGE_DAYS``, another torch version) and hands the new one to a callback,
   with which the app re-plans silently.
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.planner import StepTime, linear_step_time
 
 log = logging.getLogger(__name__)
@@ -93,13 +94,20 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
 
 
 def cached_timing(folder: Path, key: str) -> StepTiming | None:
-    """The stored timing; an entry written before timings were dated reads as measured
-    at time 0, so it is stale and measured again."""
+    """The stored timing, or None.
+
+    An entry written before timings were dated (no ``measured_at``) reads as missing: it
+    came from an older method (64-token forwards, a level cost that was not a real
+    speculative step) whose numbers do not compare. One such entry on this machine,
+    taken under load, charged a drafted level a quarter of a whole step, and the planner
+    chose a lookup chain alone (1.0 tokens/step on a new question) over the heads."""
     try:
         data = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8"))[key]
+        if not data.get("measured_at") or int(data["big"]) != TIMING_BIG:
+            return None
         return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]),
-                          float(data.get("measured_at") or 0.0), str(data.get("torch_version", "")))
-    except (OSError, ValueError, KeyError, TypeError):
+                          float(data["measured_at"]), str(data.get("torch_version", "")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -158,10 +166,10 @@ def timing_for(engine: Any, device_name: str, folder: Path | None, precision: st
 def timing_without_waiting(engine: Any, device_name: str, folder: Path | None,
                            precision: str | None) -> StepTiming | None:
     """The cached timing (even a stale one), else ``prior_timing``: never measures."""
-    from specmemo_core.runtime.quantize import weight_bytes
+    from specmemo_core.runtime.quantize import held_bytes
 
     cached = cached_timing(folder, engine_timing_key(engine, device_name, precision)) if folder is not None else None
-    return cached if cached is not None else prior_timing(weight_bytes(engine.model), engine.model.device.type)
+    return cached if cached is not None else prior_timing(held_bytes(engine.model), engine.model.device.type)
 
 
 def needs_refresh(engine: Any, device_name: str, folder: Path | None, precision: str | None) -> bool:
@@ -169,28 +177,58 @@ def needs_refresh(engine: Any, device_name: str, folder: Path | None, precision:
     return cached is None or cached.is_stale()
 
 
+class TimingCancelled(SpecMemoError):
+    """The background timing was called off (the window closed, or another model loaded)."""
+
+    def __init__(self) -> None:
+        super().__init__("the device timing was cancelled")
+
+
 def refresh_in_background(engine: Any, device_name: str, folder: Path | None, precision: str | None, *,
                           on_done: Callable[[StepTiming], None], progress: Progress | None = None,
-                          pause: Callable[[], None] | None = None) -> threading.Thread | None:
+                          pause: Callable[[], None] | None = None, cancel: threading.Event | None = None,
+                          on_end: Callable[[], None] | None = None) -> threading.Thread | None:
     """Measure in a daemon thread when the cached timing is missing or stale; store it and
     call ``on_done(timing)`` from that thread. None when the cached timing is fresh.
 
     ``pause`` is called before each timed run and may block: the app blocks it while a
     reply is generated, so the timing never slows a reply (and is not slowed by one).
-    ``progress(stage, fraction)`` reports the fraction done."""
+    ``progress(stage, fraction)`` reports the fraction done. Setting ``cancel`` stops the
+    timing before its next run (nothing is stored, ``on_done`` is not called).
+    ``on_end()`` is called from the thread last, whatever the outcome."""
     if not needs_refresh(engine, device_name, folder, precision):
         return None
     key = engine_timing_key(engine, device_name, precision)
 
+    def check() -> None:
+        if cancel is not None and cancel.is_set():
+            raise TimingCancelled()
+
+    def paused() -> None:
+        check()
+        if pause is not None:
+            pause()
+        check()
+
+    def reported(stage: str, fraction: float) -> None:
+        check()
+        if progress is not None:
+            progress(stage, fraction)
+
     def run() -> None:
         try:
-            timing = measure_timing(engine.model, engine.heads, progress, pause)
+            timing = measure_timing(engine.model, engine.heads, reported, paused)
+            check()
+            if folder is not None:
+                store_timing(folder, key, timing)
+            on_done(timing)
+        except TimingCancelled:
+            log.info("the background device timing was cancelled")
         except Exception:  # a failed timing costs only the plan's accuracy; log it, keep the prior
             log.exception("the background device timing failed")
-            return
-        if folder is not None:
-            store_timing(folder, key, timing)
-        on_done(timing)
+        finally:
+            if on_end is not None:
+                on_end()
 
     thread = threading.Thread(target=run, name="specmemo-device-timing", daemon=True)
     thread.start()

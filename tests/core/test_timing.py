@@ -51,14 +51,14 @@ def test_timing_is_dated_and_goes_stale() -> None:
     assert StepTiming(0.1, 0.5, 32, 0.01).is_prior and StepTiming(0.1, 0.5, 32, 0.01).is_stale()
 
 
-def test_cache_round_trip_and_undated_entries_are_stale(tmp_path: Path) -> None:
+def test_cache_round_trip_and_old_entries_are_stale(tmp_path: Path) -> None:
     fresh = StepTiming(0.1, 0.5, 32, 0.01).measured(time.time())
     store_timing(tmp_path, "k", fresh)
     assert cached_timing(tmp_path, "k") == fresh
-    (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"old": {"t1": 0.3, "t_big": 1.9, "big": 64,
-                                                                   "draft_level": 0.3}}))
+    store_timing(tmp_path, "old", StepTiming(0.3, 1.9, 32, 0.03).measured(time.time() - (MAX_AGE_DAYS + 1) * 86400))
     old = cached_timing(tmp_path, "old")
     assert old is not None and old.t1 == 0.3 and not old.is_prior and old.is_stale()
+    assert cached_timing(tmp_path, "k") == fresh  # the other key stays
 
 
 def test_prior_plans_a_small_tree_on_cpu_and_nothing_on_gpus(engine: Engine) -> None:
@@ -102,3 +102,54 @@ def test_background_timing_waits_while_paused(engine: Engine, tmp_path: Path) ->
     quiet.set()
     thread.join(timeout=120)
     assert len(done) == 1
+
+
+def test_an_undated_timing_from_the_older_method_reads_as_missing(tmp_path: Path) -> None:
+    """One such entry (taken under load, a drafted level at a quarter of a step) made the
+    planner pick a lookup chain alone over the heads: it is measured again, never planned from."""
+    (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"old": {"t1": 0.2, "t_big": 0.82, "big": 64,
+                                                                   "draft_level": 0.048}}))
+    assert cached_timing(tmp_path, "old") is None
+
+
+def test_a_cancelled_background_timing_stores_nothing_and_ends(engine: Engine, tmp_path: Path) -> None:
+    cancel = threading.Event()
+    ended = threading.Event()
+    done: list[StepTiming] = []
+
+    def progress(stage: str, fraction: float) -> None:
+        cancel.set()  # called off after its first run
+
+    thread = refresh_in_background(engine, "test-cpu", tmp_path, None, on_done=done.append, progress=progress,
+                                   cancel=cancel, on_end=ended.set)
+    assert thread is not None
+    thread.join(timeout=120)
+    assert ended.is_set() and done == []
+    assert cached_timing(tmp_path, engine_timing_key(engine, "test-cpu", None)) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory) -> Path:
+    """A tiny random-weight model saved as a Hugging Face folder, as ``Engine.load`` reads one."""
+    from tests.tiny import tiny_hf_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf_model(seed=21).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_load_planned_without_waiting_never_measures(tiny_model_folder: Path, tmp_path: Path) -> None:
+    from specmemo_core.planning.entry import load_planned
+
+    stages: list[str] = []
+    planned = load_planned(tiny_model_folder, heads="none", choices=PlanChoices(speculate=False),
+                           device=cpu_device(), data_folder=tmp_path, progress=lambda stage, f: stages.append(stage),
+                           wait_for_timing=False)
+    assert planned.inputs.timing is not None and planned.inputs.timing.is_prior  # the prior, not a measurement
+    assert not (tmp_path / timing.TIMING_FILE).exists()
+    assert not any("timing" in stage for stage in stages)
+    waited = load_planned(tiny_model_folder, heads="none", choices=PlanChoices(speculate=False),
+                          device=cpu_device(), data_folder=tmp_path)  # the default waits: measured and cached
+    assert waited.inputs.timing is not None and not waited.inputs.timing.is_prior
+    assert (tmp_path / timing.TIMING_FILE).exists()
