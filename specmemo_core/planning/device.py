@@ -106,6 +106,22 @@ def probe(timeout_s: float = 10.0, nvml: Any = None, amdsmi: Any = None, run_sub
     return ProbeReport(tuple(gpus) + (cpu_device(),), tuple(notes))
 
 
+GPU_DEVICE_NODES = ("nvidia[0-9]*", "kfd", "dxg")  # NVIDIA, AMD (ROCm), WSL's paravirtualized GPU
+
+
+def worth_probing(system: str | None = None, dev: Path = Path("/dev")) -> bool:
+    """False only where no GPU can be found: Linux with none of the device files a GPU driver is reached
+    through. There the probe child (5–10 s: a Python that imports torch) is skipped at start."""
+    if (system or platform.system()) != "Linux":
+        return True  # Windows, macOS (MPS): nothing as cheap tells
+    return any(next(dev.glob(pattern), None) is not None for pattern in GPU_DEVICE_NODES)
+
+
+def probe_at_start() -> ProbeReport:
+    """``probe()``, or only the CPU where ``worth_probing`` says no GPU can be there."""
+    return probe() if worth_probing() else ProbeReport((cpu_device(),), ())
+
+
 def _probe_in_child(timeout_s: float, code: str) -> tuple[list[DeviceInfo], list[str]]:
     """Run the GPU probe in a child process so a hung or crashing driver cannot take us down."""
     env = dict(os.environ)

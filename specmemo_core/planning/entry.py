@@ -156,13 +156,13 @@ class PlanDoesNotFitError(SpecMemoError):
 def find_device(name: str | None) -> DeviceInfo:
     """The device the user names (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``rocm``), or
     the best one found (None / ``auto``)."""
-    from specmemo_core.planning.device import cpu_device, probe
+    from specmemo_core.planning.device import cpu_device, probe_at_start
 
     if name in (None, "", "auto"):
-        return probe().best()
+        return probe_at_start().best()
     if name == "cpu":
         return cpu_device()
-    report = probe()
+    report = probe_at_start()
     for d in report.devices:
         if name in (d.torch_device, d.kind) or (name == "cuda" and d.kind == "rocm"):
             return d

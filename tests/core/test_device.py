@@ -291,3 +291,17 @@ def test_cli_devices_table(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("kind") and "\ncpu " in out and "free / total GiB" in out
+
+
+def test_the_probe_child_is_skipped_only_where_no_gpu_can_be(tmp_path: Path) -> None:
+    from specmemo_core.planning.device import worth_probing
+
+    assert not worth_probing("Linux", tmp_path)  # no device files: no driver to ask
+    (tmp_path / "nvidiactl").touch()
+    assert not worth_probing("Linux", tmp_path)  # the control node alone is not a GPU
+    for node in ("nvidia0", "kfd", "dxg"):
+        folder = tmp_path / node.replace("0", "")
+        folder.mkdir()
+        (folder / node).touch()
+        assert worth_probing("Linux", folder), node
+    assert worth_probing("Windows", tmp_path) and worth_probing("Darwin", tmp_path)
