@@ -93,7 +93,7 @@ def _screenshot_when_ready(app, window, path: Path, timeout_s: float) -> None:
         app.quit()
 
     timer.timeout.connect(check)
-    timer.start(500)
+    timer.start(100)
 
 
 if __name__ == "__main__":
