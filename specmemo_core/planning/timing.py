@@ -158,10 +158,10 @@ def timing_for(engine: Any, device_name: str, folder: Path | None, precision: st
 def timing_without_waiting(engine: Any, device_name: str, folder: Path | None,
                            precision: str | None) -> StepTiming | None:
     """The cached timing (even a stale one), else ``prior_timing``: never measures."""
-    from specmemo_core.runtime.quantize import weight_bytes
+    from specmemo_core.runtime.quantize import held_bytes
 
     cached = cached_timing(folder, engine_timing_key(engine, device_name, precision)) if folder is not None else None
-    return cached if cached is not None else prior_timing(weight_bytes(engine.model), engine.model.device.type)
+    return cached if cached is not None else prior_timing(held_bytes(engine.model), engine.model.device.type)
 
 
 def needs_refresh(engine: Any, device_name: str, folder: Path | None, precision: str | None) -> bool:
