@@ -124,8 +124,8 @@ def _evaluate(args: argparse.Namespace, progress: StageProgress) -> dict:
     names = args.tree or ["medusa-64", "1-10-16-17"] + (
         ["calibrated-64", "calibrated-56+lookup-8"] if folder and (folder / "calibration.json").exists() else [])
     trees = [resolve_tree(n, folder) for n in names]
-    return eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, engine.heads, trees,
-                           args.max_new_tokens, progress)
+    return eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, heads=engine.heads,
+                           trees=trees, max_new_tokens=args.max_new_tokens, progress=progress)
 
 
 def run_eval_acceptance(args: argparse.Namespace) -> int:

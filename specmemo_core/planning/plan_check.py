@@ -100,8 +100,8 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
     plain = linear_step_time(t1, tb, big)
     if heads is None:
         return plain
-    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(), repeats,
-                                     hooks, (runs, total))
+    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(),
+                                     repeats=repeats, hooks=hooks, runs=(runs, total))
     return linear_step_time(t1, tb, big, max(0.0, step - plain(depth + 1, 0)) / depth)
 
 
@@ -169,7 +169,7 @@ def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, w
     return min(times[warmup:] or times)
 
 
-def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int,
+def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], *, repeats: int,
                               hooks: TimingHooks = TimingHooks(), runs: tuple[int, int] = (0, 0)) -> float:
     from specmemo_core.runtime.decoding import Decoder
 
@@ -296,7 +296,7 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
     return model.eval().requires_grad_(False)
 
 
-def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: int, reply_tokens: int,
+def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, *, prompt_tokens: int, reply_tokens: int,
            turns: int, seed: int = 0) -> Verification:
     """Run the planned chat with synthetic text (prefill + ``turns`` turns) and measure.
 
