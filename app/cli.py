@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from specmemo_core.errors import SpecMemoError
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     if args.threads:
         import torch

@@ -28,7 +28,7 @@ def plan_choices(args: argparse.Namespace) -> PlanChoices:
 
 def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     from specmemo_core.planning.entry import find_device, load_planned
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     device = find_device(args.device)  # before loading: a wrong --device costs no loading time
     progress = StageProgress()

@@ -135,7 +135,7 @@ def _model_inputs(args: argparse.Namespace, real, target):
     from specmemo_core.planning.entry import plan_inputs, torch_dtype
     from specmemo_core.planning.timing import timing_for
     from specmemo_core.runtime.engine import Engine
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     progress = StageProgress()
     try:
