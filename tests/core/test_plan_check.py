@@ -13,7 +13,7 @@ from specmemo_core.planning.planner import Budget, PlanRequest, plan
 from specmemo_core.runtime.quantize import held_bytes as measured_weight_bytes
 from specmemo_core.runtime.tree import load_tree
 
-SHAPE = ModelShape("tiny", 512, 256, 512, 2, 4, 2, 64, False, 1024)
+SHAPE = ModelShape(512, 256, 512, 2, 4, 2, 64, False, name="tiny", max_context=1024)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
