@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from specmemo_core.errors import SpecMemoError
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     from specmemo_core.planning.threads import apply_threads
 

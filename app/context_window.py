@@ -15,9 +15,10 @@ class TooLongError(_core.TooLongError):
         return super().__str__().rstrip(".") + "; the text is kept in the input box."
 
 
-def fit_window(history: Messages, user_text: str, system_prompt: str, start: int, count_tokens, capacity: int,
-               reserve: int, *, fewest: int = 0) -> Window:
+def fit_window(history: Messages, user_text: str, system_prompt: str, *, start: int, count_tokens, capacity: int,
+               reserve: int, fewest: int = 0) -> Window:
     try:
-        return _core.fit_window(history, user_text, system_prompt, start, count_tokens, capacity, reserve, fewest=fewest)
+        return _core.fit_window(history, user_text, system_prompt, start=start, count_tokens=count_tokens,
+                                capacity=capacity, reserve=reserve, fewest=fewest)
     except _core.TooLongError as exc:
         raise TooLongError(exc.needed, exc.reserve, exc.capacity, bound=exc.bound) from None

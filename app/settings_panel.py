@@ -32,6 +32,15 @@ def describe_plan(plan: Plan, settings: ChatSettings, max_context: int) -> str:
             f"{mode} · {plan.precision} · {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} usable")
 
 
+def _spin(spin: QSpinBox | QDoubleSpinBox, low: float, high: float, value: float,
+          on_change) -> QSpinBox | QDoubleSpinBox:
+    """``spin`` limited to [low, high], showing ``value``, calling ``on_change`` when it changes."""
+    spin.setRange(low, high)
+    spin.setValue(value)
+    spin.valueChanged.connect(on_change)
+    return spin
+
+
 def _error_label() -> QLabel:
     """A red, wrapping label that says why a chosen path was refused."""
     label = QLabel()
@@ -75,10 +84,7 @@ class SettingsDialog(QDialog):
         row.addWidget(QLabel("More speed"))
         v.addLayout(row)
         form = QFormLayout()
-        self.turns = QSpinBox()
-        self.turns.setRange(1, 1000)
-        self.turns.setValue(s.turns)
-        self.turns.valueChanged.connect(self.replan)
+        self.turns = _spin(QSpinBox(), 1, 1000, s.turns, self.replan)
         form.addRow("Turns wanted", self.turns)
         v.addLayout(form)
         self.plan_label = QLabel()
@@ -91,16 +97,11 @@ class SettingsDialog(QDialog):
     def _reply_group(self, s: ChatSettings) -> QGroupBox:
         box = QGroupBox("Replies")
         form = QFormLayout(box)
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
+        # replans on a change: sampling keeps every node's distribution
+        self.temperature = _spin(QDoubleSpinBox(), 0.0, 2.0, s.temperature, self.replan)
         self.temperature.setSingleStep(0.1)
-        self.temperature.setValue(s.temperature)
-        self.temperature.valueChanged.connect(self.replan)  # sampling keeps every node's distribution
         form.addRow("Temperature", self.temperature)
-        self.max_reply = QSpinBox()
-        self.max_reply.setRange(1, 8192)
-        self.max_reply.setValue(s.max_reply_tokens)
-        self.max_reply.valueChanged.connect(self.replan)
+        self.max_reply = _spin(QSpinBox(), 1, 8192, s.max_reply_tokens, self.replan)
         form.addRow("Max reply length (tokens)", self.max_reply)
         self.system_prompt = QPlainTextEdit(s.system_prompt)
         self.system_prompt.setPlaceholderText("Optional: how the assistant should behave (applies to new chats)")

@@ -88,8 +88,8 @@ class ChatWorker(QObject):
         if job.conversation != self._conversation:
             self._conversation, self._start, self._session = job.conversation, 0, None
         reserve = job.config.max_new_tokens + CONTEXT_MARGIN
-        window = fit_window(job.history, job.user_text, job.system_prompt, self._start,
-                            self._backend.count_tokens, self._capacity, reserve,
+        window = fit_window(job.history, job.user_text, job.system_prompt, start=self._start,
+                            count_tokens=self._backend.count_tokens, capacity=self._capacity, reserve=reserve,
                             fewest=self._backend.fewest_tokens(job.user_text))
         self._start = window.start
         wanted = system_messages(job.system_prompt) + job.history[window.start:]

@@ -75,7 +75,7 @@ def main() -> int:
     from app.main_window import MainWindow
     from app.settings import ChatSettings, load_settings, save_settings
     from specmemo_core.storage.chatstore import ChatStore
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ def _method_names(args: argparse.Namespace) -> list[str]:
 def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress) -> dict:
     from specmemo_core.runtime.engine import Engine
     from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
     from specmemo_core.tools.bench import HF_METHODS, build_methods, report, run_bench, run_info
 
     convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts

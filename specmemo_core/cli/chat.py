@@ -74,8 +74,8 @@ class TerminalChat:
         """The session whose messages are the context window for ``text``, and how many turns
         left the context just now. Raises TooLongError when ``text`` alone does not fit."""
         reserve = self.config.max_new_tokens + CONTEXT_MARGIN
-        window = fit_window(self.history, text, self.system_prompt, self.start, self.count_tokens,
-                            self.capacity, reserve)
+        window = fit_window(self.history, text, self.system_prompt, start=self.start,
+                            count_tokens=self.count_tokens, capacity=self.capacity, reserve=reserve)
         left = turns_before(self.history, window.start) - turns_before(self.history, self.start)
         self.start = window.start
         wanted = system_messages(self.system_prompt) + self.history[self.start:]

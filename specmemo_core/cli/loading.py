@@ -30,7 +30,7 @@ def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     """Planned from the cached device timing, else the prior: a reply never waits on a
     timing (``specmemo plan`` and ``bench`` measure and cache one)."""
     from specmemo_core.planning.entry import find_device, load_planned
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     device = find_device(args.device)  # before loading: a wrong --device costs no loading time
     progress = StageProgress()

@@ -49,7 +49,7 @@ def write_traceback(exc: BaseException) -> Path | None:
     """The full traceback in the data folder's ``logs/`` (else the temp folder); None if neither is writable."""
     import tempfile
 
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     name = f"specmemo-{time.strftime('%Y%m%d-%H%M%S')}-{id(exc):x}.log"

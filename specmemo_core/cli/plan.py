@@ -91,7 +91,8 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
             quantize_model(model, QuantSpec(result.precision))
         heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
     tree = resolve_tree(result.tree, engine.heads_folder if engine is not None else None) if result.tree else None
-    return verify(result, model, heads, tree, request.prompt_tokens, request.reply_tokens, request.turns)
+    return verify(result, model, heads, tree, prompt_tokens=request.prompt_tokens,
+                  reply_tokens=request.reply_tokens, turns=request.turns)
 
 
 def plan_choices(args: argparse.Namespace):
@@ -134,7 +135,7 @@ def _model_inputs(args: argparse.Namespace, real, target):
     from specmemo_core.planning.entry import plan_inputs, torch_dtype
     from specmemo_core.planning.timing import timing_for
     from specmemo_core.runtime.engine import Engine
-    from specmemo_core.storage.sources import data_dir
+    from specmemo_core.storage.data_folder import data_dir
 
     progress = StageProgress()
     try:

@@ -17,6 +17,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_eval_acceptance(subparsers)
 
 
+def _add_heldout_args(p: argparse.ArgumentParser) -> None:
+    """What training and calibration share: the held-out prompts, the base model's replies to
+    them (how long, how many at once), and where it runs."""
+    p.add_argument("--heldout-prompts", type=int, default=300)
+    p.add_argument("--heldout-file", default=None)
+    p.add_argument("--reply-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=256)
+    p.add_argument("--device", default=device_default())
+    add_threads_arg(p)
+
+
 def _add_train_heads(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train-heads", help="train draft heads for a model by self-distillation")
     p.add_argument("--model", default="default")
@@ -36,12 +47,7 @@ def _add_train_heads(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="hydra: draft among this many most frequent reply tokens (0: the whole vocabulary)")
     p.add_argument("--prompts-file", default=None, help="JSONL prompts instead of ShareGPT")
-    p.add_argument("--heldout-prompts", type=int, default=300)
-    p.add_argument("--heldout-file", default=None)
-    p.add_argument("--reply-tokens", type=int, default=256)
-    p.add_argument("--gen-batch", type=int, default=256)
-    p.add_argument("--device", default=device_default())
-    add_threads_arg(p)
+    _add_heldout_args(p)
     p.set_defaults(run=run_train_heads)
 
 
@@ -49,12 +55,7 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure heads' accuracy and tree-path acceptance on held-out prompts")
     p.add_argument("--heads", required=True)
     p.add_argument("--model", default="default")
-    p.add_argument("--heldout-prompts", type=int, default=300)
-    p.add_argument("--heldout-file", default=None)
-    p.add_argument("--reply-tokens", type=int, default=256)
-    p.add_argument("--gen-batch", type=int, default=256)
-    p.add_argument("--device", default=device_default())
-    add_threads_arg(p)
+    _add_heldout_args(p)
     p.set_defaults(run=run_calibrate)
 
 
@@ -124,8 +125,8 @@ def _evaluate(args: argparse.Namespace, progress: StageProgress) -> dict:
     names = args.tree or ["medusa-64", "1-10-16-17"] + (
         ["calibrated-64", "calibrated-56+lookup-8"] if folder and (folder / "calibration.json").exists() else [])
     trees = [resolve_tree(n, folder) for n in names]
-    return eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, engine.heads, trees,
-                           args.max_new_tokens, progress)
+    return eval_acceptance(engine.model, engine.tokenizer, engine.config, picked, heads=engine.heads,
+                           trees=trees, max_new_tokens=args.max_new_tokens, progress=progress)
 
 
 def run_eval_acceptance(args: argparse.Namespace) -> int:

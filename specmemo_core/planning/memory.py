@@ -11,7 +11,7 @@ the base model's own LM head, not a private 0.6 GB copy of it (its Eq. 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from specmemo_core.errors import SpecMemoError
@@ -29,10 +29,10 @@ INT4_CUDA_OUT_MULTIPLE = 8  # ... and its output width to this
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """The numbers memory depends on (a ``ModelSpec`` without the behaviour flags)."""
+class ModelDimensions:
+    """The sizes of a Llama-family decoder: the one field list of ``ModelShape`` (here, for
+    planning without torch) and ``runtime.model.ModelSpec`` (for running the model)."""
 
-    name: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,13 +41,20 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape(ModelDimensions):
+    """The numbers memory depends on (a ``ModelSpec`` without the behaviour flags)."""
+
+    name: str
     max_context: int
 
     @classmethod
     def from_spec(cls, spec: Any, name: str = "") -> "ModelShape":
-        return cls(name or spec.model_type, spec.vocab_size, spec.hidden_size, spec.intermediate_size,
-                   spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                   spec.tie_word_embeddings, spec.max_position_embeddings)
+        """The shape of a ``runtime.model.ModelSpec``, named ``name`` (default: its model type)."""
+        dims = {f.name: vars(spec)[f.name] for f in fields(ModelDimensions)}
+        return cls(**dims, name=name or spec.model_type, max_context=spec.max_position_embeddings)
 
     def layer_linear_params(self) -> list[tuple[int, int]]:
         """(out, in) of every Linear in one decoder layer: q, k, v, o, gate, up, down."""
@@ -66,13 +73,13 @@ class ModelShape:
 
 # Well-known shapes, so plans can be tried at scale without the weights.
 KNOWN_SHAPES = {
-    "smollm2-135m": ModelShape("smollm2-135m", 49152, 576, 1536, 30, 9, 3, 64, True, 8192),
-    "vicuna-7b": ModelShape("vicuna-7b", 32000, 4096, 11008, 32, 32, 32, 128, False, 2048),
-    "llama-2-7b": ModelShape("llama-2-7b", 32000, 4096, 11008, 32, 32, 32, 128, False, 4096),
-    "llama-3-8b": ModelShape("llama-3-8b", 128256, 4096, 14336, 32, 32, 8, 128, False, 8192),
-    "mistral-7b": ModelShape("mistral-7b", 32000, 4096, 14336, 32, 32, 8, 128, False, 32768),
-    "qwen2-7b": ModelShape("qwen2-7b", 152064, 3584, 18944, 28, 28, 4, 128, False, 32768),
-    "vicuna-13b": ModelShape("vicuna-13b", 32000, 5120, 13824, 40, 40, 40, 128, False, 2048),
+    "smollm2-135m": ModelShape(49152, 576, 1536, 30, 9, 3, 64, True, name="smollm2-135m", max_context=8192),
+    "vicuna-7b": ModelShape(32000, 4096, 11008, 32, 32, 32, 128, False, name="vicuna-7b", max_context=2048),
+    "llama-2-7b": ModelShape(32000, 4096, 11008, 32, 32, 32, 128, False, name="llama-2-7b", max_context=4096),
+    "llama-3-8b": ModelShape(128256, 4096, 14336, 32, 32, 8, 128, False, name="llama-3-8b", max_context=8192),
+    "mistral-7b": ModelShape(32000, 4096, 14336, 32, 32, 8, 128, False, name="mistral-7b", max_context=32768),
+    "qwen2-7b": ModelShape(152064, 3584, 18944, 28, 28, 4, 128, False, name="qwen2-7b", max_context=32768),
+    "vicuna-13b": ModelShape(32000, 5120, 13824, 40, 40, 40, 128, False, name="vicuna-13b", max_context=2048),
 }
 
 

@@ -100,8 +100,8 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
     plain = linear_step_time(t1, tb, big)
     if heads is None:
         return plain
-    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(), repeats,
-                                     hooks, (runs, total))
+    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(),
+                                     repeats=repeats, hooks=hooks, runs=(runs, total))
     return linear_step_time(t1, tb, big, max(0.0, step - plain(depth + 1, 0)) / depth)
 
 
@@ -138,15 +138,31 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 32, context:
     t1 = fastest(None)
     if heads is None:
         return linear_step_time(t1, t1, big)
-    d = min(3, heads.num_heads)
+    chain = load_tree(f"chain-{min(3, heads.num_heads)}")
     wide = specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big)
-    c1, c2 = fastest(load_tree(f"chain-{d}")) - t1, fastest(wide) - t1
-    # step(n, depth) = t1 + slope·(n − 1) + level·depth, through the chain and the wide tree
-    n2, d2 = wide.num_nodes - 1, wide.depth
-    det = d * d2 - n2 * d
-    slope = max(0.0, (c1 * d2 - c2 * d) / det)
-    level = max(0.0, (d * c2 - n2 * c1) / det)
-    return linear_step_time(t1, t1 + slope * (big - 1), big, level)
+    return solve_step_time(t1, TimedStep(chain.num_nodes, chain.depth, fastest(chain)),
+                           TimedStep(wide.num_nodes, wide.depth, fastest(wide)), big=big)
+
+
+@dataclass(frozen=True)
+class TimedStep:
+    """The fastest whole step on a tree of ``nodes`` nodes drafted ``depth`` levels deep."""
+
+    nodes: int
+    depth: int
+    seconds: float
+
+
+def solve_step_time(plain: float, a: TimedStep, b: TimedStep, *, big: int) -> StepTime:
+    """The step-time model through a plain step of ``plain`` seconds and two timed trees:
+    step(n, depth) = plain + slope·(n − 1) + level·depth, solved for slope (per node) and
+    level (per drafted level) from ``a`` and ``b``; a negative solution (noise: a bigger
+    tree timed faster) counts as 0."""
+    a_extra, b_extra = a.seconds - plain, b.seconds - plain
+    det = (a.nodes - 1) * b.depth - (b.nodes - 1) * a.depth
+    slope = max(0.0, (a_extra * b.depth - b_extra * a.depth) / det)
+    level = max(0.0, ((a.nodes - 1) * b_extra - (b.nodes - 1) * a_extra) / det)
+    return linear_step_time(plain, plain + slope * (big - 1), big, level)
 
 
 def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, width: int,
@@ -158,8 +174,9 @@ def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, w
 
     times: list[float] = []
     hooks.before_run()
-    # a step commits 1 to `width` tokens: room for `steps` steps even if every draft is accepted
-    for step in decoder.generate(prompt, GenerationConfig(max_new_tokens=steps * width)):
+    # a step commits 1 to `width` tokens: room for `steps` steps even if every draft is accepted,
+    # after the prefill's own first token (without it a plain run timed one step too few)
+    for step in decoder.generate(prompt, GenerationConfig(max_new_tokens=1 + steps * width)):
         if not step.prefill:
             times.append(step.forward_s)
             hooks.done(runs[0] + len(times), runs[1])
@@ -169,7 +186,7 @@ def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, w
     return min(times[warmup:] or times)
 
 
-def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], repeats: int,
+def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], *, repeats: int,
                               hooks: TimingHooks = TimingHooks(), runs: tuple[int, int] = (0, 0)) -> float:
     from specmemo_core.runtime.decoding import Decoder
 
@@ -296,7 +313,7 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
     return model.eval().requires_grad_(False)
 
 
-def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, prompt_tokens: int, reply_tokens: int,
+def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, *, prompt_tokens: int, reply_tokens: int,
            turns: int, seed: int = 0) -> Verification:
     """Run the planned chat with synthetic text (prefill + ``turns`` turns) and measure.
 

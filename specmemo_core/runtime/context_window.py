@@ -44,8 +44,8 @@ def _turn_starts(history: Sequence[dict[str, str]], start: int) -> list[int]:
     return [i for i in range(start + 1, len(history)) if history[i]["role"] == "user"] + [len(history)]
 
 
-def fit_window(history: Messages, user_text: str, system_prompt: str, start: int,
-               count_tokens: Callable[[Messages], int], capacity: int, reserve: int, *, fewest: int = 0) -> Window:
+def fit_window(history: Messages, user_text: str, system_prompt: str, *, start: int,
+               count_tokens: Callable[[Messages], int], capacity: int, reserve: int, fewest: int = 0) -> Window:
     """Slide ``start`` forward until system prompt + history[start:] + the new message + ``reserve``
     (the reply and the tree's scratch slots) fit ``capacity`` tokens.
 

@@ -47,9 +47,10 @@ class PackedLinear(nn.Module):
 
 
 def _packable(module: nn.Module) -> bool:
-    w = getattr(module, "weight", None)
-    return (type(module) is nn.Linear and type(w) in (torch.Tensor, nn.Parameter)
-            and w.device.type == "cpu" and w.dtype == torch.float32)
+    if type(module) is not nn.Linear:
+        return False
+    w = module.weight  # a torchao-quantized Linear holds a tensor subclass here: not packed
+    return type(w) in (torch.Tensor, nn.Parameter) and w.device.type == "cpu" and w.dtype == torch.float32
 
 
 def pack_linears(root: nn.Module) -> int:

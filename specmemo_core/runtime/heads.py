@@ -102,8 +102,9 @@ class HeadsSpec:
 
     def context_model_spec(self):
         """The context layer's shape as a one-layer ``ModelSpec`` (so it reuses model.py)."""
-        return ModelSpec("llama", self.vocab_size, self.hidden_size, self.context_mlp, 1, self.context_heads,
-                         self.context_kv_heads, self.context_head_dim, 1e-5, False, False, False, False, 0)
+        return ModelSpec(self.vocab_size, self.hidden_size, self.context_mlp, 1, self.context_heads,
+                         self.context_kv_heads, self.context_head_dim, False, model_type="llama", rms_norm_eps=1e-5,
+                         qkv_bias=False, o_bias=False, mlp_bias=False, max_position_embeddings=0)
 
 
 class ResBlock(nn.Module):

@@ -20,28 +20,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmemo_core.runtime.kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
-from specmemo_core.planning.memory import PICK_ROWS
+from specmemo_core.planning.memory import PICK_ROWS, ModelDimensions
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """The shape of a Llama-family model, read from a transformers config."""
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(ModelDimensions):
+    """The shape of a Llama-family model, read from a transformers config: its sizes
+    (``ModelDimensions``, shared with the planner's ``ModelShape``) and behaviour flags."""
 
     model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rms_norm_eps: float
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
-    tie_word_embeddings: bool
     max_position_embeddings: int
 
     def __post_init__(self) -> None:

@@ -207,7 +207,7 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     (packed values, scales, zero points), found through the subclass protocol."""
     if is_traceable_wrapper_subclass(t):
         names, _ctx = t.__tensor_flatten__()
-        return sum(_tensor_bytes(getattr(t, n)) for n in names)
+        return sum(_tensor_bytes(getattr(t, n)) for n in names)  # torchao's inner tensors: a third-party probe
     return t.numel() * t.element_size()
 
 

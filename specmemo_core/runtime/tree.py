@@ -28,7 +28,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -65,8 +65,8 @@ class TreeBuffers:
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
         """The same buffers on ``device`` (moved once per decoder, not per step)."""
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        return replace(self, **{name: value.to(device) for name, value in vars(self).items()
+                                if isinstance(value, torch.Tensor)})
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.storage.data_folder import data_dir
 from specmemo_core.storage.journal import PendingJournal, PendingWrite
 from specmemo_core.storage.salvage import Salvage, salvage
 from specmemo_core.text import encodable
@@ -140,7 +141,6 @@ class ChatStore:
 
     def __init__(self, path: Path | None = None) -> None:
         if path is None:
-            from specmemo_core.storage.sources import data_dir  # imported late: sources pulls in torch
             path = data_dir() / FILE_NAME
         self.path = Path(path)
         self.recovered_from: Path | None = None

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Sequence
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.storage.sources import Progress, WheelAsset, data_dir, ensure_wheel_file
+from specmemo_core.storage.data_folder import data_dir
+from specmemo_core.storage.sources import WheelAsset, ensure_wheel_file
+from specmemo_core.storage.transfer import Progress
 
 log = logging.getLogger(__name__)
 

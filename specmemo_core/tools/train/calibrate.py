@@ -40,7 +40,7 @@ def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head:
     heads = heads.to(device)
     m, k = feats.targets.shape
     hidden = feats.hidden
-    if getattr(heads, "context", None) is not None:
+    if heads.context is not None:
         hidden = context_hidden(heads, feats, rope, device)
     ranks = torch.full((m, k), -1, dtype=torch.long)
     for b in range(0, m, batch_size):
