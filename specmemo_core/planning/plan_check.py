@@ -97,6 +97,7 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
         t1 = tb = float("inf")
         for _ in range(repeats):
             t1, tb = min(t1, forward(1)), min(tb, forward(big))
+    tb = max(tb, t1)  # noise (a burst of load during the 1-token runs) never makes more tokens cheaper
     plain = linear_step_time(t1, tb, big)
     if heads is None:
         return plain
