@@ -289,11 +289,12 @@ class CausalLM(nn.Module):
         weights = dict(state_dict)
         if "lm_head.weight" not in weights and spec.tie_word_embeddings:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        missing = set(model.state_dict()) - set(weights)
+        wanted = model.state_dict().keys()  # once: building it walks every module
+        missing = wanted - weights.keys()
         if missing:
             raise ValueError(f"weights are missing tensors: {sorted(missing)[:5]}")
         model.load_state_dict(
-            {k: w.to(device=device, dtype=dtype) for k, w in weights.items() if k in model.state_dict()},
+            {k: w.to(device=device, dtype=dtype) for k, w in weights.items() if k in wanted},
             assign=True, strict=True,
         )
         if spec.tie_word_embeddings:

@@ -158,7 +158,8 @@ def read_tensor(data: np.ndarray, entry: TensorEntry, index: GGUFIndex) -> np.nd
     from gguf.quants import dequantize, quant_shape_to_byte_shape
 
     kind = GGMLQuantizationType(entry.kind)
-    raw = data[entry.offset: entry.offset + entry.nbytes].reshape(quant_shape_to_byte_shape(entry.shape, kind))
+    raw = data[entry.offset: entry.offset + entry.nbytes].view(np.ndarray)  # a plain view: numpy's memmap
+    raw = raw.reshape(quant_shape_to_byte_shape(entry.shape, kind))  # subclass costs per operation
     weight = dequantize(raw, kind)  # float32 [rows, cols]; a view of the file for F32
     if index.architecture in _ROTARY_PERMUTED and (".attn_q." in entry.name or ".attn_k." in entry.name):
         weight = _unpermute(weight, index.num_heads if ".attn_q." in entry.name else index.num_kv_heads)
