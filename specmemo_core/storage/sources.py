@@ -404,7 +404,8 @@ def _read_cache(cache: Path) -> tuple | None:
 
 
 def _read_gguf_header(path: Path, cache: Path, report: Progress) -> tuple:
-    """First load of a file: its tensor table, config and tokenizer, written to `cache`."""
+    """First load of a file: its tensor table, config and tokenizer (cached by the caller once the
+    weights matched the config)."""
     report("reading the model file", 0.0)
     index, config = gguf_load.read_header(path)
     report("reading the model file", 0.5)
@@ -417,10 +418,6 @@ def _read_gguf_header(path: Path, cache: Path, report: Progress) -> tuple:
     except Exception as exc:
         raise ModelFileError(path, f"its tokenizer could not be read ({exc})", _FIX_GGUF) from exc
     report("reading the model file", 1.0)
-    try:
-        _write_cache(cache, index, config, tokenizer)
-    except OSError as exc:  # still usable, only slower next time
-        log.warning("could not write model cache %s (%s)", cache, exc)
     return index, config, tokenizer
 
 
@@ -442,6 +439,12 @@ def _load_gguf(path: Path, dtype: torch.dtype, report: Progress) -> tuple:
         cached = _read_cache(cache)
         index, config, tokenizer = cached or _read_gguf_header(path, cache, report)
         sd = gguf_load.load_state_dict(path, index, dtype, report, keep)
+        check_declared_sizes(path, config, sd)  # a bad file leaves no cache behind
+        if cached is None:
+            try:
+                _write_cache(cache, index, config, tokenizer)
+            except OSError as exc:  # still usable, only slower next time
+                log.warning("could not write model cache %s (%s)", cache, exc)
     except (MemoryError, OSError) as exc:  # mmap reports low memory as OSError ENOMEM, not MemoryError
         if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
             raise
