@@ -548,7 +548,10 @@ class MainWindow(QMainWindow):
                 self.history.append((0, "user", text))
                 self.say(str(exc), "warning")
             if self.store.get(self.conversation_id).title == "New chat":
-                self.store.rename(self.conversation_id, title_from(text))
+                try:
+                    self.store.rename(self.conversation_id, title_from(text))
+                except ChatStoreError:
+                    pass  # disk full or locked: the title is tried again with the next message
                 self.title.setText(title_from(text))
                 self.sidebar.refresh()
             self.view.add("user", text)

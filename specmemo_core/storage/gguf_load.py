@@ -102,7 +102,11 @@ def read_header(path: Path) -> tuple[GGUFIndex, "transformers.PretrainedConfig"]
     if unknown:
         raise ModelFileError(path, f"tensors this {arch} loader does not know: {', '.join(unknown[:5])}",
                              "use a plain (not multimodal or mixture-of-experts) GGUF of a supported family")
-    config = build_config(reader, arch, tensors)
+    try:  # a missing or nonsensical size key (None, 0 heads) is a bad file, not a bug
+        config = build_config(reader, arch, tensors)
+    except Exception as exc:
+        raise ModelFileError(path, f"its metadata cannot describe a model ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})", _FIX) from exc
     heads = config.num_attention_heads
     return GGUFIndex(arch, tensors, heads, config.num_key_value_heads or heads), config
 

@@ -228,6 +228,49 @@ def model_identity(name: str, config: transformers.PretrainedConfig, sample: tor
     return ModelIdentity(name=name, fingerprint=digest.hexdigest()[:16])
 
 
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def check_declared_sizes(path: Path, config: transformers.PretrainedConfig, sd: dict[str, torch.Tensor]) -> None:
+    """Every size the config declares is a whole number ≥ 1 and matches the tensors actually in the file
+    (layer count, embedding, attention and MLP shapes): a file claiming 100,000 layers or 0 heads is
+    refused here, before a model or a KV cache is sized from the claim (issue 18 items 6 and 9)."""
+    fix = "download the model again; its config does not describe its weights"
+    sizes = {n: getattr(config, n, None) for n in _SIZES}
+    sizes["num_key_value_heads"] = sizes["num_key_value_heads"] or sizes["num_attention_heads"]
+    for name, value in sizes.items():
+        if value is None and name == "head_dim":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelFileError(path, f"the config declares {name} = {value!r}; every size must be a whole "
+                                 "number ≥ 1", fix)
+    heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if heads % kv:
+        raise ModelFileError(path, f"the config declares {heads} attention heads, not a multiple of its {kv} "
+                             "key/value heads", fix)
+    hidden, inter, head_dim = sizes["hidden_size"], sizes["intermediate_size"], sizes["head_dim"]
+    head_dim = head_dim or hidden // heads
+    present = {int(k.split(".")[2]) for k in sd if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if present != set(range(sizes["num_hidden_layers"])):
+        raise ModelFileError(path, f"the config declares {sizes['num_hidden_layers']} layers, but the file holds "
+                             f"weights for {len(present)}", fix)
+    expected = {"model.embed_tokens.weight": (sizes["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+    for i in sorted(present):
+        expected |= {f"model.layers.{i}.self_attn.q_proj.weight": (heads * head_dim, hidden),
+                     f"model.layers.{i}.self_attn.k_proj.weight": (kv * head_dim, hidden),
+                     f"model.layers.{i}.self_attn.v_proj.weight": (kv * head_dim, hidden),
+                     f"model.layers.{i}.self_attn.o_proj.weight": (hidden, heads * head_dim),
+                     f"model.layers.{i}.mlp.gate_proj.weight": (inter, hidden),
+                     f"model.layers.{i}.mlp.up_proj.weight": (inter, hidden),
+                     f"model.layers.{i}.mlp.down_proj.weight": (hidden, inter)}
+    for name, shape in expected.items():
+        if name not in sd:
+            raise ModelFileError(path, f"the weights lack {name}", "use a complete checkpoint of a supported model")
+        if tuple(sd[name].shape) != shape:
+            raise ModelFileError(path, f"{name} is {tuple(sd[name].shape)}, but the config declares {shape}", fix)
+
+
 def _finish(path: Path, sd: dict[str, torch.Tensor], config: transformers.PretrainedConfig,
             dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Cast to `dtype`; when tied, lm_head.weight is the embedding object itself (as in HF)."""
@@ -321,7 +364,8 @@ def _read_cache(cache: Path) -> tuple | None:
 
 
 def _read_gguf_header(path: Path, cache: Path, report: Progress) -> tuple:
-    """First load of a file: its tensor table, config and tokenizer, written to `cache`."""
+    """First load of a file: its tensor table, config and tokenizer (cached by the caller once the
+    weights matched the config)."""
     report("reading the model file", 0.0)
     index, config = gguf_load.read_header(path)
     report("reading the model file", 0.5)
@@ -334,10 +378,6 @@ def _read_gguf_header(path: Path, cache: Path, report: Progress) -> tuple:
     except Exception as exc:
         raise ModelFileError(path, f"its tokenizer could not be read ({exc})", _FIX_GGUF) from exc
     report("reading the model file", 1.0)
-    try:
-        _write_cache(cache, index, config, tokenizer)
-    except OSError as exc:  # still usable, only slower next time
-        log.warning("could not write model cache %s (%s)", cache, exc)
     return index, config, tokenizer
 
 
@@ -359,7 +399,15 @@ def _load_gguf(path: Path, dtype: torch.dtype, report: Progress) -> tuple:
         cached = _read_cache(cache)
         index, config, tokenizer = cached or _read_gguf_header(path, cache, report)
         sd = gguf_load.load_state_dict(path, index, dtype, report, keep)
-    except MemoryError as exc:
+        check_declared_sizes(path, config, sd)  # a bad file leaves no cache behind
+        if cached is None:
+            try:
+                _write_cache(cache, index, config, tokenizer)
+            except OSError as exc:  # still usable, only slower next time
+                log.warning("could not write model cache %s (%s)", cache, exc)
+    except (MemoryError, OSError) as exc:  # mmap reports low memory as OSError ENOMEM, not MemoryError
+        if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
+            raise
         raise LowMemoryError(f"the computer ran out of memory while loading {path.name} ({exc}); "
                              "close other programs, or choose a smaller model") from exc
     return config, sd, tokenizer, samples.get("model.embed_tokens.weight"), cached is not None
@@ -404,7 +452,11 @@ def _load_folder(folder: Path, report: Progress) -> tuple:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    try:  # transformers checks a few sizes itself (0 heads, a negative hidden size): the same bad file
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:
+        raise ModelFileError(cfg_file, f"the config cannot describe a model ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})", "download the model folder again") from exc
     sd: dict[str, torch.Tensor] = {}
     for i, file in enumerate(files):
         try:
@@ -437,6 +489,7 @@ def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float3
     else:
         raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
                              "point SpecMemo at a .gguf file or at a folder holding config.json")
+    check_declared_sizes(path, config, sd)  # before anything is sized from the config
     sd = _finish(path, sd, config, dtype)  # refuses weights without an embedding
     identity = model_identity(model_name(source), config, sample)
     seconds = time.perf_counter() - start

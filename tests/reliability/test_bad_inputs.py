@@ -134,6 +134,100 @@ def folder_pickled_weights(tmp_path, monkeypatch):
     assert not marker.exists()
 
 
+# --- size claims and odd configs (issue 18 items 6, 9, 10) ------------------------------------------
+
+def _folder_with_config(tmp_path: Path, **change) -> Path:
+    folder = _tiny_hf_folder(tmp_path)
+    config = json.loads((folder / "config.json").read_text()) | change
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def gguf_claiming_layers(path: Path, layers: int) -> Path:
+    """A valid tiny GGUF (2 layers of tensors) whose block_count says ``layers``: the uint32 after the key."""
+    import struct
+
+    data = bytearray(write_tiny_gguf(path, hidden=32).read_bytes())
+    at = data.index(b"llama.block_count") + len(b"llama.block_count")
+    assert struct.unpack("<II", data[at:at + 8]) == (4, 2)  # GGUF type 4 (uint32), value 2
+    data[at + 4:at + 8] = struct.pack("<I", layers)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@case("model config declaring 0 attention heads",
+      "ModelFileError 'the config cannot describe a model (ZeroDivisionError …)' at once; no traceback")
+def config_zero_heads(tmp_path, monkeypatch):
+    folder = _folder_with_config(tmp_path, num_attention_heads=0)
+    _refused_model(tmp_path, monkeypatch, folder, "the config cannot describe a model")
+
+
+@case("model config declaring num_attention_heads null", "ModelFileError 'the config cannot describe a model'")
+def config_null_heads(tmp_path, monkeypatch):
+    folder = _folder_with_config(tmp_path, num_attention_heads=None)
+    _refused_model(tmp_path, monkeypatch, folder, "the config cannot describe a model")
+
+
+@case("model config with a negative size", "ModelFileError 'declares intermediate_size = -5; every size must be … ≥ 1'")
+def config_negative_size(tmp_path, monkeypatch):
+    folder = _folder_with_config(tmp_path, intermediate_size=-5)
+    _refused_model(tmp_path, monkeypatch, folder, "declares intermediate_size = -5; every size must be a whole number")
+
+
+@case("model config claiming 100,000 layers for 2 layers' tensors",
+      "ModelFileError 'declares 100000 layers, but the file holds weights for 2' in well under a second")
+def config_claims_layers(tmp_path, monkeypatch):
+    import time
+
+    folder = _folder_with_config(tmp_path, num_hidden_layers=100_000)
+    started = time.perf_counter()
+    _refused_model(tmp_path, monkeypatch, folder, "declares 100000 layers, but the file holds weights for 2")
+    assert time.perf_counter() - started < 10  # before: 270 s building 100,000 layers, then a bare ValueError
+
+
+@case("model config claiming a larger vocabulary than its embedding",
+      "ModelFileError 'model.embed_tokens.weight is (32, 16), but the config declares (100000, 16)'")
+def config_claims_vocab(tmp_path, monkeypatch):
+    folder = _folder_with_config(tmp_path, vocab_size=100_000)
+    _refused_model(tmp_path, monkeypatch, folder, "embed_tokens.weight is \\(32, 16\\), but the config declares \\(100000, 16\\)")
+
+
+@case("10 KB GGUF claiming 100,000 layers",
+      "ModelFileError 'declares 100000 layers, but the file holds weights for 2' at once; no cache written")
+def gguf_claims_layers(tmp_path, monkeypatch):
+    import time
+
+    bad = gguf_claiming_layers(tmp_path / "claims.gguf", 100_000)
+    started = time.perf_counter()
+    _refused_model(tmp_path, monkeypatch, bad, "declares 100000 layers, but the file holds weights for 2")
+    assert time.perf_counter() - started < 30  # before: minutes and gigabytes, then an empty reason
+
+
+@case("GGUF differing from a cached one only in the middle",
+      "each file loads its own weights: the cache is keyed by the whole file's sha256, not size + first/last MiB")
+def gguf_same_ends(tmp_path, monkeypatch):
+    import numpy as np
+
+    from specmemo_core.storage import gguf_load
+    from specmemo_core.storage.sources import content_sha256
+
+    monkeypatch.setenv("SPECMEMO_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "a").mkdir()
+    a = write_tiny_gguf(tmp_path / "a" / "m.gguf", hidden=32)
+    first = load_model(a)
+    data = bytearray(a.read_bytes())
+    entry = next(t for t in gguf_load.read_header(a)[0].tensors if t.name == "blk.0.ffn_up.weight")
+    data[entry.offset: entry.offset + 4] = np.float32(123.0).tobytes()  # same size, same first and last MiB
+    b = tmp_path / "b" / "m.gguf"
+    b.parent.mkdir()
+    b.write_bytes(bytes(data))
+    second = load_model(b)
+    assert content_sha256(a) != content_sha256(b) and not second.from_cache
+    assert second.state_dict["model.layers.0.mlp.up_proj.weight"][0, 0].item() == 123.0
+    assert first.state_dict["model.layers.0.mlp.up_proj.weight"][0, 0].item() != 123.0
+    assert load_model(a).from_cache and load_model(b).from_cache  # each its own cache entry
+
+
 # --- draft heads ----------------------------------------------------------------------------------
 
 class _Evil:
@@ -552,6 +646,132 @@ for _name, _args, _needle in CLI_CASES:
                       lambda tmp_path, monkeypatch, a=_args, n=_needle: _cli_refuses(tmp_path, a, n)))
 
 
+# --- the CLI on bad model files, odd options and odd terminals (tiny models; issue 18 items 6, 7, 12) --------
+
+_MODEL_RUNS: dict[str, subprocess.Popen] = {}
+CHAT_LINES = b"hello\ncaf\xe9 \xff\xfe na\xefve\n/quit\nnever read\n"  # Latin-1 bytes: invalid UTF-8
+
+
+def _model_files(root: Path) -> dict[str, str]:
+    """Tiny model files for the CLI runs: a good GGUF, a folder whose config has 0 heads, a GGUF claiming
+    100,000 layers, .pt heads with an integer key."""
+    root.mkdir(parents=True)
+    zero = root / "zero-heads"
+    zero.mkdir()
+    write_tiny_hf(zero)
+    (zero / "config.json").write_text(json.dumps(json.loads((zero / "config.json").read_text())
+                                                 | {"num_attention_heads": 0}))
+    heads = root / "int-key-heads"
+    heads.mkdir()
+    (heads / "config.json").write_text(json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1}))
+    torch.save({0: torch.zeros(32, 32), "0.1.weight": torch.zeros(261, 32)}, heads / "medusa_lm_head.pt")
+    (root / "chat-input.txt").write_bytes(CHAT_LINES)
+    return {"tiny": str(write_tiny_gguf(root / "tiny.gguf", hidden=32)), "zero_heads": str(zero),
+            "claims": str(gguf_claiming_layers(root / "claims.gguf", 100_000)), "int_heads": str(heads),
+            "input": str(root / "chat-input.txt")}
+
+
+def _start_model_runs(root: Path) -> None:
+    files = _model_files(root / "files")
+    for name, args, encoding, _check in MODEL_CLI_CASES:
+        data = root / name.replace(" ", "_").replace("/", "_")
+        env = child_env(SPECMEMO_DATA_DIR=str(data), PYTHONIOENCODING=encoding)
+        stdin = open(files["input"], "rb") if args[0] == "chat" else subprocess.DEVNULL  # noqa: SIM115
+        _MODEL_RUNS[name] = subprocess.Popen([sys.executable, "-m", "specmemo_core.cli", *(a.format(**files) for a in args)],
+                                             stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)
+        _MODEL_RUNS[name].data = data  # type: ignore[attr-defined]
+
+
+def _cli_model_case(tmp_path: Path, name: str, check: Callable) -> None:
+    if not _MODEL_RUNS:  # all start together on first use (each pays seconds of imports)
+        _start_model_runs(tmp_path / "cli-models")
+    proc = _MODEL_RUNS[name]
+    stdout, stderr = proc.communicate(timeout=600)
+    said = [ln for ln in stderr.decode("utf-8", "replace").replace("\r", "\n").splitlines()
+            if ln.strip() and "%|" not in ln and not ln.startswith(("Failed to load", "W1201", "W1202"))]
+    check(proc.returncode, stdout, said, proc.data)  # type: ignore[attr-defined]
+
+
+def _one_line(needle: str, code: int = 2) -> Callable:
+    def check(rc: int, stdout: bytes, said: list[str], data: Path) -> None:
+        assert rc == code, (rc, said[-5:])
+        assert not any("Traceback" in ln for ln in said), said
+        errors = [ln for ln in said if "error" in ln.lower()]
+        assert len(errors) == 1 and errors[0].startswith("error: ") and needle in errors[0], said[-5:]
+    return check
+
+
+def _unexpected(rc: int, stdout: bytes, said: list[str], data: Path) -> None:
+    _one_line("unexpected NotADirectoryError", code=1)(rc, stdout, said, data)
+    line = [ln for ln in said if ln.startswith("error: ")][0]
+    logs = list((data / "logs").glob("specmemo-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in line and "please report it" in line, (line, logs)
+    text = logs[0].read_text(encoding="utf-8")
+    assert "Traceback (most recent call last)" in text and "NotADirectoryError" in text
+
+
+def _context_capped(rc: int, stdout: bytes, said: list[str], data: Path) -> None:
+    assert rc == 0, said[-5:]
+    assert any(ln.startswith("warning: --context 100000000 is beyond the 64 tokens tiny was trained on")
+               and "using 64" in ln for ln in said), said
+    assert any("context 64 tokens" in ln for ln in said), said
+
+
+def _chat_survives(replacement: bytes) -> Callable:
+    def check(rc: int, stdout: bytes, said: list[str], data: Path) -> None:
+        assert rc == 0 and not any("UnicodeDecodeError" in ln or "UnicodeEncodeError" in ln for ln in said), said
+        replies = [r.split(b"\nyou> ")[0] for r in stdout.split(b"bot> ")[1:]]
+        assert len(replies) == 2 and all(r.strip() for r in replies), stdout  # the invalid line got its reply too
+        assert replacement in b"".join(replies), stdout  # undecodable or unprintable text became a replacement
+        assert b"never read" not in stdout
+    return check
+
+
+TINY = ["generate", "--model", "{tiny}", "--prompt", "hi", "--max-new-tokens", "2"]
+MODEL_CLI_CASES: list[tuple[str, list[str], str, Callable]] = [
+    ("generate --model with 0 attention heads in its config",
+     ["generate", "--model", "{zero_heads}", "--prompt", "hi"], "utf-8", _one_line("the config cannot describe a model")),
+    ("generate --model a GGUF claiming 100,000 layers",
+     ["generate", "--model", "{claims}", "--prompt", "hi"], "utf-8", _one_line("declares 100000 layers")),
+    ("generate --heads .pt with an integer key", TINY + ["--heads", "{int_heads}"], "utf-8",
+     _one_line("Medusa weights lack tensor")),
+    ("generate --tree calibrated-x", TINY + ["--tree", "calibrated-x"], "utf-8", _one_line("tree calibrated-x")),
+    ("generate --device banana", TINY + ["--device", "banana"], "utf-8", _one_line("no device 'banana'")),
+    ("generate --device cuda on a CPU build", TINY + ["--device", "cuda"], "utf-8", _one_line("no device 'cuda'")),
+    ("train-heads --out /dev/null/heads (an unexpected failure)",
+     ["train-heads", "--out", "/dev/null/heads", "--steps", "1", "--prompts", "1"], "utf-8", _unexpected),
+    ("generate --context 10^8", TINY + ["--context", "100000000"], "utf-8", _context_capped),
+    ("chat with invalid UTF-8 on stdin", ["chat", "--model", "{tiny}", "--max-new-tokens", "8"], "utf-8:strict",
+     _chat_survives("\ufffd".encode())),
+    ("chat on an ASCII terminal", ["chat", "--model", "{tiny}", "--max-new-tokens", "8"], "ascii:strict",
+     _chat_survives(b"?")),
+]
+MODEL_CLI_PROMISES = {
+    "generate --model with 0 attention heads in its config": "exit code 2, one line 'error: … the config cannot describe a model (ZeroDivisionError …)'",
+    "generate --model a GGUF claiming 100,000 layers": "exit code 2, one line 'error: … declares 100000 layers, but the file holds weights for 2'",
+    "generate --heads .pt with an integer key": "exit code 2, one line 'error: … Medusa weights lack tensor …'",
+    "generate --tree calibrated-x": "exit code 2, one line 'error: tree calibrated-x needs the heads' calibration.json …'",
+    "generate --device banana": "exit code 2, one line 'error: no device 'banana' here (found: …)'",
+    "generate --device cuda on a CPU build": "exit code 2, one line 'error: no device 'cuda' here …' (skipped where CUDA exists)",
+    "train-heads --out /dev/null/heads (an unexpected failure)": "exit code 1, one line 'error: unexpected NotADirectoryError … please report it' naming logs/specmemo-….log, which holds the traceback",
+    "generate --context 10^8": "the reply, after 'warning: --context 100000000 is beyond the 64 tokens tiny was trained on …; using 64'",
+    "chat with invalid UTF-8 on stdin": "strict UTF-8 terminal: the invalid line is read with U+FFFD and answered; no UnicodeDecodeError",
+    "chat on an ASCII terminal": "replies print with '?' for what the terminal cannot show; no UnicodeEncodeError",
+}
+
+
+def _model_cli(name: str, check: Callable) -> Callable:
+    def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        if name.endswith("on a CPU build") and torch.cuda.is_available():
+            pytest.skip("needs a machine without CUDA")
+        _cli_model_case(tmp_path, name, check)
+    return run
+
+
+for _name, _args, _encoding, _check in MODEL_CLI_CASES:
+    CASES.append(Case(f"CLI {_name}", MODEL_CLI_PROMISES[_name], _model_cli(_name, _check)))
+
+
 # --- the history database -------------------------------------------------------------------------
 
 @case("history file that is not SQLite",
@@ -676,3 +896,104 @@ def test_disk_full_in_the_window(qtbot, make_window, folder, record_property) ->
     assert saved[:2] == [("user", "first question"), ("assistant", "w0 w1 w2 w3 w4 ")]
     assert ("user", "second question") in saved and saved[-2] == ("user", "third question")
     assert store.pending == []
+
+
+class _Asks:
+    """The window's dialogs, answered in turn; ``on_ask`` runs before each answer (space coming back)."""
+
+    def __init__(self, *answers: str, on_ask: Callable[[], None] = lambda: None) -> None:
+        self.answers, self.on_ask, self.asked, self.told = list(answers), on_ask, [], []
+
+    def ask(self, title, text, choices):
+        self.asked.append((title, text, choices))
+        self.on_ask()
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    def tell(self, title, text):
+        self.told.append((title, text))
+
+    inform = tell
+
+
+def _max_pages(store, full: bool) -> None:
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0] if full else 1073741823
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_unsaved_messages_at_close_in_the_window(qtbot, make_window, folder, record_property) -> None:
+    """Disk full at close: the window asks Retry / Quit anyway / Cancel; Cancel keeps it open, Quit anyway keeps
+    the message in the journal and the next start saves it once."""
+    window = make_window(fake_runtime(ScriptedBackend(delay=0.001)))
+    type_and_send(qtbot, window, "first question")
+    wait_reply(qtbot, window)
+    store, conv = window.store, window.conversation_id
+    _max_pages(store, True)  # a real SQLITE_FULL from here on
+    type_and_send(qtbot, window, "asked while the disk was full " + "x" * 20_000)
+    wait_reply(qtbot, window)
+    assert store.pending
+    window.dialogs = _Asks("Retry", "Cancel")
+    window.close()
+    assert window.isVisible() and len(window.dialogs.asked) == 2  # Retry failed again, then Cancel: still open
+    title, text, choices = window.dialogs.asked[0]
+    assert title == "Some messages are not saved yet" and choices == ["Retry", "Quit anyway", "Cancel"]
+    assert "could not be saved yet" in text and str(store.journal.location) in text
+    window.dialogs = _Asks("Quit anyway")
+    window.close()
+    assert not window.isVisible() and window.dialogs.asked
+    again = ChatStore(folder / "history.sqlite3")  # the next start, with room on the disk
+    texts = [m.content[:30] for m in again.messages(conv)]
+    assert texts.count("asked while the disk was full ") == 1 and texts[0] == "first question", texts
+    again.close()
+
+
+def test_retry_at_close_saves_once_space_returns(qtbot, make_window, folder, record_property) -> None:
+    """Disk full at close, space back before Retry: Retry saves the message and the window closes; nothing lost."""
+    window = make_window(fake_runtime(ScriptedBackend(delay=0.001)))
+    store = window.store
+    _max_pages(store, True)
+    type_and_send(qtbot, window, "sent while full " + "y" * 20_000)
+    wait_reply(qtbot, window)
+    conv = window.conversation_id
+    window.dialogs = _Asks("Retry", on_ask=lambda: _max_pages(store, False))
+    window.close()
+    assert not window.isVisible() and len(window.dialogs.asked) == 1
+    again = ChatStore(folder / "history.sqlite3")
+    assert [m.content[:16] for m in again.messages(conv)][0] == "sent while full "
+    assert again.pending == []
+    again.close()
+
+
+def _broken_model_in_the_window(qtbot, make_window, settings) -> tuple:
+    from app.runtime import load_runtime
+
+    window = make_window(settings=settings, loader=load_runtime)
+    window.dialogs = _Asks("Cancel")
+    window.start()
+    qtbot.waitUntil(lambda: bool(window.dialogs.asked) and not window.models.busy, timeout=120_000)
+    assert window._progress is None and "loading weights" not in window.hint.text()
+    return window, window.dialogs.asked[0]
+
+
+def test_config_with_0_heads_in_the_window(qtbot, make_window, tmp_path, record_property) -> None:
+    """The real loader on a config with num_attention_heads 0: a dialog with ways forward, busy ends, no model."""
+    from app.settings import ChatSettings
+
+    folder = _folder_with_config(tmp_path, num_attention_heads=0)
+    window, (title, text, choices) = _broken_model_in_the_window(qtbot, make_window, ChatSettings(model=str(folder)))
+    assert "cannot describe a model" in text and "Use the default model" in choices and "Cancel" in choices
+    assert window.runtime is None and window.welcome.state == "no_model"
+
+
+def test_heads_with_an_integer_key_in_the_window(qtbot, make_window, tmp_path, record_property) -> None:
+    """The real loader on .pt heads with an integer key: a dialog offering to run without heads, busy ends."""
+    from app.settings import ChatSettings
+
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    (heads / "config.json").write_text(json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1}))
+    torch.save({0: torch.zeros(32, 32), "0.1.weight": torch.zeros(261, 32)}, heads / "medusa_lm_head.pt")
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=32)
+    window, (title, text, choices) = _broken_model_in_the_window(
+        qtbot, make_window, ChatSettings(model=str(model), heads=str(heads)))
+    assert "Medusa weights lack tensor" in text and "Run without heads" in choices
+    assert window.runtime is None

@@ -421,3 +421,65 @@ def test_failed_export_keeps_the_previous_one(tmp_path: Path) -> None:
     assert proc.stdout.startswith("failed"), (proc.stdout, proc.stderr)
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["chat.md"]
+
+
+# --- low memory is not damage ---------------------------------------------------------------------
+
+def test_out_of_memory_reading_a_valid_model_cache(data_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """MemoryError reading a valid GGUF cache: LowMemoryError 'ran out of memory', the cache kept and used next time."""
+    from specmemo_core.errors import LowMemoryError
+    from specmemo_core.storage import gguf_load
+    from specmemo_core.storage.sources import load_model
+    from tests.core.test_sources import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=32)
+    load_model(path)
+    (cache,) = (data_dir / "cache").iterdir()
+
+    def no_memory(text: str) -> gguf_load.GGUFIndex:  # fault injection: what numpy raises when RAM runs out
+        raise MemoryError("Unable to allocate 1.00 GiB for an array")
+
+    with monkeypatch.context() as patch, pytest.raises(LowMemoryError, match="ran out of memory"):
+        patch.setattr(gguf_load.GGUFIndex, "from_json", staticmethod(no_memory))
+        load_model(path)
+    assert (cache / "COMPLETE").is_file() and (cache / "gguf_index.json").is_file()
+    assert load_model(path).from_cache
+
+
+LOW_MEMORY_CHILD = r"""
+import resource, sys
+from pathlib import Path
+from specmemo_core.errors import LowMemoryError
+from specmemo_core.storage.sources import load_model
+model = load_model(Path(sys.argv[1]))  # every lazy import done; then the weights are let go
+del model
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + (24 << 20), resource.RLIM_INFINITY))  # 24 MiB more: the 70 MB map fails
+try:
+    load_model(Path(sys.argv[1]))
+    print("loaded")
+except LowMemoryError as err:
+    print("LowMemoryError", err)
+except BaseException as err:
+    print("other", type(err).__name__, err)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc are Linux's")
+def test_real_low_memory_loading_a_cached_model(data_dir: Path, tmp_path: Path) -> None:
+    """Address space capped below the model's size (a real failed mmap): LowMemoryError, the valid cache kept."""
+    from specmemo_core.storage.sources import load_model
+    from tests.core.test_sources import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "big.gguf", hidden=1024)  # ~70 MB of float32 weights
+    load_model(path)
+    (cache,) = (data_dir / "cache").iterdir()
+    env = {**ENV, "SPECMEMO_DATA_DIR": str(data_dir)}
+    proc = subprocess.run([sys.executable, "-c", LOW_MEMORY_CHILD, str(path)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=300)
+    assert proc.stdout.startswith("LowMemoryError") and "ran out of memory" in proc.stdout, (proc.stdout,
+                                                                                           proc.stderr[-800:])
+    assert (cache / "COMPLETE").is_file() and (cache / "gguf_index.json").is_file()
+    assert load_model(path).from_cache
