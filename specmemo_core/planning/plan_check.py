@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.runtime.model import CausalLM, causal_mask, tree_mask
+from specmemo_core.runtime.model import CausalLM
 from specmemo_core.planning.planner import Plan, StepTime, linear_step_time
 from specmemo_core.runtime.tree import load_tree
 
@@ -50,89 +50,37 @@ class TimingHooks:
 
 def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int = 128, repeats: int = 3,
                  hooks: TimingHooks = TimingHooks()) -> StepTime:
-    """The planner's step-time model from a short timing: a forward over 1 and over
-    ``big`` tokens at ``context`` tokens of history, and the cost of a drafted level.
+    """The planner's step-time model from whole decoding steps, timed as this device runs
+    them: the static decoder's graph replays on CUDA, the decoder's eager steps elsewhere.
 
-    The two sizes are timed alternately and each keeps its fastest run: on a shared
-    machine other programs only ever add time, so the minimum is the cost of the step
-    itself, and alternating keeps a burst of load from landing on one size only (a
-    median of back-to-back runs once made plain steps look twice as slow as they were).
-    The level cost comes from real speculative steps of the decoder on a chain tree
-    (drafting, verifying, accepting, committing: the fastest step), less its forward, per
-    level: timing the LM head alone missed a quarter of a CPU step, and the planner chose
-    a tree that lost. On CUDA, where decoding replays graph-captured steps, see
-    ``time_graph_steps``.
+    A plain step, a chain of d levels and a ``big``-node tree are each timed whole
+    (drafting, verifying, accepting, committing; the fastest of their steps after the
+    first, which warm up or capture), and the cost per node and per drafted level are
+    solved from the three (``solve_step_time``). Timing bare forwards of 1 and ``big``
+    tokens instead, with a line between them, left out what every step pays besides the
+    forward and charged small trees the big forward's slope: on this 2-core machine it
+    predicted a 9-node step at 2.1× a plain one where the decoder's steps took 1.5×, and
+    the planner kept to trees too small to pay. On a shared machine other programs only
+    add time, so the fastest step is the cost of the step itself.
 
-    NOTE: kept short (a 128-token history, 32-token forwards, 3 repeats: about a tenth of
-    the work it once did): attention over 128 or 512 tokens costs a few percent of a small
-    model's step, and a timing taken under load is re-measured later (``planning.timing``).
+    NOTE: kept short (a 128-token history, 3 repeats): attention over 128 or 512 tokens
+    costs a few percent of a small model's step, and a timing taken under load is
+    re-measured later (``planning.timing``).
     """
-    if model.device.type == "cuda":  # there the decoder replays graph-captured steps: time those
-        return time_graph_steps(model, heads, big, context, repeats, hooks)
-    device = model.device
-    cache = model.new_cache(context + big)
-    ids = torch.randint(0, model.spec.vocab_size, (context + big,), device=device,
-                        generator=torch.Generator(device=device).manual_seed(0))
-    depth = min(3, heads.num_heads) if heads is not None else 0
-    total = 2 * repeats + 2 + (2 * repeats + 1 if heads is not None else 0)  # timed runs, for the progress
-    with torch.inference_mode():
-        model(ids[:context], torch.arange(context, device=device), causal_mask(0, context, device), cache)
-        cache.commit_prefix(context)
-        masks = {t: tree_mask(context, torch.ones(t, t, dtype=torch.bool, device=device).tril()) for t in (1, big)}
-        runs = 0
-
-        def forward(t: int) -> float:
-            nonlocal runs
-            hooks.before_run()
-            _sync(device)
-            t0 = time.perf_counter()
-            model.logits(model(ids[:t], context + torch.arange(t, device=device), masks[t], cache))  # [t, V]
-            _sync(device)
-            seconds = time.perf_counter() - t0
-            runs += 1
-            hooks.done(runs, total)
-            return seconds
-
-        forward(1), forward(big)  # warm-up
-        t1 = tb = float("inf")
-        for _ in range(repeats):
-            t1, tb = min(t1, forward(1)), min(tb, forward(big))
-    tb = max(tb, t1)  # noise (a burst of load during the 1-token runs) never makes more tokens cheaper
-    plain = linear_step_time(t1, tb, big)
-    if heads is None:
-        return plain
-    step = _fastest_speculative_step(model, heads, load_tree(f"chain-{depth}"), ids[:context].tolist(),
-                                     repeats=repeats, hooks=hooks, runs=(runs, total))
-    return linear_step_time(t1, tb, big, max(0.0, step - plain(depth + 1, 0)) / depth)
-
-
-def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 32, context: int = 128,
-                     repeats: int = 3, hooks: TimingHooks = TimingHooks()) -> StepTime:
-    """The step-time model from whole greedy steps of the static decoder, as a GPU runs
-    them (``step.StepUnit``s, one CUDA-graph replay per step; eager elsewhere).
-
-    A graph replay costs about the same for 1 or 64 tokens, so timing bare forwards would
-    say nothing about the drafting and accepting inside a step: instead a plain step, a
-    chain of d levels and a ``big``-node tree are each timed whole (fastest of their
-    steps after capture), and the cost per node and per drafted level are solved from
-    the three."""
-    from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
     from specmemo_core.runtime.tree import specmemo_pruned_tree
 
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
-
     trees = 1 if heads is None else 3
     done = 0
 
     def fastest(tree: Any) -> float:
         nonlocal done
         width = tree.width if tree is not None else 1
-        nodes = tree.num_nodes if tree is not None else 1
-        cache = new_static_cache(model, context + nodes + width * steps + 1)
-        decoder = StaticDecoder(model, cache, heads if tree is not None else None, tree, graphs=True)
+        decoder = _timing_decoder(model, heads if tree is not None else None, tree,
+                                  capacity=context + (tree.num_nodes if tree is not None else 1) + width * steps + 1)
         seconds = _fastest_step(decoder, ids, steps, warmup=2, width=width, hooks=hooks,
-                                runs=(done, trees * steps))  # the first steps capture
+                                runs=(done, trees * steps))
         done += steps
         return seconds
 
@@ -143,6 +91,17 @@ def time_graph_steps(model: CausalLM, heads: Any = None, big: int = 32, context:
     wide = specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big)
     return solve_step_time(t1, TimedStep(chain.num_nodes, chain.depth, fastest(chain)),
                            TimedStep(wide.num_nodes, wide.depth, fastest(wide)), big=big)
+
+
+def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:
+    """The decoder a chat runs on this device: graph-captured static steps on CUDA, eager steps elsewhere."""
+    if model.device.type == "cuda":
+        from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+
+        return StaticDecoder(model, new_static_cache(model, capacity), heads, tree, graphs=True)
+    from specmemo_core.runtime.decoding import Decoder
+
+    return Decoder(model, model.new_cache(capacity), heads, tree)
 
 
 @dataclass(frozen=True)
@@ -185,20 +144,6 @@ def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, w
                 break
         hooks.before_run()  # the generator is suspended here: a pause does not land inside a step
     return min(times[warmup:] or times)
-
-
-def _fastest_speculative_step(model: CausalLM, heads: Any, tree: Any, prompt: list[int], *, repeats: int,
-                              hooks: TimingHooks = TimingHooks(), runs: tuple[int, int] = (0, 0)) -> float:
-    from specmemo_core.runtime.decoding import Decoder
-
-    steps = 2 * repeats + 1
-    decoder = Decoder(model, model.new_cache(len(prompt) + (tree.num_nodes + 1) * (steps + 1)), heads, tree)
-    return _fastest_step(decoder, prompt, steps, warmup=1, width=tree.width, hooks=hooks, runs=runs)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def confirm(plan: Plan, device: str | torch.device) -> None:

@@ -1,7 +1,7 @@
 """The device's step timing as numbers, cached per (model, device, threads, precision).
 
-The planner's step-time model (``planner.linear_step_time``) comes from timing a forward
-of 1 and of ``big`` tokens and the cost of a drafted level (``plan_check.time_forward``).
+The planner's step-time model (``planner.linear_step_time``) comes from timing whole decoding
+steps: plain, a chain and a ``big``-node tree (``plan_check.time_forward``).
 It is measured once and kept in the data folder with the time it was taken and the torch
 version; every entry point reads the same cache.
 
@@ -32,7 +32,7 @@ from specmemo_core.planning.planner import StepTime, linear_step_time
 log = logging.getLogger(__name__)
 
 TIMING_FILE = "step_timing.json"
-TIMING_BIG = 32  # tokens of the larger timed forward (plan_check.time_forward's default)
+TIMING_BIG = 32  # nodes of the larger timed tree (plan_check.time_forward's default)
 MAX_AGE_DAYS = 14.0
 
 Progress = Callable[[str, float], None]

@@ -75,14 +75,14 @@ def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     """The static decoder's whole steps (graph replays on CUDA) are timed: the progress
     counts every timed step of the plain step, the chain and the wide tree up to 1.0, and
     a tiny model's plain step costs well under a second (capture is not timed)."""
-    from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_graph_steps
+    from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_forward
     from tests.tiny import tiny_model
 
     torch.set_num_threads(1)
     model = tiny_model(seed=1, vocab_size=64, device=device)
     heads = random_heads(4, 64, 64, seed=2, scale=0.5, kind="hydra").to(device)
     reports = []
-    step = time_graph_steps(model, heads, big=16, context=64, repeats=2,
+    step = time_forward(model, heads, big=16, context=64, repeats=2,
                             hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
     steps = 2 * 2 + 2  # per tree: 2 × repeats + 2
     assert [f for _, f in reports] == [n / (3 * steps) for n in range(1, 3 * steps + 1)]
