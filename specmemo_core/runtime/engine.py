@@ -178,7 +178,10 @@ class Engine:
         steps replay as CUDA graphs on a GPU (static_decoding.py); None: on CUDA only
         (an eager GPU step costs ~10× a replayed one; on CPU static shapes only cost)."""
         if graphs is None:
-            graphs = self.model.device.type == "cuda"
+            # NOTE: a streamed model (offload.py) steps eagerly: its copies wait on events
+            # recorded by the previous step, which a captured graph cannot hold, and its
+            # step waits on the link, not on kernel launches
+            graphs = self.model.device.type == "cuda" and self.model.streamed is None
         use_tree = speculate and self.speculative
         scratch = self.tree.num_nodes if use_tree else 1
         heads, tree = (self.heads, self.tree) if use_tree else (None, None)
