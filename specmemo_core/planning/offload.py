@@ -20,8 +20,8 @@ Resident layers are chosen before the tree, with the largest candidate tree's me
 aside, so more GPU memory never gives fewer resident layers; the tree is then the one
 with the most predicted tokens/s among those that fit beside them.
 
-NOTE: only 16-bit weights stream at runtime for now (``OFFLOAD_PRECISIONS``); int8 and
-int4 (torchao tensor subclasses) join when ``runtime/offload.py`` streams them.
+NOTE: int8 and int4 layers stream as torchao's inner tensors (``runtime/offload.py``),
+checked on CPU; CUDA's int4 packing (tinygemm) is still to be run streamed on a GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from specmemo_core.planning.memory import PLAIN, ModelShape, TreeShape, overhead
 if TYPE_CHECKING:
     from specmemo_core.planning.planner import StepTime, TreeOption
 
-OFFLOAD_PRECISIONS = ("bf16", "fp16")
+OFFLOAD_PRECISIONS = ("bf16", "fp16", "int8", "int4")
 OFFLOAD_KINDS = ("cuda", "rocm")  # discrete GPUs; CPU and MPS share the host's memory
 STAGING_BUFFERS = 2
 

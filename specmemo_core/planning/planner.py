@@ -230,7 +230,7 @@ def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: P
     fitting = [c for c in candidates if c.fits]
     offload = link is not None and budget.kind in OFFLOAD_KINDS
     if not fitting and offload:
-        streamable = [p for p in precisions if p in OFFLOAD_PRECISIONS] or [OFFLOAD_PRECISIONS[0]]
+        streamable = [p for p in precisions if p in OFFLOAD_PRECISIONS] or [OFFLOAD_PRECISIONS[0]]  # not fp32
         offloaded = _offloaded(budget, model, heads, request, streamable, trees=trees, step_time=step_time, link=link)
         if offloaded is not None:
             return offloaded

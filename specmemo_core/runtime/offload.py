@@ -22,19 +22,23 @@ host never waits per layer), synchronous copies on CPU. The model's forward asks
 ``CausalLM.decoder_layers`` for its layers, so the one decoding step (``step.py``), the
 decoders and the engine run a streamed model unchanged.
 
-NOTE: streamed layers must hold plain tensors (fp32/bf16/fp16); torchao-quantized int8
-and int4 weights (tensor subclasses) are not streamed yet, and the q/k/v and gate/up
-fusion (``DecoderLayer.fuse``) is not applied to shells (a streamed step waits on the
-link, not on kernel launches).
+Quantized weights (torchao's int8 and int4 tensor subclasses) stream in their stored
+form: a layer block holds their inner tensors (``__tensor_flatten__``: the int8/uint8
+data, scales, zero points), and a shell rebuilds each weight over views of its slot with
+``__tensor_unflatten__``, PyTorch's own protocol for such tensors; fewer bytes cross the link.
+
+NOTE: the q/k/v and gate/up fusion (``DecoderLayer.fuse``) is not applied to shells: a
+streamed step waits on the link, not on kernel launches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from specmemo_core.errors import OffloadError
 from specmemo_core.runtime.host_link import Copy, Link, link_for, streams_copies
@@ -45,9 +49,10 @@ ALIGN = 64  # bytes: every tensor of a layer block starts at a multiple of this
 
 @dataclass(frozen=True)
 class Slice:
-    """One parameter of a layer block: its name in the layer, dtype, shape and offset."""
+    """One tensor of a layer block: a parameter, or one inner tensor of a quantized one."""
 
-    name: str  # e.g. "self_attn.q_proj.weight"
+    name: str  # the parameter's name in the layer, e.g. "self_attn.q_proj.weight"
+    part: str | None  # the inner tensor of a tensor subclass ("qdata", "scale", …); None: the parameter
     dtype: torch.dtype
     shape: tuple[int, ...]
     offset: int  # bytes from the block's start
@@ -58,25 +63,51 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Wrapped:
+    """How to rebuild a tensor-subclass parameter (a torchao quantized weight) from its
+    inner tensors: its class, flatten context, size and stride."""
+
+    name: str
+    cls: type
+    ctx: Any
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _tensors(name: str, p: torch.Tensor) -> list[tuple[str | None, torch.Tensor]]:
+    """The plain tensors that hold parameter ``p``: itself, or a subclass's inner tensors."""
+    if is_traceable_wrapper_subclass(p):
+        parts = [(part, getattr(p, part)) for part in p.__tensor_flatten__()[0]]
+    else:
+        parts = [(None, p)]
+    for part, t in parts:
+        if type(t) not in (torch.Tensor, nn.Parameter):
+            raise OffloadError(f"layer parameter {name} is stored as {type(t).__name__}, which cannot be "
+                               "streamed; plan bf16, int8 or int4 weights")
+    return parts
+
+
+@dataclass(frozen=True)
 class LayerLayout:
-    """Where each parameter of a decoder layer sits in its flat block of bytes."""
+    """Where each tensor of a decoder layer sits in its flat block of bytes."""
 
     slices: tuple[Slice, ...]
+    wrapped: tuple[Wrapped, ...]  # the parameters that are tensor subclasses
     nbytes: int  # the block's size, padding included
 
     @classmethod
     def of(cls, layer: nn.Module) -> "LayerLayout":
-        slices, offset = [], 0
+        slices, wrapped, offset = [], [], 0
         for name, p in layer.named_parameters():
-            if type(p) not in (torch.Tensor, nn.Parameter) or not p.dtype.is_floating_point:
-                raise OffloadError(f"layer parameter {name} is stored as {type(p).__name__} ({p.dtype}); only "
-                                   "fp32, bf16 or fp16 layers can be streamed for now: plan a 16-bit precision")
-            piece = Slice(name, p.dtype, tuple(p.shape), offset)
-            slices.append(piece)
-            offset += -(-piece.nbytes // ALIGN) * ALIGN
+            if is_traceable_wrapper_subclass(p):
+                wrapped.append(Wrapped(name, type(p), p.__tensor_flatten__()[1], tuple(p.size()), tuple(p.stride())))
+            for part, t in _tensors(name, p):
+                piece = Slice(name, part, t.dtype, tuple(t.shape), offset)
+                slices.append(piece)
+                offset += -(-piece.nbytes // ALIGN) * ALIGN
         if any(True for _ in layer.buffers()):
             raise OffloadError("a decoder layer with buffers cannot be streamed; load the model unpacked")
-        return cls(tuple(slices), offset)
+        return cls(tuple(slices), tuple(wrapped), offset)
 
     def view(self, block: torch.Tensor, piece: Slice) -> torch.Tensor:
         """``piece``'s tensor inside ``block`` (uint8 [nbytes]): a view, no copy."""
@@ -84,12 +115,12 @@ class LayerLayout:
 
     def pack(self, layer: nn.Module, block: torch.Tensor) -> None:
         """Copy ``layer``'s parameters into ``block`` (uint8 [nbytes])."""
-        params = dict(layer.named_parameters())
-        if set(params) != {piece.name for piece in self.slices}:
+        tensors = {(name, part): t for name, p in layer.named_parameters() for part, t in _tensors(name, p)}
+        if set(tensors) != {(piece.name, piece.part) for piece in self.slices}:
             raise OffloadError("the decoder layers differ in their parameters; every streamed layer must "
                                "have the same shapes")
         for piece in self.slices:
-            p = params[piece.name]
+            p = tensors[piece.name, piece.part]
             if p.dtype != piece.dtype or tuple(p.shape) != piece.shape:
                 raise OffloadError(f"layer parameter {piece.name} is {p.dtype} {tuple(p.shape)}, the first "
                                    f"streamed layer's is {piece.dtype} {piece.shape}: layers must match")
@@ -99,9 +130,15 @@ class LayerLayout:
         """Decoder layer ``index`` whose parameters are views into ``block`` (a staging slot)."""
         with torch.device("meta"):
             shell = DecoderLayer(spec, index)
+        views: dict[str, dict[str | None, torch.Tensor]] = {}
         for piece in self.slices:
-            owner, attr = piece.name.rsplit(".", 1)
-            setattr(shell.get_submodule(owner), attr, nn.Parameter(self.view(block, piece), requires_grad=False))
+            views.setdefault(piece.name, {})[piece.part] = self.view(block, piece)
+        params = {name: parts[None] for name, parts in views.items() if None in parts}
+        for w in self.wrapped:
+            params[w.name] = w.cls.__tensor_unflatten__(views[w.name], w.ctx, w.size, w.stride)
+        for name, tensor in params.items():
+            owner, attr = name.rsplit(".", 1)
+            setattr(shell.get_submodule(owner), attr, nn.Parameter(tensor, requires_grad=False))
         return shell.eval()
 
 
