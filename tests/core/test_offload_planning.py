@@ -56,10 +56,12 @@ def test_resident_layers_that_fit_is_monotone_and_none_when_nothing_fits():
 def test_without_a_precision_asked_for_offload_comes_after_every_resident_precision():
     thirteen = known_shape("vicuna-13b")
     assert plan(_gpu(12), thirteen, None, PlanRequest(turns=4), TREES, link=ROOMY_RAM).precision == "int4"  # resident
-    p = plan(_gpu(4), thirteen, None, PlanRequest(turns=4), TREES, link=ROOMY_RAM)  # not even int4 fits
-    assert p.fits and p.precision == "bf16" and p.streamed_layers > 0
-    int8 = plan(_gpu(4), thirteen, None, PlanRequest(turns=4, precision="int8"), TREES, link=ROOMY_RAM)
+    p = plan(_gpu(5), thirteen, None, PlanRequest(turns=4), TREES, link=ROOMY_RAM)  # not even int4 fits
+    assert p.fits and p.precision == "bf16" and p.streamed_layers > 0  # the best quality that streams
+    int8 = plan(_gpu(5), thirteen, None, PlanRequest(turns=4, precision="int8"), TREES, link=ROOMY_RAM)
     assert int8.fits and int8.precision == "int8" and int8.resident_layers > p.resident_layers
+    # at 4 GiB bf16's two staging layers no longer fit beside the KV cache; int8's do
+    assert plan(_gpu(4), thirteen, None, PlanRequest(turns=4), TREES, link=ROOMY_RAM).precision == "int8"
 
 
 def test_a_model_that_fits_neither_gpu_nor_gpu_and_ram_is_refused_with_what_would_fit():
