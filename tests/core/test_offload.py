@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from specmemo_core.errors import OffloadError
-from specmemo_core.runtime.chat import ChatSession
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.engine import Engine
@@ -16,8 +15,7 @@ from specmemo_core.runtime.host_link import SyncLink, host_to_device_bandwidth, 
 from specmemo_core.runtime.offload import LayerLayout, LayerStreamer, offload_layers
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
-from specmemo_core.storage.sources import ModelIdentity
-from tests.tiny import tiny_config, tiny_model, tiny_tokenizer
+from tests.tiny import tiny_model, tiny_tokenizer
 
 LAYERS, VOCAB = 5, 16  # an odd count of streamed layers makes a slot serve two layers in a row
 PROMPT = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -185,15 +183,30 @@ def test_an_interrupted_forward_does_not_desynchronise_the_stream():
     assert _tokens(Decoder(model, model.new_cache(300)), n=20)[0] == plain
 
 
-def test_an_engine_over_a_streamed_model_chats_as_the_resident_one():
-    tok, config = tiny_tokenizer(), tiny_config(vocab_size=300, layers=LAYERS)
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory):
+    """A tiny random-weight model of 5 layers saved as a Hugging Face folder, as ``Engine.load`` reads one."""
+    from tests.tiny import tiny_hf_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama-5")
+    tiny_hf_model(seed=21, layers=LAYERS).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("precision", [None, "int8"])
+def test_an_engine_loaded_with_streamed_layers_chats_as_the_resident_one(tiny_model_folder, precision):
+    """The app's path, Engine.load → new_session → send, over two turns: on CPU the
+    resident linears are packed for oneDNN, the streamed ones stay plain."""
     replies = []
     for resident in (None, 1):
-        engine = Engine(_model(resident, vocab=300), tok, config, ModelIdentity("tiny", "0" * 16),
-                        random_heads(4, 64, 300, seed=5, scale=0.5), None).with_tree("1-10-16-17")
-        session: ChatSession = engine.new_session(capacity=200)
-        replies.append("".join(p.text for p in session.send("Hello", GenerationConfig(max_new_tokens=30))))
-    assert replies[0] == replies[1] and replies[0]
+        engine = Engine.load(str(tiny_model_folder), heads="random", tree="1-10-16-17+lookup-8",
+                             precision=precision, resident_layers=resident)
+        assert (engine.model.streamed is not None) == (resident is not None)
+        session = engine.new_session(capacity=300)
+        replies.append(["".join(p.text for p in session.send(turn, GenerationConfig(max_new_tokens=30)))
+                        for turn in ("Hello, how are you?", "Tell me about the quick brown fox.")])
+    assert replies[0] == replies[1] and all(replies[0])
 
 
 def test_what_cannot_be_streamed_is_refused_with_what_to_do():
