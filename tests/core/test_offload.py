@@ -225,3 +225,26 @@ def test_off_cuda_the_link_is_synchronous_and_no_bandwidth_is_measured():
     assert host_to_device_bandwidth(torch.device("meta")) is None
     assert isinstance(link_for("cpu", 2), SyncLink)
     assert isinstance(_model(0).streamed, LayerStreamer)
+
+
+def test_the_probe_measures_a_streamed_model_on_cpu():
+    from specmemo_core.tools.offload_probe import probe
+
+    model = _model(2)
+    result = probe(model, sizes=(1, 4), repeats=1, precision="fp32")
+    assert result.bandwidth_gb_s is None and result.link_fraction is None  # no link to measure on CPU
+    assert (result.resident_layers, result.streamed_layers) == (2, LAYERS - 2)
+    assert result.streamed_bytes == model.streamed.pinned_bytes
+    assert 0 <= result.streamed_bytes - result.predicted_pinned_bytes < 64 * 9 * (LAYERS - 2)
+    assert set(result.step_s) == {1, 4} and all(t > 0 for t in result.step_s.values())
+
+
+def test_the_probe_command_loads_streams_and_prints_json(tiny_model_folder, capsys):
+    import json
+
+    from specmemo_core.tools.offload_probe import main
+
+    main(["--model", str(tiny_model_folder), "--dtype", "fp32", "--device", "cpu", "--resident", "1",
+          "--sizes", "1,2", "--repeats", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["resident_layers"] == 1 and out["streamed_layers"] == LAYERS - 1 and out["bandwidth_gb_s"] is None
