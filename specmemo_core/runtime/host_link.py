@@ -15,7 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+import weakref
+
 import torch
+
+from specmemo_core.errors import OffloadError
 
 Copy = Callable[[torch.Tensor, torch.Tensor], None]  # copy(dst, src): src's bytes into dst
 
@@ -114,6 +118,33 @@ def link_for(device: torch.device | str, slots: int, copy: Copy | None = None) -
     return SyncLink(copy or sync_copy)
 
 
+def host_buffer(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Host bytes (uint8 ``shape``) to stream to ``device``: page-locked where copies to it
+    stream (so they run without the host), and exactly ``shape``'s size. Not through
+    ``pin_memory=True``: torch's pinned allocator rounds every block up to a power of two,
+    so 13.5 GB of streamed layers would lock 16 GB (pytorch/pytorch#150517)."""
+    buf = torch.empty(shape, dtype=torch.uint8)
+    if streams_copies(device) and buf.numel():
+        _pin(buf)
+    return buf
+
+
+def _pin(buf: torch.Tensor) -> None:
+    """Page-lock ``buf`` in place (cudaHostRegister) until it is freed."""
+    ptr, size = buf.data_ptr(), buf.numel()
+    try:
+        torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(ptr, size, 0))
+    except RuntimeError as e:
+        raise OffloadError(f"could not page-lock {size / 2**30:.2f} GiB of host memory for the streamed layers "
+                           f"({e}); free RAM, or plan more layers on the GPU") from e
+    weakref.finalize(buf, _unpin, ptr)
+
+
+def _unpin(ptr: int) -> None:
+    torch.cuda.synchronize()  # no copy from the buffer may still be in flight
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
 def host_to_device_bandwidth(device: torch.device | str, *, nbytes: int = 256 * 2**20,
                              repeats: int = 5) -> float | None:
     """Measured host→device bandwidth in bytes/s: the best of ``repeats`` copies of a
@@ -123,7 +154,7 @@ def host_to_device_bandwidth(device: torch.device | str, *, nbytes: int = 256 * 
     if not streams_copies(device):
         return None
     with torch.cuda.device(device):
-        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        host = host_buffer((nbytes,), device)  # page-locked as the streamed layers are
         target = torch.empty(nbytes, dtype=torch.uint8, device=device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         target.copy_(host, non_blocking=True)  # warm-up: first touch of both buffers

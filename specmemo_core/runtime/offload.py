@@ -2,8 +2,8 @@
 
 The first ``resident`` decoder layers, the embeddings, the final norm, the LM head (and,
 outside this module, the KV cache and draft heads) stay on the device. Every other
-layer is packed once into one flat block of host memory (pinned when the device is a
-GPU), in the dtype its weights already have. A forward then runs the resident layers and
+layer is packed once into one flat block of host memory (page-locked when the device is
+a GPU), in the dtype its weights already have. A forward then runs the resident layers and
 streams the rest: before streamed layer j runs, its block is copied into staging slot
 ``j mod slots`` on the device, and layer j+1's copy is in flight while layer j computes.
 The last layers' release lets the *next* forward's first copies start at once, so they
@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from specmemo_core.errors import OffloadError
-from specmemo_core.runtime.host_link import Copy, Link, link_for, streams_copies
+from specmemo_core.runtime.host_link import Copy, Link, host_buffer, link_for
 from specmemo_core.runtime.model import CausalLM, DecoderLayer, ModelSpec
 
 ALIGN = 64  # bytes: every tensor of a layer block starts at a multiple of this
@@ -217,7 +217,7 @@ def offload_layers(model: CausalLM, *, resident_layers: int, device: torch.devic
                            f"{len(layers)} layers, got {resident_layers}; with all resident, do not offload")
     streamed = list(layers[resident_layers:])
     layout = LayerLayout.of(streamed[0])
-    host = torch.empty((len(streamed), layout.nbytes), dtype=torch.uint8, pin_memory=streams_copies(device))
+    host = host_buffer((len(streamed), layout.nbytes), device)
     for j, layer in enumerate(streamed):
         layout.pack(layer, host[j])
         layer.to("meta")  # frees the layer's own copy

@@ -11,7 +11,7 @@ from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.engine import Engine
 from specmemo_core.runtime.heads import random_heads
-from specmemo_core.runtime.host_link import SyncLink, host_to_device_bandwidth, link_for
+from specmemo_core.runtime.host_link import SyncLink, host_buffer, host_to_device_bandwidth, link_for
 from specmemo_core.runtime.offload import LayerLayout, LayerStreamer, offload_layers
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
@@ -224,6 +224,8 @@ def test_off_cuda_the_link_is_synchronous_and_no_bandwidth_is_measured():
     assert host_to_device_bandwidth("cpu") is None
     assert host_to_device_bandwidth(torch.device("meta")) is None
     assert isinstance(link_for("cpu", 2), SyncLink)
+    buf = host_buffer((3, 100), torch.device("cpu"))  # plain host memory: nothing to page-lock for
+    assert buf.shape == (3, 100) and buf.dtype == torch.uint8
     assert isinstance(_model(0).streamed, LayerStreamer)
 
 
