@@ -116,3 +116,19 @@ def test_offload_is_never_planned_on_cpu_or_without_a_link():
     p = plan(_gpu(8), VICUNA_7B, None, PlanRequest(turns=4, precision="bf16"), TREES)
     assert not p.fits and p.streamed_layers == 0
     assert memory_terms(VICUNA_7B, None, precision="bf16", kind="cuda", kv_tokens=8, tree=PLAIN)["weights"] > 8 * GIB
+
+
+def test_specmemo_plan_streams_layers_into_the_ram_it_is_given(capsys):
+    import json
+
+    from specmemo_core.cli.main import main
+
+    args = ["plan", "--model", "shape:vicuna-7b", "--vram", "8GB", "--precision", "bf16", "--turns", "4"]
+    assert main(args + ["--json"]) == 3  # without --ram: refused, as before
+    assert main(args + ["--ram", "64GB", "--link-gbps", "25", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["fits"] and out["resident_layers"] + out["streamed_layers"] == 32
+    assert out["pinned_host_bytes"] == out["streamed_layers"] * LAYER_7B_BF16
+    assert main(args + ["--ram", "64GB"]) == 0
+    text = capsys.readouterr().out
+    assert f"{out['resident_layers']} on the device, {out['streamed_layers']} streamed from host RAM" in text
