@@ -53,6 +53,26 @@ def test_streamed_greedy_equals_plain_greedy(resident, tree_name, kind):
         assert most > 1  # accepted paths were committed through the streamed layers, not only roots
 
 
+CUDA = ["cuda"] if torch.cuda.is_available() else []
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA/ROCm GPU: the side-stream link")
+@pytest.mark.parametrize("resident", [0, 3])
+@pytest.mark.parametrize("tree_name, kind", [(None, None), ("1-10-16-17", "medusa"), ("1-10-16-17+lookup-8", "hydra")])
+def test_streamed_greedy_on_the_gpu_equals_plain_greedy_there(resident, tree_name, kind):
+    """The real link: copies on a side stream, ordered by events, from page-locked memory."""
+    from specmemo_core.runtime.host_link import StreamLink
+
+    plain_model = tiny_model(seed=11, vocab_size=VOCAB, layers=LAYERS, device="cuda")
+    plain, _ = _tokens(Decoder(plain_model, plain_model.new_cache(300)))
+    model = _model()
+    offload_layers(model, resident_layers=resident, device="cuda")
+    assert isinstance(model.streamed.link, StreamLink) and model.device.type == "cuda"
+    tree = load_tree(tree_name) if tree_name else None
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind=kind).to("cuda") if kind else None
+    assert _tokens(Decoder(model, model.new_cache(300), heads, tree))[0] == plain
+
+
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_quantized_layers_stream_in_their_stored_form(precision):
     """int8/int4 (torchao) layers stream as their inner tensors and decode exactly as the
