@@ -44,3 +44,7 @@ class LowMemoryError(SpecMemoError):
 
 class ChatTemplateError(SpecMemoError):
     """The model's chat template failed, or ran past its step or output budget (a runaway loop)."""
+
+
+class OffloadError(SpecMemoError):
+    """Decoder layers cannot be streamed from host memory as planned (offload.py)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -28,6 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--reply-tokens", type=int, default=256)
     p.add_argument("--tree", default=None, help="plan with this tree only (e.g. medusa-64, 1-10-16-17)")
+    p.add_argument("--ram", default=None,
+                   help="free host RAM the plan may page-lock for decoder layers that do not fit the GPU "
+                        "(e.g. 32 or 32GB); without it no layer is streamed")
+    p.add_argument("--link-gbps", type=float, default=25.0,
+                   help="host-to-GPU bandwidth in GB/s for --ram plans (measure it on the GPU with "
+                        "python -m specmemo_core.tools.offload_probe)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true", help="run the plan with synthetic text and measure memory")
     add_threads_arg(p)
@@ -104,7 +110,6 @@ def plan_choices(args: argparse.Namespace):
 
 def _planned_for(args: argparse.Namespace):
     """(the device the model would run on, the one the plan is for: ``--vram`` makes it up)."""
-    from dataclasses import replace
 
     from specmemo_core.planning.device import DeviceInfo, cpu_device
     from specmemo_core.planning.entry import find_device
@@ -160,6 +165,10 @@ def _make_plan(args: argparse.Namespace):
         inputs = _shape_inputs(args, target)
     else:
         inputs, engine = _model_inputs(args, real, target)
+    if args.ram is not None:
+        from specmemo_core.planning.offload import HostLink
+
+        inputs = replace(inputs, link=HostLink(vram_size(args.ram)[1], args.link_gbps * 1e9))
     shape = inputs.model
     if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
         raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
@@ -180,6 +189,9 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
     print(f"plan     precision {result.precision}, tree {result.tree or 'none (plain decoding)'} "
           f"({result.tree_nodes} nodes, {result.heads_used} heads), KV cache {result.kv_tokens} tokens "
           f"= {result.turns} turns")
+    if result.streamed_layers:
+        print(f"layers   {result.resident_layers} on the device, {result.streamed_layers} streamed from host RAM "
+              f"({gib(result.pinned_host_bytes).strip()} page-locked)")
     if result.predicted_tokens_per_s:
         print(f"speed    {result.predicted_tokens_per_s:.1f} tokens/s predicted")
     for term, n in result.predicted_bytes.items():
@@ -197,6 +209,9 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
 def run(args: argparse.Namespace) -> int:
     result, request, budget, shape, engine = _make_plan(args)
     out = asdict(result)
+    if args.verify and result.streamed_layers:
+        raise SpecMemoError("--verify does not run plans that stream layers yet; leave out --ram, or run the "
+                            "plan's layout with python -m specmemo_core.tools.offload_probe --resident N")
     if args.verify and result.fits:
         if budget.kind != "cuda":
             engine = None  # freed before the CPU check loads the plan's own model (see _verify_plan)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.device import DeviceError, DeviceInfo
 from specmemo_core.planning.memory import HeadsShape, ModelShape
+from specmemo_core.planning.offload import HostLink
 from specmemo_core.planning.planner import (
     Budget, Plan, PlanRequest, TreeOption, plan, prior_expected_accepted, tree_options,
 )
@@ -63,6 +64,7 @@ class PlanInputs:
     timing: StepTiming | None = None
     calibration: dict | None = field(default=None, repr=False)  # the heads' calibration.json
     heads_folder: Path | None = None
+    link: HostLink | None = None  # host RAM and bandwidth: given, layers that do not fit may stream
 
 
 def budget_for(device: DeviceInfo) -> Budget:
@@ -101,11 +103,12 @@ def make_plan(inputs: PlanInputs, choices: PlanChoices) -> Plan:
     a forced tree is planned alone and used where it fits, even where the timing says
     plain decoding would be faster: it is the user's choice."""
     if not choices.speculate:
-        return plan(inputs.budget, inputs.model, None, choices.request(), (), _step_time(inputs))
+        return plan(inputs.budget, inputs.model, None, choices.request(), (), _step_time(inputs), link=inputs.link)
     if choices.tree is not None:
         option = forced_tree_option(choices.tree, inputs)
-        return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), (option,), None)
-    return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), inputs.trees, _step_time(inputs))
+        return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), (option,), None, link=inputs.link)
+    return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), inputs.trees, _step_time(inputs),
+                link=inputs.link)
 
 
 def _step_time(inputs: PlanInputs):

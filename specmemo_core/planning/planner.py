@@ -22,12 +22,14 @@ Rules, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.decoding import PREFILL_CHUNK
 from specmemo_core.runtime.tree import heads_can_draft
+from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, HostLink, choose_offload,
+                                            offload_refusal)
 from specmemo_core.planning.memory import (
     OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, heads_bytes, kv_bytes,
     overhead_bytes, tree_buffer_bytes, weight_bytes,
@@ -122,6 +124,11 @@ class Plan:
     predicted_tokens_per_s: float | None = None
     suggestions: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    # offloaded plans (planning/offload.py): decoder layers on the device (None: all of
+    # them), layers streamed from host memory, and the pinned host bytes they take
+    resident_layers: int | None = None
+    streamed_layers: int = 0
+    pinned_host_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -212,13 +219,24 @@ def heads_count(heads: HeadsShape | None, depth: int) -> int:
 
 
 def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
-         trees: Sequence[TreeOption] = (), step_time: StepTime | None = None) -> Plan:
-    """Choose precision, tree and KV size for ``request`` on ``budget`` (pure; see module doc)."""
+         trees: Sequence[TreeOption] = (), step_time: StepTime | None = None, link: HostLink | None = None) -> Plan:
+    """Choose precision, tree and KV size for ``request`` on ``budget`` (pure; see module doc).
+    ``link``: the host's free RAM and host→device bandwidth; given, a GPU plan that fits at
+    no precision streams the layers that do not fit (``_offloaded``) before it is refused."""
     precisions = (request.precision,) if request.precision else (
         QUALITY_ORDER if budget.kind == "cpu" else QUALITY_ORDER[1:])
     candidates = [_layout(budget, model, heads, request, trees=trees, precision=p, step_time=step_time)
                   for p in precisions]
     fitting = [c for c in candidates if c.fits]
+    offload = link is not None and budget.kind in OFFLOAD_KINDS
+    if not fitting and offload:
+        streamable = [p for p in precisions if p in OFFLOAD_PRECISIONS] or [OFFLOAD_PRECISIONS[0]]  # not fp32
+        offloaded = _offloaded(budget, model, heads, request, streamable, trees=trees, step_time=step_time, link=link)
+        if offloaded is not None:
+            return offloaded
+        refused = _refusal(budget, model, heads, request, candidates[-1])
+        return replace(refused, suggestions=_offload_reasons(budget, model, heads, request, streamable[-1], link)
+                       + refused.suggestions)
     if not fitting:
         return _refusal(budget, model, heads, request, candidates[-1])
     chosen = fitting[-1]  # lowest quality that fits; raise it while that costs nothing
@@ -228,6 +246,46 @@ def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: P
         else:
             break
     return chosen
+
+
+def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
+               precisions: Sequence[str], *, trees: Sequence[TreeOption], step_time: StepTime | None,
+               link: HostLink) -> Plan | None:
+    """The best-quality plan at a streamable precision that streams the layers the GPU
+    cannot hold (``offload.choose_offload``: resident layers, then the tree for its time
+    model); the KV cache holds the requested turns. Without a measured ``step_time`` the
+    compute is taken as free (a transfer-bound estimate). None when none fits."""
+    usable = int(budget.free_bytes * (1.0 - request.safety_margin))
+    kv_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
+    options = [t for t in trees if t.nodes <= request.max_tree_nodes
+               and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
+    for precision in precisions:
+        def terms_for(tree: TreeShape, precision: str = precision) -> dict[str, int]:
+            return memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens, tree=tree,
+                                sampling=request.sampling)
+
+        choice = choose_offload(model, precision, usable_bytes=usable, link=link, terms_for=terms_for,
+                                compute=step_time or (lambda nodes, depth: 0.0), trees=options, kind=budget.kind)
+        if choice is None:
+            continue
+        where, tree = choice.layout, choice.tree
+        notes = () if step_time else ("no step timing: tokens/s assumes the link, not the compute, bounds a step",)
+        return Plan(True, budget.kind, precision, heads_count(heads, tree.depth) if tree else 0,
+                    tree.name if tree else None, tree.nodes if tree else 1, kv_tokens,
+                    max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn), choice.device_terms,
+                    usable, choice.tokens_per_s, (), notes, resident_layers=where.resident_layers,
+                    streamed_layers=where.streamed_layers, pinned_host_bytes=where.pinned_bytes)
+    return None
+
+
+def _offload_reasons(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
+                     precision: str, link: HostLink) -> tuple[str, ...]:
+    """Why streaming layers at ``precision`` fits neither the GPU nor GPU + RAM, and what would."""
+    kv_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
+    terms = memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens,
+                         sampling=request.sampling)
+    usable = int(budget.free_bytes * (1.0 - request.safety_margin))
+    return offload_refusal(model, precision, usable_bytes=usable, link=link, terms=terms, kind=budget.kind)
 
 
 def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,

@@ -12,10 +12,11 @@ import torch
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder
-from specmemo_core.errors import TreeError
+from specmemo_core.errors import OffloadError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM
+from specmemo_core.runtime.offload import offload_layers
 from specmemo_core.storage.sources import ModelIdentity, load_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
@@ -117,21 +118,30 @@ class Engine:
         device: str | torch.device = "cpu",
         progress: Callable[[str, float], None] | None = None,
         precision: str | None = None,
+        resident_layers: int | None = None,
     ) -> "Engine":
         """``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
         ``tree``: None (plain decoding) or a tree name/file, applied with ``with_tree``; the
         planner's choice comes from ``planning.entry``. ``precision`` "int8" or "int4":
         weight-only quantization of the decoder layers (``quantize.py``). On CPU the fp32
         linear layers are then packed for oneDNN (``cpu_linear.py``): the model is ready for
-        inference and can no longer be cast, quantized or trained."""
+        inference and can no longer be cast, quantized or trained. ``resident_layers``: keep
+        only that many decoder layers on ``device`` and stream the others from host memory
+        (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``."""
         loaded = load_model(model, dtype=torch.float32, progress=progress)
-        lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype, device=device)
+        streaming = resident_layers is not None
+        if streaming and precision == "int4" and torch.device(device).type != "cpu":
+            raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
+        lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype,
+                                      device="cpu" if streaming else device)
         if precision in ("int8", "int4"):
             from specmemo_core.runtime.quantize import QuantSpec, quantize_model
 
             if progress is not None:
                 progress(f"quantizing to {precision}", 0.0)
             quantize_model(lm, QuantSpec(precision))
+        if streaming:
+            offload_layers(lm, resident_layers=resident_layers, device=device)
         draft, folder = _load_heads(heads_source(heads), lm, loaded.identity, dtype, device)
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
@@ -178,7 +188,10 @@ class Engine:
         steps replay as CUDA graphs on a GPU (static_decoding.py); None: on CUDA only
         (an eager GPU step costs ~10× a replayed one; on CPU static shapes only cost)."""
         if graphs is None:
-            graphs = self.model.device.type == "cuda"
+            # NOTE: a streamed model (offload.py) steps eagerly: its copies wait on events
+            # recorded by the previous step, which a captured graph cannot hold, and its
+            # step waits on the link, not on kernel launches
+            graphs = self.model.device.type == "cuda" and self.model.streamed is None
         use_tree = speculate and self.speculative
         scratch = self.tree.num_nodes if use_tree else 1
         heads, tree = (self.heads, self.tree) if use_tree else (None, None)

@@ -12,8 +12,9 @@ D = hidden size, H = query heads, Hkv = key/value heads, hd = head dim, V = voca
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -265,6 +266,14 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
+class LayerSource(Protocol):
+    """Where a forward gets the decoder layers that are not resident on the device
+    (``offload.LayerStreamer``): each one ready to run when it is yielded, in order."""
+
+    def layers(self) -> Iterator[nn.Module]:
+        ...
+
+
 class CausalLM(nn.Module):
     """Decoder + LM head. ``forward`` returns final-normed hidden states; ``logits``
     applies the LM head only where the caller needs it (draft heads reuse the hidden)."""
@@ -277,6 +286,9 @@ class CausalLM(nn.Module):
         inv_freq, scale = rope
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.rope_scale = scale
+        # the layers after ``model.layers``, streamed from host memory (offload.py); None:
+        # every layer is resident
+        self.streamed: LayerSource | None = None
 
     @classmethod
     def from_state_dict(
@@ -335,9 +347,16 @@ class CausalLM(nn.Module):
         cos, sin = self.rope(positions)
         bias = attention_bias(mask, self.spec, self.dtype)
         x = self.model.embed_tokens(tokens)  # [T, D]
-        for layer in self.model.layers:
+        for layer in self.decoder_layers():
             x = layer(x, cos, sin, bias, cache)
         return self.model.norm(x)  # [T, D]
+
+    def decoder_layers(self) -> Iterable[nn.Module]:
+        """Every decoder layer in order, ready to run: the resident ones (``model.layers``),
+        then any streamed in from host memory (``streamed``)."""
+        if self.streamed is None:
+            return self.model.layers
+        return itertools.chain(self.model.layers, self.streamed.layers())
 
     def fuse_projections(self) -> bool:
         """Fuse each layer's q/k/v and gate/up projections (``DecoderLayer.fuse``): on a
