@@ -219,7 +219,8 @@ def heads_count(heads: HeadsShape | None, depth: int) -> int:
 
 
 def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
-         trees: Sequence[TreeOption] = (), step_time: StepTime | None = None, link: HostLink | None = None) -> Plan:
+         trees: Sequence[TreeOption] = (), step_time: StepTime | None = None, *,
+         link: HostLink | None = None) -> Plan:
     """Choose precision, tree and KV size for ``request`` on ``budget`` (pure; see module doc).
     ``link``: the host's free RAM and host→device bandwidth; given, a GPU plan that fits at
     no precision streams the layers that do not fit (``_offloaded``) before it is refused."""

@@ -77,7 +77,7 @@ class Wrapped:
 def _tensors(name: str, p: torch.Tensor) -> list[tuple[str | None, torch.Tensor]]:
     """The plain tensors that hold parameter ``p``: itself, or a subclass's inner tensors."""
     if is_traceable_wrapper_subclass(p):
-        parts = [(part, getattr(p, part)) for part in p.__tensor_flatten__()[0]]
+        parts = [(part, getattr(p, part)) for part in p.__tensor_flatten__()[0]]  # torchao's inner tensors
     else:
         parts = [(None, p)]
     for part, t in parts:
