@@ -375,14 +375,20 @@ def _one_turn(session: ChatSession, text: str = "hello") -> str:
     return "".join(p.text for p in session.send(text, GenerationConfig(max_new_tokens=4)))
 
 
-@case("empty message", "SpecMemoError 'the message is empty'; the conversation and its cache are unchanged")
-def empty_message(tmp_path, monkeypatch):
+def _refused_unchanged(text: str, error: type[Exception], match: str) -> ChatSession:
+    """A session after one turn refuses ``text`` with ``error``; its messages and cache are as they were."""
     session = _session()
     _one_turn(session)
     messages, history = [dict(m) for m in session.messages], list(session.decoder.history)
-    with pytest.raises(SpecMemoError, match="the message is empty: type something first"):
-        _one_turn(session, "")
+    with pytest.raises(error, match=match):
+        _one_turn(session, text)
     assert session.messages == messages and session.decoder.history == history
+    return session
+
+
+@case("empty message", "SpecMemoError 'the message is empty'; the conversation and its cache are unchanged")
+def empty_message(tmp_path, monkeypatch):
+    _refused_unchanged("", SpecMemoError, "the message is empty: type something first")
 
 
 @case("whitespace-only message", "SpecMemoError 'the message is empty'; the conversation is unchanged")
@@ -471,12 +477,7 @@ MEGABYTE = "lorem ipsum dolor sit amet, " * 37_450  # ~1 MB of text
 
 @case("1 MB message (core)", "ContextFullError 'needs at least … tokens' from its length alone, before tokenizing")
 def megabyte_message_core(tmp_path, monkeypatch):
-    session = _session()
-    _one_turn(session)
-    messages, history = [dict(m) for m in session.messages], list(session.decoder.history)
-    with pytest.raises(ContextFullError, match="needs at least [0-9]+ tokens.*is unchanged"):
-        _one_turn(session, MEGABYTE)
-    assert session.messages == messages and session.decoder.history == history
+    session = _refused_unchanged(MEGABYTE, ContextFullError, "needs at least [0-9]+ tokens.*is unchanged")
     _one_turn(session, "and now a short one")
 
 
