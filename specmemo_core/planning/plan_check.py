@@ -10,7 +10,6 @@ measured peak memory.
 from __future__ import annotations
 
 import resource
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 

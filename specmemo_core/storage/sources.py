@@ -6,6 +6,7 @@ PyPI wheels, which pip can fetch wherever PyPI is reachable.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
