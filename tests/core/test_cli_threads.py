@@ -1,5 +1,8 @@
 """choose_threads: the torch thread count from made-up CPU readings; the cgroup readers on real files."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,10 +62,20 @@ def test_read_quota_from_cgroup_folders(tmp_path: Path):
     assert read_quota(tmp_path / "none") is None
 
 
-def test_the_running_system_gives_a_usable_count():
+def test_the_running_system_is_read_from_the_os():
     readings = read_cpu()
-    assert 1 <= readings.allowed <= readings.machine
-    assert 1 <= choose_threads(readings) <= readings.allowed
+    assert readings.allowed == len(os.sched_getaffinity(0)) and readings.machine == os.cpu_count()
+    assert readings.quota == read_quota()
+
+
+def test_a_process_pinned_to_one_cpu_reads_one_allowed_cpu_and_chooses_one_thread():
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from specmemo_core.planning.threads import choose_threads, read_cpu; "
+            "r = read_cpu(); print(r.allowed, choose_threads(r))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "1"]
 
 
 @pytest.fixture
