@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.decoding import GenerationConfig, ReplyStats
 
 from .runtime import Runtime, load_runtime
 from .settings import ChatSettings
@@ -26,14 +26,11 @@ def run_self_test(data_folder: Path, model: str = "default", tokens: int = 16) -
     if not backend.engine.speculative:
         raise RuntimeError("speculation could not be switched on: no draft heads were found for this model")
     session = backend.new_session(runtime.capacity, None, True)
-    count = steps = drafted = 0
+    stats = ReplyStats()
     start = time.perf_counter()
     for piece in session.send(PROMPT, GenerationConfig(max_new_tokens=tokens)):
-        count += len(piece.step.token_ids)
-        if piece.step.accepted and not piece.step.prefill:
-            steps += 1
-            drafted += piece.step.accepted
-    seconds = time.perf_counter() - start
+        stats.add(piece.step, piece.text, time.perf_counter() - start)
+    count, seconds = stats.tokens, time.perf_counter() - start
     if count == 0:
         raise RuntimeError("the model produced no tokens")
     p = runtime.plan
@@ -41,4 +38,4 @@ def run_self_test(data_folder: Path, model: str = "default", tokens: int = 16) -
     return (f"self-test ok: model {backend.name}, device {runtime.device.kind} {runtime.device.name}, "
             f"plan {p.precision} tree {p.tree or 'none'} kv {p.kv_tokens} tokens ({p.turns} turns), "
             f"ran tree {backend.tree_name}, {count} tokens in {seconds:.2f} s = {count / seconds:.1f} tokens/s, "
-            f"mean accepted {drafted / steps if steps else 0.0:.2f} tokens/step")
+            f"mean accepted {stats.mean_accepted:.2f} tokens/step")

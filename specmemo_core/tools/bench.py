@@ -319,14 +319,10 @@ def planner_choice(engine: Any, precision: str, reply_tokens: int, *, timing: St
     and ``specmemo chat`` make it: the device's free memory, the heads' calibrated trees
     (else SpecMemo's prior), and the device timing (``timing``, else the cached one in
     ``data_folder``, else measured now)."""
-    from specmemo_core.planning.device import cpu_device, probe
-    from specmemo_core.planning.entry import PlanChoices, make_plan, plan_inputs
+    from specmemo_core.planning.entry import PlanChoices, find_device, make_plan, plan_inputs
     from specmemo_core.planning.timing import timing_for
 
-    kind = engine.model.device.type
-    info = cpu_device() if kind == "cpu" else next((d for d in probe().devices if d.kind == kind), None)
-    if info is None:
-        raise SpecMemoError(f"no {kind} device found for the planner")
+    info = find_device(engine.model.device.type)  # the device the engine runs on, as every entry point finds it
     timing = timing or timing_for(engine, info.name, data_folder, precision)
     return make_plan(plan_inputs(engine, info, timing), PlanChoices(reply_tokens=reply_tokens, precision=precision))
 
