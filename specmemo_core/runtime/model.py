@@ -86,7 +86,9 @@ def rope_inverse_frequencies(config: Any) -> tuple[torch.Tensor, float]:
         return inv.float(), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    from specmemo_core.storage.fast_tokenizer import transformers_config
+
+    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](transformers_config(config), torch.device("cpu"))
     return inv.float(), float(scale)
 
 
@@ -261,7 +263,10 @@ class Backbone(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # an uninitialised weight: the state dict replaces it, and Embedding's own normal_
+        # init on the meta device imports torch._dynamo (~3 s of CPU at every start)
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size,
+                                         _weight=torch.empty(spec.vocab_size, spec.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 

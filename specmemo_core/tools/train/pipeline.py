@@ -52,7 +52,9 @@ def hf_model_from(loaded: LoadedModel, device: str, dtype: torch.dtype) -> Any:
     """transformers' own model over the same weights (batched generation and features)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=dtype)
+    from specmemo_core.storage.fast_tokenizer import transformers_config
+
+    model = AutoModelForCausalLM.from_config(transformers_config(loaded.config), dtype=dtype)
     model.load_state_dict(loaded.state_dict, strict=False)
     model.tie_weights()
     return model.to(device).eval().requires_grad_(False)
