@@ -136,9 +136,9 @@ class ContextLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache) -> torch.Tensor:
-        """hidden [T, D] at scratch slots ``cache.length + i`` → h' [T, D] (caller commits);
+        """hidden [..., T, D] at scratch slots ``cache.length + i`` → h' [..., T, D] (caller commits);
         ``mask`` [T, S] bool, as ``CausalLM.forward`` takes it."""
-        cache.ensure_room(hidden.shape[0])
+        cache.ensure_room(hidden.shape[-2])
         return self.layer(hidden, cos, sin, attention_bias(mask, self.mspec, hidden.dtype), cache)
 
     def forward_batch(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

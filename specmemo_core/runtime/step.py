@@ -33,7 +33,7 @@ emitted token is an argmax of the base model given exactly the tokens before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, Protocol, Sequence
 
 import torch
 
@@ -183,7 +183,50 @@ class TypicalAcceptance:
         return _accepted(ok, self.sample(probs), buf)  # the same probs, sampled once
 
 
-# -- commit -------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowAcceptance:
+    """One rule per sequence of a batch (greedy and sampled rows side by side): each row
+    accepts by its own rule over its own tree. Used only where some row samples (else the
+    batch runs ``GreedyAcceptance`` whole, which a CUDA graph can hold)."""
+
+    rules: tuple[Acceptance, ...]  # [B]
+
+    graph_safe: ClassVar[bool] = False
+
+    def first(self, model: CausalLM, hidden: torch.Tensor) -> int:
+        raise TypeError("a batch's first tokens come from each sequence's own rule")
+
+    def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
+        rows = [rule.accept(model, Verified(verified.tokens[b], verified.hidden[b]), buf)
+                for b, rule in enumerate(self.rules)]
+        return Accepted(torch.stack([r.nodes for r in rows]), torch.stack([r.count for r in rows]),
+                        torch.stack([r.picks for r in rows]))  # [B, W], [B], [B, N]
+
+
+# -- prefill and commit -------------------------------------------------------
+
+def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Tensor:
+    """Run prompt tokens ``chunk`` at a time into the caches (committed as they go); leave
+    the last one's draft state in ``parts.state`` and return its hidden state [..., 1, D].
+    The token tensors take the root's shape plus a token axis: [T] for one sequence, [1, T]
+    for one row of a batched cache (a sequence joining a batch is prefilled alone)."""
+    cache, device = parts.cache, parts.root.device
+    cache.ensure_room(len(new_ids))
+    hidden = draft = None
+    for start in range(0, len(new_ids), chunk):
+        ids = torch.tensor(new_ids[start:start + chunk], device=device).view(*parts.root.shape, -1)  # [..., T]
+        t = ids.shape[-1]
+        positions, mask = cache.prepare(torch.arange(t, device=device))
+        cache.write_ids(ids)
+        hidden = parts.model(ids, positions, mask, cache)  # [..., T, D]
+        draft = contextualize(parts, hidden)  # [..., T, D]
+        cache.commit_prefix(t)
+        if parts.context_cache is not None:
+            parts.context_cache.commit_prefix(t)
+    parts.state.copy_(draft[..., -1, :])
+    return hidden[..., -1:, :]
+
+
 
 def contextualize(parts: StepParts, hidden: torch.Tensor, span: int | None = None) -> torch.Tensor:
     """Draft states [..., T, D] for T hidden states at the context cache's scratch slots:
