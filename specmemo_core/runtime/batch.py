@@ -25,7 +25,7 @@ Interface (what a server drives)::
 - ``step() -> dict[seq_id, list[int]]``: every sequence decoding at the start of the step
   is a key (a finished one with its last tokens, stop token excluded). A sequence that
   ends is in ``finished`` (ids that ended in the latest step) and its slot is free.
-- ``remove(seq_id)`` ends a sequence between steps (a finished id: nothing to do).
+- ``remove(seq_id) -> bool`` ends a sequence between steps (False: it was not decoding).
 - ``active`` (ids decoding), ``free_slots``, ``slots``, ``capacity``.
 
 Greedy sequences give exactly the tokens the single-sequence ``Decoder`` gives for the same
@@ -108,6 +108,10 @@ class BatchDecoder:
         self._single = load_tree("single").buffers.to(device)
         self._parts = {b: self._rows(0, b) for b in buckets(slots)}  # made once: fixed addresses
         self._units: dict[tuple[int, int, int], StepUnit] = {}  # greedy units by (bucket, nodes, span)
+        # CUDA graphs: one memory pool and one capture stream for every unit (as StaticDecoder)
+        cuda = graphs and device.type == "cuda"
+        self._pool = torch.cuda.graph_pool_handle() if cuda else None
+        self._capture_stream = torch.cuda.Stream(device) if cuda else None
         self._seqs: dict[Hashable, _Sequence] = {}
         self._order: list[Hashable] = []  # ids by row
         self.finished: set[Hashable] = set()
@@ -159,23 +163,25 @@ class BatchDecoder:
 
     def _check_new(self, seq_id: Hashable, prompt_ids: Sequence[int]) -> None:
         if seq_id in self._seqs:
-            raise BatchError(f"sequence {seq_id!r} is already decoding; give each request its own id, or remove it first")
+            raise BatchError(f"sequence {seq_id!r} is already decoding; give each request its own id, or remove "
+                             "it first")
         if not prompt_ids:
             raise BatchError(f"sequence {seq_id!r} has an empty prompt: send at least one token")
         if not self.free_slots:
             raise BatchFullError(f"all {self.slots} batch slots are taken; wait for a sequence to finish (or remove "
                                  "one), or make the batch decoder with more slots")
         if len(prompt_ids) + 1 > self.capacity:
-            raise PromptTooLongError(f"the prompt of sequence {seq_id!r} has {len(prompt_ids)} tokens but a batch slot "
-                                     f"holds {self.capacity}; shorten the prompt or make the batch decoder with a larger "
-                                     "capacity per slot")
+            raise PromptTooLongError(f"the prompt of sequence {seq_id!r} has {len(prompt_ids)} tokens but a batch "
+                                     f"slot holds {self.capacity}; shorten the prompt or make the batch decoder "
+                                     "with a larger capacity per slot")
 
-    def remove(self, seq_id: Hashable) -> None:
-        """End ``seq_id`` now and free its slot (a finished id: nothing to do)."""
-        if seq_id in self._seqs:
-            self._leave(seq_id)
-        elif seq_id not in self.finished:
-            raise BatchError(f"no sequence {seq_id!r} in this batch")
+    def remove(self, seq_id: Hashable) -> bool:
+        """End ``seq_id`` now and free its slot; False if it was not decoding (finished
+        already, or never added), so a server may call it on any disconnect."""
+        if seq_id not in self._seqs:
+            return False
+        self._leave(seq_id)
+        return True
 
     def _leave(self, seq_id: Hashable) -> None:
         """Free the sequence's row; the last row's sequence moves into it (rows stay 0…n-1)."""
@@ -248,8 +254,8 @@ class BatchDecoder:
         key = (bucket, buffers.depths.shape[0], span)
         if key not in self._units:
             unit = StepUnit(self._parts[bucket], buffers, GreedyAcceptance(), span=span)
-            if self.graphs and self.model.device.type == "cuda":
-                unit.capture()
+            if self._capture_stream is not None:
+                unit.capture(pool=self._pool, stream=self._capture_stream)
             self._units[key] = unit
         return self._units[key]
 

@@ -205,7 +205,8 @@ class Attention(nn.Module):
         else:
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         qkv = qkv.view(*lead, t, h + 2 * hkv, hd)
-        qk = apply_rope(qkv[..., : h + hkv, :].transpose(-3, -2), cos.unsqueeze(-3), sin.unsqueeze(-3))  # [..., H + Hkv, T, hd]
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [..., 1, T, hd]: shared by the heads
+        qk = apply_rope(qkv[..., : h + hkv, :].transpose(-3, -2), cos, sin)  # [..., H + Hkv, T, hd]
         keys, values = cache.write(self.layer, qk[..., h:, :, :], qkv[..., h + hkv:, :].transpose(-3, -2))
         span = bias.shape[-1]  # a static cache may be attended over its first slots only
         keys, values = keys[..., :span, :], values[..., :span, :]  # [..., Hkv, S, hd]
@@ -213,7 +214,7 @@ class Attention(nn.Module):
         if lead:  # [B, Hkv, g·T, hd]; one bias per sequence, shared by its heads
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias.unsqueeze(-3))
         else:
-            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, g·T, hd]
+            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, gT, hd]
         out = out.unflatten(-2, (h // hkv, t)).movedim(-2, -4).reshape(*lead, t, h * hd)  # [..., T, H·hd]
         return _linear_add(residual, out, self.o_proj, self.qkv is not None)
 

@@ -39,7 +39,8 @@ def parse_batches(text: str) -> list[int]:
     return sizes
 
 
-def batch_runner(decoder: BatchDecoder, prompts: Sequence[Sequence[int]], config: GenerationConfig) -> Callable[[], Pass]:
+def batch_runner(decoder: BatchDecoder, prompts: Sequence[Sequence[int]],
+                 config: GenerationConfig) -> Callable[[], Pass]:
     """Every prompt through ``decoder`` (made once, reused by every pass), each joining as a slot frees."""
 
     def run() -> Pass:
