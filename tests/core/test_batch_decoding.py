@@ -151,3 +151,20 @@ def test_batch_errors_say_what_to_do(model, prompts):
     assert not dec.remove("a") and not dec.remove("never added")
     with pytest.raises(BatchError, match="capacity per slot"):
         BatchDecoder(model, slots=2, capacity=44, heads=random_heads(4, 64, VOCAB), tree=load_tree("1-10-16-17"))
+
+
+def test_a_planned_engine_makes_a_batch_decoder_with_the_plans_slots_and_tree(model):
+    from specmemo_core.planning.entry import PlanChoices, PlannedEngine
+    from specmemo_core.planning.planner import Plan
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.sources import ModelIdentity
+    from tests.tiny import tiny_config, tiny_tokenizer
+
+    tree = load_tree("1-3-2+lookup-4")
+    engine = Engine(model, tiny_tokenizer(), tiny_config(vocab_size=VOCAB), ModelIdentity("tiny", "0"),
+                    random_heads(4, 64, VOCAB, seed=5, scale=0.5), tree)
+    plan = Plan(True, "cpu", "fp32", 2, tree.name, tree.num_nodes, 300, 1, batch=3)
+    dec = PlannedEngine(engine, None, None, plan, PlanChoices(batch=3)).new_batch_decoder()
+    assert (dec.slots, dec.capacity, dec.tree, dec.speculative) == (3, 300 + tree.num_nodes, tree, True)
+    plain = PlannedEngine(engine, None, None, plan, PlanChoices(batch=3, speculate=False)).new_batch_decoder()
+    assert plain.tree is None and not plain.speculative
