@@ -48,3 +48,15 @@ class ChatTemplateError(SpecMemoError):
 
 class OffloadError(SpecMemoError):
     """Decoder layers cannot be streamed from host memory as planned (offload.py)."""
+
+
+class BatchError(SpecMemoError):
+    """A batch decoder was asked for something it cannot do (runtime/batch.py); the message says what to change."""
+
+
+class BatchFullError(BatchError):
+    """Every slot of a batch decoder holds a sequence: wait for one to finish, or remove one."""
+
+
+class PromptTooLongError(BatchError):
+    """A prompt does not fit one batch slot's KV capacity."""

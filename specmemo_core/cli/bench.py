@@ -29,6 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save", default=None, metavar="FILE",
                    help="also write the JSON report to FILE after every timed round (a run cut short "
                         "keeps its finished rounds; _run.rounds_done says how many)")
+    p.add_argument("--batch", default=None, metavar="B,B,…",
+                   help="batched decoding instead of --methods: the queries as concurrent requests through "
+                        "batch decoders of these sizes (e.g. 1,2,4,8,16), batched plain and batched speculation "
+                        "on the planner's tree for each size; total tokens/s")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw tokens/s per method (median, min–max) as a PNG bar chart")
     p.set_defaults(run=run)
@@ -84,9 +88,48 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
     return full_report(passes)
 
 
+def _measure_batches(args: argparse.Namespace, batches: list[int], progress: StageProgress) -> dict:
+    """``--batch``: every query a request of its own, through batch decoders of each size."""
+    from specmemo_core.runtime.chat import encode_conversation, end_of_turn_ids
+    from specmemo_core.runtime.decoding import GenerationConfig
+    from specmemo_core.runtime.engine import Engine, resolve_tree
+    from specmemo_core.storage.data_folder import data_dir
+    from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
+    from specmemo_core.text import encodable
+    from specmemo_core.tools.batch_bench import run_batch_bench
+    from specmemo_core.tools.bench import planner_choice, run_info
+
+    convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
+             else mtbench_conversations(args.queries))
+    engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], device=args.device,
+                         progress=progress)
+    prompts = [encode_conversation(engine.tokenizer, [{"role": "user", "content": encodable(turn)}], {})
+               for turns in convs for turn in turns]
+    trees = {}
+
+    def tree_for(b: int):
+        chosen = planner_choice(engine, args.dtype, args.max_new_tokens, data_folder=data_dir(), batch=b)
+        trees[b] = chosen.tree
+        return resolve_tree(chosen.tree, engine.heads_folder) if chosen.tree else None
+
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens,
+                              stop_token_ids=frozenset(end_of_turn_ids(engine.tokenizer, engine.config)))
+    result = run_batch_bench(engine.model, engine.heads, prompts, batches=batches, tree_for=tree_for, config=config,
+                             repeats=args.repeats, device=args.device, graphs=engine.model.device.type == "cuda",
+                             progress=progress)
+    result["_run"] = run_info(engine.identity.name, args.device, args.dtype, conversations=convs,
+                              max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                              methods=["plain", "speculative"])
+    result["_run"].update(batches=batches, planner_trees={str(b): t for b, t in trees.items()},
+                          requests=len(prompts))
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     from specmemo_core.tools.bench import format_table, plot_report
 
+    if args.batch is not None:
+        return _run_batches(args)
     names = _method_names(args)
     progress = StageProgress()
     try:
@@ -99,4 +142,21 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(result))
     if args.plot:
         print(f"chart: {plot_report(result, args.plot)}", file=sys.stderr)
+    return 0
+
+
+def _run_batches(args: argparse.Namespace) -> int:
+    from specmemo_core.tools.batch_bench import format_batch_table, parse_batches
+
+    batches = parse_batches(args.batch)  # refused before anything loads
+    if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
+        raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
+    progress = StageProgress()
+    try:
+        result = _measure_batches(args, batches, progress)
+    finally:
+        progress.close()
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=1), encoding="utf-8")
+    print(json.dumps(result) if args.json else format_batch_table(result))
     return 0

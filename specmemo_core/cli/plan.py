@@ -28,6 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--reply-tokens", type=int, default=256)
     p.add_argument("--tree", default=None, help="plan with this tree only (e.g. medusa-64, 1-10-16-17)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="conversations decoded together (a server's batch slots), each with --turns of KV cache")
     p.add_argument("--ram", default=None,
                    help="free host RAM the plan may page-lock for decoder layers that do not fit the GPU "
                         "(e.g. 32 or 32GB); without it no layer is streamed")
@@ -105,7 +107,7 @@ def plan_choices(args: argparse.Namespace):
     from specmemo_core.planning.entry import PlanChoices
 
     return PlanChoices(turns=args.turns, prefer=prefer_weight(args.prefer), prompt_tokens=args.prompt_tokens,
-                       reply_tokens=args.reply_tokens, precision=args.precision, tree=args.tree)
+                       reply_tokens=args.reply_tokens, precision=args.precision, tree=args.tree, batch=args.batch)
 
 
 def _planned_for(args: argparse.Namespace):
@@ -180,7 +182,8 @@ def _make_plan(args: argparse.Namespace):
 def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:
     gib = lambda n: f"{n / 2**30:8.3f} GiB"  # noqa: E731
     print(f"device   {budget.kind} {budget.name}: {gib(budget.free_bytes)} free, {gib(result.budget_bytes)} usable")
-    print(f"model    {shape.name}   turns wanted {request.turns} x {request.tokens_per_turn} tokens")
+    print(f"model    {shape.name}   turns wanted {request.turns} x {request.tokens_per_turn} tokens"
+          + (f", for each of {request.batch} conversations decoded together" if request.batch > 1 else ""))
     if not result.fits:
         print("does not fit. What would:")
         for s in result.suggestions:
@@ -209,6 +212,8 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
 def run(args: argparse.Namespace) -> int:
     result, request, budget, shape, engine = _make_plan(args)
     out = asdict(result)
+    if args.verify and result.batch > 1:
+        raise SpecMemoError("--verify runs one conversation; leave out --batch to check the plan's memory")
     if args.verify and result.streamed_layers:
         raise SpecMemoError("--verify does not run plans that stream layers yet; leave out --ram, or run the "
                             "plan's layout with python -m specmemo_core.tools.offload_probe --resident N")

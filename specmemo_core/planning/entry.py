@@ -42,6 +42,7 @@ class PlanChoices:
     precision: str | None = None  # None: the planner chooses
     speculate: bool = True  # False: plain decoding, no heads
     tree: str | None = None  # a tree the user forces: planned with this tree only
+    batch: int = 1  # conversations decoded together (a server's batch slots; runtime/batch.py)
 
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
@@ -50,7 +51,7 @@ class PlanChoices:
     def request(self) -> PlanRequest:
         return PlanRequest(turns=self.turns, prefer=self.prefer, precision=self.precision,
                            prompt_tokens=self.prompt_tokens, reply_tokens=self.reply_tokens,
-                           sampling=self.temperature > 0)
+                           sampling=self.temperature > 0, batch=self.batch)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,20 @@ class PlannedEngine:
         """A conversation with the plan's KV cache (``capacity`` overrides it)."""
         size = capacity if capacity is not None else max(self.plan.kv_tokens, 256)
         return self.engine.new_session(size, system_prompt, speculate=self.choices.speculate, graphs=graphs)
+
+    def new_batch_decoder(self, *, graphs: bool | None = None):
+        """A ``runtime.batch.BatchDecoder`` with the plan's ``batch`` slots of ``kv_tokens``
+        each (plus the tree's scratch), on the plan's tree. ``graphs``: capture its greedy
+        steps as CUDA graphs (None: on CUDA)."""
+        from specmemo_core.runtime.batch import BatchDecoder
+
+        e = self.engine
+        use_tree = self.choices.speculate and e.speculative
+        tree = e.tree if use_tree else None
+        scratch = tree.num_nodes if tree is not None else 1
+        return BatchDecoder(e.model, slots=self.plan.batch, capacity=max(self.plan.kv_tokens, 256) + scratch,
+                            heads=e.heads if use_tree else None, tree=tree,
+                            graphs=e.model.device.type == "cuda" if graphs is None else graphs)
 
 
 def apply_plan(planned: PlannedEngine, new_plan: Plan) -> PlannedEngine:

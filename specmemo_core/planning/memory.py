@@ -197,7 +197,8 @@ PLAIN = TreeShape()  # plain decoding: one node, nothing drafted
 
 
 def tree_buffer_bytes(shape: ModelShape, tree: TreeShape, context: int, precision: str, *,
-                      heads: HeadsShape | None = None, sampling: bool = False, whole_head: bool = False) -> int:
+                      heads: HeadsShape | None = None, sampling: bool = False, whole_head: bool = False,
+                      batch: int = 1) -> int:
     """What one verify step keeps besides the KV cache and the forward's activations.
 
     The base model's scores: greedy keeps one block of the LM head's, N × R × b with
@@ -210,19 +211,21 @@ def tree_buffer_bytes(shape: ModelShape, tree: TreeShape, context: int, precisio
     2 × N × 8, retrieval indices N × (depth + 1) × 8, the ancestor mask N × N and the
     attention mask N × (S + N) (1 byte each), and the final hidden states N × D × b.
     The cache's token ids (8 bytes a slot) are left out: kilobytes.
+    A ``batch`` of B sequences (``runtime/batch.py``) holds all of it B times but the
+    retrieval indices and ancestor mask, which the trees share (sampled rows accept one at
+    a time: their distributions are held once).
     """
     b = activation_bytes(precision)
     v = shape.vocab_size
-    per_score = b + 12 if sampling else b
     rows = v if (sampling or whole_head) else min(v, PICK_ROWS)
     nodes, depth = tree.nodes, tree.depth
-    scores = nodes * rows * per_score
+    scores = batch * nodes * rows * b + (nodes * rows * 12 if sampling else 0)
     if nodes <= 1:
-        return scores + shape.hidden_size * b + context + 1
+        return scores + batch * (shape.hidden_size * b + context + 1)
     vocab = heads.draft_vocab if heads is not None and heads.kind == "hydra" and heads.draft_vocab else v
-    drafts = draft_rows(heads, tree) * vocab * b
-    return (scores + drafts + 2 * nodes * 8 + nodes * (depth + 1) * 8
-            + nodes * nodes + nodes * (context + nodes) + nodes * shape.hidden_size * b)
+    drafts = batch * draft_rows(heads, tree) * vocab * b
+    per_tree = 2 * nodes * 8 + nodes * (context + nodes) + nodes * shape.hidden_size * b
+    return scores + drafts + batch * per_tree + nodes * (depth + 1) * 8 + nodes * nodes
 
 
 def draft_rows(heads: HeadsShape | None, tree: TreeShape) -> int:

@@ -17,6 +17,11 @@ Rules, in order:
    highest predicted tokens/s = expected tokens per step (from the heads' calibration;
    without it, SpecMemo's pruning prior) ÷ step time (from the device's start-up
    timing when given; else the tree is the largest that fits, SpecMemo-style).
+5. Batch: ``request.batch`` conversations decoded together (``runtime/batch.py``) each
+   get the KV cache one would (the KV term scales with B), and a step verifies B trees
+   in one forward, timed as a forward of B × N tokens: as B grows the step stops being
+   bound by launches and weight reads, extra nodes cost their share, and the tree chosen
+   shrinks (to plain decoding where drafts no longer pay).
 """
 
 from __future__ import annotations
@@ -77,8 +82,11 @@ class PlanRequest:
     safety_margin: float = 0.10  # of free memory, left unused
     max_tree_nodes: int = 64
     sampling: bool = False  # temperature > 0: typical acceptance keeps every node's distribution
+    batch: int = 1  # conversations decoded together, each with its own KV cache (runtime/batch.py)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise SpecMemoError(f"batch must be a whole number ≥ 1 of conversations, got {self.batch!r}")
         if not isinstance(self.turns, int) or self.turns < 1:
             raise SpecMemoError(f"turns must be a whole number ≥ 1, got {self.turns!r}")
         if not (0.0 <= self.prefer <= 1.0):
@@ -117,8 +125,8 @@ class Plan:
     heads_used: int
     tree: str | None  # None: plain decoding
     tree_nodes: int
-    kv_tokens: int
-    turns: int  # whole turns the KV cache holds
+    kv_tokens: int  # per conversation (one batch slot)
+    turns: int  # whole turns the KV cache holds, per conversation
     predicted_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: int = 0
     predicted_tokens_per_s: float | None = None
@@ -129,6 +137,7 @@ class Plan:
     resident_layers: int | None = None
     streamed_layers: int = 0
     pinned_host_bytes: int = 0
+    batch: int = 1  # conversations the plan holds at once, ``kv_tokens`` each
 
     @property
     def total_bytes(self) -> int:
@@ -139,19 +148,21 @@ StepTime = Callable[[int, int], float]  # (tree nodes, depth) -> seconds per ver
 
 
 def memory_terms(model: ModelShape, heads: HeadsShape | None, *, precision: str, kind: str, kv_tokens: int,
-                 tree: TreeShape = PLAIN, sampling: bool = False) -> dict[str, int]:
-    """Every term of the memory model for a chat of ``kv_tokens`` on ``tree`` (``memory.py``)."""
+                 tree: TreeShape = PLAIN, sampling: bool = False, batch: int = 1) -> dict[str, int]:
+    """Every term of the memory model for ``batch`` chats of ``kv_tokens`` each on ``tree``
+    (``memory.py``): a step verifies ``batch`` trees at once; a prompt is prefilled alone."""
     chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
     nodes = tree.nodes
+    slot = kv_tokens + nodes  # one conversation's slots, its tree's scratch included
     terms = {
         "weights": weight_bytes(model, precision, device_kind=kind),
-        "heads": heads_bytes(heads, model, precision, kv_tokens + nodes) if nodes > 1 else 0,
-        "kv_cache": kv_bytes(model, kv_tokens + nodes, precision),
+        "heads": heads_bytes(heads, model, precision, batch * slot) if nodes > 1 else 0,
+        "kv_cache": kv_bytes(model, batch * slot, precision),
         # on CPU the LM head is packed for oneDNN (fp32) and scored whole
-        "tree_buffers": tree_buffer_bytes(model, tree, kv_tokens + nodes, precision, heads=heads,
-                                          sampling=sampling, whole_head=kind == "cpu"),
-        "activations": max(activation_peak_bytes(model, chunk, kv_tokens + nodes, precision, kind),
-                           activation_peak_bytes(model, nodes, kv_tokens + nodes, precision, kind)),
+        "tree_buffers": tree_buffer_bytes(model, tree, slot, precision, heads=heads, sampling=sampling,
+                                          whole_head=kind == "cpu", batch=batch),
+        "activations": max(activation_peak_bytes(model, chunk, slot, precision, kind),
+                           activation_peak_bytes(model, batch * nodes, slot, precision, kind)),
     }
     terms["overhead"] = overhead_bytes(kind, sum(terms.values()))
     return terms
@@ -169,18 +180,28 @@ def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], b
     return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
 
 
+def batch_step_time(step_time: StepTime | None, batch: int) -> StepTime | None:
+    """A step over ``batch`` sequences on trees of N nodes, timed as one forward of
+    ``batch`` × N tokens (drafting: one pass per level for the whole batch)."""
+    if step_time is None or batch == 1:
+        return step_time
+    return lambda nodes, depth: step_time(batch * nodes, depth)
+
+
 def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest, *,
             trees: Sequence[TreeOption], precision: str, step_time: StepTime | None) -> Plan:
     """The plan at one precision (fits=False if even a plain step with the turns does not fit)."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     want_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
+    step_time = batch_step_time(step_time, request.batch)
+
     def terms_for(kv_tokens: int, tree: TreeShape = PLAIN) -> dict[str, int]:
         return memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens, tree=tree,
-                            sampling=request.sampling)
+                            sampling=request.sampling, batch=request.batch)
 
     base = terms_for(want_tokens)
     if sum(base.values()) > usable:
-        return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable)
+        return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable, batch=request.batch)
     spare = usable - sum(base.values())
     speed_share = spare * request.prefer
     options = [t for t in trees if t.nodes <= request.max_tree_nodes
@@ -194,8 +215,8 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     shape = tree.shape if tree else PLAIN
     nodes, depth = shape.nodes, shape.depth
     terms = terms_for(want_tokens, shape)
-    # What is left (the turns share) extends the KV cache, up to the model's context.
-    per_token = kv_bytes(model, 1, precision) * KV_TOKEN_GROWTH
+    # What is left (the turns share) extends every conversation's KV cache, up to the model's context.
+    per_token = kv_bytes(model, request.batch, precision) * KV_TOKEN_GROWTH
     extra_tokens = int((usable - sum(terms.values())) // per_token)
     kv_tokens = min(model.max_context, want_tokens + max(extra_tokens, 0))
     terms = terms_for(kv_tokens, shape)
@@ -205,13 +226,14 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     turns = max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn)
     speed = None
     if step_time is not None:
-        speed = (tree.expected_accepted if tree else 1.0) / step_time(nodes, depth)
+        speed = request.batch * (tree.expected_accepted if tree else 1.0) / step_time(nodes, depth)
     notes = ()
     if request.system_tokens + request.turns * request.tokens_per_turn > model.max_context:
         notes = (f"{request.turns} turns of {request.tokens_per_turn} tokens exceed the model's "
                  f"{model.max_context}-token context: older turns will leave the context",)
     return Plan(True, budget.kind, precision, heads_count(heads, depth) if tree else 0,
-                tree.name if tree else None, nodes, kv_tokens, turns, terms, usable, speed, (), notes)
+                tree.name if tree else None, nodes, kv_tokens, turns, terms, usable, speed, (), notes,
+                batch=request.batch)
 
 
 def heads_count(heads: HeadsShape | None, depth: int) -> int:
@@ -263,10 +285,11 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
     for precision in precisions:
         def terms_for(tree: TreeShape, precision: str = precision) -> dict[str, int]:
             return memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens, tree=tree,
-                                sampling=request.sampling)
+                                sampling=request.sampling, batch=request.batch)
 
         choice = choose_offload(model, precision, usable_bytes=usable, link=link, terms_for=terms_for,
-                                compute=step_time or (lambda nodes, depth: 0.0), trees=options, kind=budget.kind)
+                                compute=batch_step_time(step_time, request.batch) or (lambda nodes, depth: 0.0),
+                                trees=options, kind=budget.kind)
         if choice is None:
             continue
         where, tree = choice.layout, choice.tree
@@ -274,8 +297,8 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
         return Plan(True, budget.kind, precision, heads_count(heads, tree.depth) if tree else 0,
                     tree.name if tree else None, tree.nodes if tree else 1, kv_tokens,
                     max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn), choice.device_terms,
-                    usable, choice.tokens_per_s, (), notes, resident_layers=where.resident_layers,
-                    streamed_layers=where.streamed_layers, pinned_host_bytes=where.pinned_bytes)
+                    usable, choice.tokens_per_s * request.batch, (), notes, resident_layers=where.resident_layers,
+                    streamed_layers=where.streamed_layers, pinned_host_bytes=where.pinned_bytes, batch=request.batch)
     return None
 
 
@@ -284,7 +307,7 @@ def _offload_reasons(budget: Budget, model: ModelShape, heads: HeadsShape | None
     """Why streaming layers at ``precision`` fits neither the GPU nor GPU + RAM, and what would."""
     kv_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
     terms = memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens,
-                         sampling=request.sampling)
+                         sampling=request.sampling, batch=request.batch)
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     return offload_refusal(model, precision, usable_bytes=usable, link=link, terms=terms, kind=budget.kind)
 
@@ -294,13 +317,19 @@ def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, reques
     """Nothing fits: say what would, before anything is loaded."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     precision = smallest.precision
-    fixed = memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=0, sampling=request.sampling)
-    per_turn = kv_bytes(model, request.tokens_per_turn, precision)
+    fixed = memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=0, sampling=request.sampling,
+                         batch=request.batch)
+    per_turn = kv_bytes(model, request.tokens_per_turn * request.batch, precision)  # a turn of every conversation
     suggestions = []
     room = usable - sum(fixed.values())
     if room > per_turn:
         turns = int(room // (per_turn * KV_TOKEN_GROWTH))
-        suggestions.append(f"ask for at most {turns} turns (of {request.tokens_per_turn} tokens) at {precision}")
+        suggestions.append(f"ask for at most {turns} turns (of {request.tokens_per_turn} tokens) at {precision}"
+                           + (f" for each of {request.batch} conversations" if request.batch > 1 else ""))
+    want = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
+    conversations = int(room // (kv_bytes(model, want, precision) * KV_TOKEN_GROWTH)) if room > 0 else 0
+    if 1 <= conversations < request.batch:
+        suggestions.append(f"decode fewer conversations at once: {conversations} fit with {request.turns} turns each")
     if request.precision and request.precision != "int4":
         suggestions.append("let the planner choose the precision (int8 / int4 weights)")
     need = sum(smallest.predicted_bytes.values())
@@ -308,7 +337,7 @@ def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, reques
                        f"({_gib(budget.free_bytes)} free, {int(request.safety_margin * 100)}% kept back)")
     suggestions.append("use a smaller model")
     return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, smallest.predicted_bytes, usable, None,
-                tuple(suggestions))
+                tuple(suggestions), batch=request.batch)
 
 
 def _gib(n: int) -> str:

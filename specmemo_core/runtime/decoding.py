@@ -18,8 +18,7 @@ from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import CausalLM
-from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, StepParts, StepUnit, TypicalAcceptance,
-                                        contextualize)
+from specmemo_core.runtime.step import Acceptance, GreedyAcceptance, StepParts, StepUnit, TypicalAcceptance, prefill
 from specmemo_core.runtime.tree import Tree, TreeBuffers, load_tree
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
@@ -102,6 +101,19 @@ class ReplyStats:
         return out
 
 
+def take_tokens(tokens: Sequence[int], config: GenerationConfig, emitted: int) -> tuple[list[int], bool]:
+    """The tokens of a step a reply keeps, ``emitted`` tokens into it: up to the first stop
+    token (not kept) or the token budget; and whether a stop token ended the reply."""
+    out: list[int] = []
+    for tok in tokens:
+        if emitted + len(out) >= config.max_new_tokens:
+            break
+        if tok in config.stop_token_ids:
+            return out, True
+        out.append(tok)
+    return out, False
+
+
 def acceptance_for(config: GenerationConfig) -> Acceptance:
     """Greedy at temperature 0, else typical acceptance sampling from ``config.seed``."""
     if config.temperature == 0.0:
@@ -177,23 +189,12 @@ class Decoder:
 
     @torch.inference_mode()
     def _prefill(self, new_ids: list[int]) -> torch.Tensor:
-        """Run the new prompt tokens chunk by chunk; return the last one's hidden state
-        [1, D], and leave its draft state in ``parts.state``."""
-        self.cache.ensure_room(len(new_ids))
-        device, p = self.model.device, self.parts
-        hidden = draft = None
-        for start in range(0, len(new_ids), PREFILL_CHUNK):
-            chunk = torch.tensor(new_ids[start:start + PREFILL_CHUNK], device=device)  # [T]
-            positions, mask = self.cache.prepare(torch.arange(chunk.numel(), device=device))
-            self.cache.write_ids(chunk)
-            hidden = self.model(chunk, positions, mask, self.cache)  # [T, D]
-            draft = contextualize(p, hidden)  # [T, D]
-            self.cache.commit_prefix(chunk.numel())
-            if p.context_cache is not None:
-                p.context_cache.commit_prefix(chunk.numel())
-            self.history.extend(new_ids[start:start + PREFILL_CHUNK])
-        p.state.copy_(draft[-1])
-        return hidden[-1:]
+        """Run the new prompt tokens chunk by chunk (``step.prefill``); return the last one's
+        hidden state [1, D], and leave its draft state in ``parts.state``."""
+        try:
+            return prefill(self.parts, new_ids, chunk=PREFILL_CHUNK)
+        finally:  # what the caches hold, even if a chunk failed
+            self.history.extend(new_ids[: self.cache.length - len(self.history)])
 
     # -- generation ------------------------------------------------------------
     def generate(
@@ -225,15 +226,8 @@ class Decoder:
             self.history.append(root)  # the root's KV is committed now, and the accepted drafts'
             self.history.extend(tokens[:-1])
             root = tokens[-1]
-            out: list[int] = []
-            for tok in tokens:
-                if tok in config.stop_token_ids:
-                    stop = True
-                    break
-                out.append(tok)
-                emitted += 1
-                if emitted >= config.max_new_tokens:
-                    break
+            out, stop = take_tokens(tokens, config, emitted)
+            emitted += len(out)
             yield Step(tuple(out), len(tokens), dt, unit.nodes)
 
     def _next_buffers(self) -> TreeBuffers:

@@ -136,9 +136,9 @@ class ContextLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache) -> torch.Tensor:
-        """hidden [T, D] at scratch slots ``cache.length + i`` → h' [T, D] (caller commits);
+        """hidden [..., T, D] at scratch slots ``cache.length + i`` → h' [..., T, D] (caller commits);
         ``mask`` [T, S] bool, as ``CausalLM.forward`` takes it."""
-        cache.ensure_room(hidden.shape[0])
+        cache.ensure_room(hidden.shape[-2])
         return self.layer(hidden, cos, sin, attention_bias(mask, self.mspec, hidden.dtype), cache)
 
     def forward_batch(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -191,10 +191,12 @@ class MedusaHeads(nn.Module):
 
     def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:
-        """Token of every tree node [N]: node i gets head (depth-1)'s rank-``rank[i]`` guess."""
-        proposals = self.logits(hidden, lm_head).topk(max(tree.topk_needed), dim=-1).indices  # [K, k]
-        tokens = proposals[tree.head_index.clamp(min=0), tree.rank.clamp(min=0)]  # [N]
-        tokens[0] = root
+        """Token of every tree node [..., N]: node i gets head (depth-1)'s rank-``rank[i]``
+        guess; ``hidden`` [..., D] and ``root`` [...] may carry a batch axis."""
+        proposals = self.logits(hidden, lm_head).topk(max(tree.topk_needed), dim=-1).indices  # [K, ..., k]
+        proposals = proposals.movedim(0, -2)  # [..., K, k]
+        tokens = proposals[..., tree.head_index.clamp(min=0), tree.rank.clamp(min=0)]  # [..., N]
+        tokens[..., 0] = root
         return tokens
 
 
@@ -257,20 +259,21 @@ class HydraHeads(nn.Module):
     def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:
         """Fill the tree level by level: level d's states come from level d-1's states
-        and level d's own tokens; their LM-head top-k are level d+1's tokens."""
+        and level d's own tokens; their LM-head top-k are level d+1's tokens. ``hidden``
+        [..., D] and ``root`` [...] may carry a batch axis: tokens [..., N]."""
         n = tree.depths.shape[0]
-        tokens = torch.empty(n, dtype=torch.long, device=hidden.device)  # [N]
-        tokens[0] = root
+        tokens = torch.empty(*hidden.shape[:-1], n, dtype=torch.long, device=hidden.device)  # [..., N]
+        tokens[..., 0] = root
         starts = tree.level_starts
-        states = hidden[None, :]  # [1, D] parent state of the root
+        states = hidden[..., None, :]  # [..., 1, D] parent state of the root
         prev_lo = 0
         for d in range(0, len(starts) - 2):
             lo, hi = starts[d], starts[d + 1]  # this level's nodes
-            parent_state = states if d == 0 else states[tree.parents[lo:hi] - prev_lo]  # [P, D]
-            states = self.step(d, parent_state, embed(tokens[lo:hi]))  # [P, D]
-            top = self.propose(states, lm_head, tree.topk_needed[d])  # [P, k]
+            parent_state = states if d == 0 else states[..., tree.parents[lo:hi] - prev_lo, :]  # [..., P, D]
+            states = self.step(d, parent_state, embed(tokens[..., lo:hi]))  # [..., P, D]
+            top = self.propose(states, lm_head, tree.topk_needed[d])  # [..., P, k]
             child = slice(starts[d + 1], starts[d + 2])
-            tokens[child] = top[tree.parents[child] - lo, tree.rank[child]]
+            tokens[..., child] = top[..., tree.parents[child] - lo, tree.rank[child]]
             prev_lo = lo
         return tokens
 
@@ -286,7 +289,8 @@ class DraftHeads(Protocol):
 
     def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:
-        """The token of every tree node [N] (the root first) from the draft state ``hidden`` [D]."""
+        """The token of every tree node [..., N] (the root first) from the draft state
+        ``hidden`` [..., D] (a leading batch axis: one tree per sequence)."""
         ...
 
     def use_draft_vocab(self, lm_head_weight: torch.Tensor) -> None:

@@ -19,6 +19,19 @@ import torch
 from specmemo_core.errors import ContextFullError
 
 
+MIN_SPAN = 256  # the smallest span a static step attends over (``StaticKVCache.spans``)
+
+
+def span_ladder(capacity: int) -> tuple[int, ...]:
+    """The spans fixed-shape steps attend over: powers of two from ``MIN_SPAN`` below
+    ``capacity``, then ``capacity`` (``StaticKVCache.spans``, ``BatchKVCache.span_for``)."""
+    spans, span = [], MIN_SPAN
+    while span < capacity:
+        spans.append(span)
+        span *= 2
+    return (*spans, capacity)
+
+
 class KVCache:
     """Keys and values of every layer in two tensors of fixed size."""
 

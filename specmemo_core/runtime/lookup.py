@@ -33,22 +33,34 @@ def lookup_draft(ids: torch.Tensor, length: torch.Tensor | int, root: torch.Tens
     the longest match wins, then the latest. The draft is what followed p; where that
     runs into the root itself, it repeats with the match's period (a loop keeps looping).
     With no match at all the draft is arbitrary (verification rejects it).
+
+    Batched: ``ids`` [B, C], ``length`` and ``root`` [B] give [B, count], each row its own.
     """
-    c = ids.shape[0]
+    if ids.dim() == 2:
+        return _lookup_rows(ids, torch.as_tensor(length, device=ids.device), torch.as_tensor(root, device=ids.device),
+                            count, max_ngram)
+    one = torch.as_tensor(length, device=ids.device).view(1)
+    return _lookup_rows(ids[None], one, torch.as_tensor(root, device=ids.device).view(1), count, max_ngram)[0]
+
+
+def _lookup_rows(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, count: int,
+                 max_ngram: int) -> torch.Tensor:
+    """``lookup_draft`` over B rows: ids [B, C], length and root [B] → [B, count]."""
+    b, c = ids.shape
     device = ids.device
-    pos = torch.arange(c, device=device)
-    length = torch.as_tensor(length, device=device)
-    seq = torch.where(pos == length, torch.as_tensor(root, device=device), ids)  # root placed at `length`
-    run = torch.ones(c, dtype=torch.long, device=device)  # matched suffix length ending at each p, so far
-    matched = torch.zeros(c, dtype=torch.long, device=device)
+    pos = torch.arange(c, device=device)  # [C]
+    length = length.view(b, 1)  # [B, 1]
+    seq = torch.where(pos == length, root.view(b, 1), ids)  # [B, C] root placed at `length`
+    run = torch.ones(b, c, dtype=torch.long, device=device)  # matched suffix length ending at each p, so far
+    matched = torch.zeros(b, c, dtype=torch.long, device=device)
     for k in range(max_ngram):
-        key = seq.index_select(0, (length - k).clamp(min=0).view(1))  # [1] the sequence's k-th last token
-        shifted = torch.cat((torch.full((k,), -1, dtype=seq.dtype, device=device), seq[: c - k])) if k else seq
+        key = seq.gather(1, (length - k).clamp(min=0))  # [B, 1] the sequence's k-th last token
+        shifted = torch.cat((torch.full((b, k), -1, dtype=seq.dtype, device=device), seq[:, : c - k]), 1) if k else seq
         run = run * (shifted == key).long() * (length - k >= 0).long()
         matched = matched + run  # consecutive matches from k = 0 on
-    score = torch.where(pos < length, matched * c + pos, torch.full_like(pos, -1))
-    score = torch.where(matched > 0, score, torch.full_like(pos, -1))
-    best = score.argmax()  # latest among the longest matches (or 0 if none)
+    score = torch.where(pos < length, matched * c + pos, torch.full_like(matched, -1))
+    score = torch.where(matched > 0, score, torch.full_like(matched, -1))
+    best = score.argmax(dim=1, keepdim=True)  # [B, 1] latest among the longest matches (or 0 if none)
     period = (length - best).clamp(min=1)
-    take = best + 1 + torch.arange(count, device=device) % period  # [count], all <= length
-    return seq.index_select(0, take.clamp(max=c - 1))
+    take = best + 1 + torch.arange(count, device=device) % period  # [B, count], all <= length
+    return seq.gather(1, take.clamp(max=c - 1))

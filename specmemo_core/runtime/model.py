@@ -8,6 +8,9 @@ weights are the ones transformers loaded (HF parameter names).
 
 Shapes: T = new tokens in this forward, S = cache slots visible (cache.length + T),
 D = hidden size, H = query heads, Hkv = key/value heads, hd = head dim, V = vocabulary.
+Every shape may carry a leading batch axis B (``batch_cache.BatchKVCache``: B sequences,
+each over its own rows of the cache, verified in one forward); written ``[..., T, D]``
+where it may, ``[T, D]`` in the single-sequence comments.
 """
 
 from __future__ import annotations
@@ -94,10 +97,10 @@ def rope_inverse_frequencies(config: Any) -> tuple[torch.Tensor, float]:
 
 def rope_tables(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and *signed* sin [T, hd] of rotary embeddings at ``positions`` [T]: the sin's
+    """cos and *signed* sin [..., T, hd] of rotary embeddings at ``positions`` [..., T]: the sin's
     first half is negated, which folds rotate-half's minus sign into the table (one
     kernel fewer per ``apply_rope``, which runs twice in every layer of every step)."""
-    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [T, hd/2]
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # [..., T, hd/2]
     cos, sin = freqs.cos() * scale, freqs.sin() * scale
     return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
@@ -128,12 +131,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def attention_bias(mask: torch.Tensor, spec: ModelSpec, dtype: torch.dtype) -> torch.Tensor:
-    """The [T, S] bool mask (True = may attend) as the additive bias [groups·T, S] that
-    ``Attention`` takes: built once per forward, not converted again in every layer, and
-    repeated for the ``groups`` query heads that share a key/value head (see ``Attention``)."""
+    """The [..., T, S] bool mask (True = may attend) as the additive bias [..., groups·T, S]
+    that ``Attention`` takes: built once per forward, not converted again in every layer,
+    and repeated for the ``groups`` query heads that share a key/value head (see ``Attention``)."""
     groups = spec.num_heads // spec.num_kv_heads
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return bias.repeat(groups, 1) if groups > 1 else bias
+    return bias.repeat(*(1,) * (mask.dim() - 2), groups, 1) if groups > 1 else bias
 
 
 def _plain_weight(module: nn.Module) -> bool:
@@ -159,9 +162,10 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Module, fused: bool) -> torch.Tensor:
     """``residual + linear(x)``; with a plain bias-free weight as one GEMM (the add rides
-    in its epilogue), which saves a kernel twice per layer."""
+    in its epilogue), which saves a kernel twice per layer. x: [..., T, in]."""
     if fused and linear.bias is None:
-        return torch.addmm(residual, x, linear.weight.t())
+        out = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), linear.weight.t())
+        return out.view(residual.shape)
     return residual + linear(x)
 
 
@@ -187,28 +191,33 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, D]
-        cos: torch.Tensor,  # [T, hd]
-        sin: torch.Tensor,  # [T, hd] signed (rope_tables)
-        bias: torch.Tensor,  # [groups·T, S] additive (attention_bias)
+        x: torch.Tensor,  # [..., T, D]
+        cos: torch.Tensor,  # [..., T, hd]
+        sin: torch.Tensor,  # [..., T, hd] signed (rope_tables)
+        bias: torch.Tensor,  # [..., groups·T, S] additive (attention_bias)
         cache: KVCache,
-        residual: torch.Tensor,  # [T, D]
+        residual: torch.Tensor,  # [..., T, D]
     ) -> torch.Tensor:
-        """``residual`` + attention output [T, D]."""
+        """``residual`` + attention output [..., T, D]; a leading batch axis B goes with a
+        batched cache (its ``write`` takes and gives [B, Hkv, ·, hd])."""
         s = self.spec
-        t, hd, h, hkv = x.shape[0], s.head_dim, s.num_heads, s.num_kv_heads
+        lead, t, hd, h, hkv = x.shape[:-2], x.shape[-2], s.head_dim, s.num_heads, s.num_kv_heads
         if self.qkv is not None:
             qkv = F.linear(x, *self.qkv)
         else:
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
-        qkv = qkv.view(t, h + 2 * hkv, hd)
-        qk = apply_rope(qkv[:, : h + hkv].transpose(0, 1), cos, sin)  # [H + Hkv, T, hd]
-        keys, values = cache.write(self.layer, qk[h:], qkv[:, h + hkv:].transpose(0, 1))
+        qkv = qkv.view(*lead, t, h + 2 * hkv, hd)
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [..., 1, T, hd]: shared by the heads
+        qk = apply_rope(qkv[..., : h + hkv, :].transpose(-3, -2), cos, sin)  # [..., H + Hkv, T, hd]
+        keys, values = cache.write(self.layer, qk[..., h:, :, :], qkv[..., h + hkv:, :].transpose(-3, -2))
         span = bias.shape[-1]  # a static cache may be attended over its first slots only
-        keys, values = keys[:, :span], values[:, :span]  # [Hkv, S, hd]
-        q = qk[:h].reshape(hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [Hkv, g·T, hd]
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, g·T, hd]
-        out = out.unflatten(1, (h // hkv, t)).permute(2, 0, 1, 3).reshape(t, h * hd)
+        keys, values = keys[..., :span, :], values[..., :span, :]  # [..., Hkv, S, hd]
+        q = qk[..., :h, :, :].reshape(*lead, hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [..., Hkv, g·T, hd]
+        if lead:  # [B, Hkv, g·T, hd]; one bias per sequence, shared by its heads
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias.unsqueeze(-3))
+        else:
+            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, gT, hd]
+        out = out.unflatten(-2, (h // hkv, t)).movedim(-2, -4).reshape(*lead, t, h * hd)  # [..., T, H·hd]
         return _linear_add(residual, out, self.o_proj, self.qkv is not None)
 
 
@@ -338,23 +347,24 @@ class CausalLM(nn.Module):
 
     def forward(
         self,
-        tokens: torch.Tensor,  # [T] token ids
-        positions: torch.Tensor,  # [T] absolute positions
-        mask: torch.Tensor,  # [T, cache.length + T] bool, True = may attend
+        tokens: torch.Tensor,  # [..., T] token ids
+        positions: torch.Tensor,  # [..., T] absolute positions
+        mask: torch.Tensor,  # [..., T, cache.length + T] bool, True = may attend
         cache: KVCache,
     ) -> torch.Tensor:
         """Run ``T`` tokens, writing their KV at scratch slots ``cache.length + i``.
 
-        Returns final-normed hidden states [T, D]. The cache's ``length`` is not moved:
-        the caller commits what it accepts.
+        Returns final-normed hidden states [..., T, D]. The cache's ``length`` is not moved:
+        the caller commits what it accepts. With a leading batch axis B (a batched cache)
+        row b holds sequence b's tokens, positions and mask over its own slots.
         """
-        cache.ensure_room(tokens.shape[0])
+        cache.ensure_room(tokens.shape[-1])
         cos, sin = self.rope(positions)
         bias = attention_bias(mask, self.spec, self.dtype)
-        x = self.model.embed_tokens(tokens)  # [T, D]
+        x = self.model.embed_tokens(tokens)  # [..., T, D]
         for layer in self.decoder_layers():
             x = layer(x, cos, sin, bias, cache)
-        return self.model.norm(x)  # [T, D]
+        return self.model.norm(x)  # [..., T, D]
 
     def decoder_layers(self) -> Iterable[nn.Module]:
         """Every decoder layer in order, ready to run: the resident ones (``model.layers``),

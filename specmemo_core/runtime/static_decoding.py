@@ -31,21 +31,11 @@ from dataclasses import KW_ONLY, dataclass
 import torch
 
 from specmemo_core.runtime.decoding import Decoder
-from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.kv_cache import KVCache, span_ladder
 from specmemo_core.runtime.heads import ContextLayer
 from specmemo_core.runtime.step import Acceptance, GreedyAcceptance, StepUnit
 from specmemo_core.runtime.tree import TreeBuffers
 
-MIN_SPAN = 256  # the smallest span a step unit attends over (``StaticKVCache.spans``)
-
-
-def _spans(capacity: int) -> tuple[int, ...]:
-    """Powers of two from ``MIN_SPAN`` below ``capacity``, then ``capacity``."""
-    spans, span = [], MIN_SPAN
-    while span < capacity:
-        spans.append(span)
-        span *= 2
-    return (*spans, capacity)
 
 
 class StaticKVCache(KVCache):
@@ -61,7 +51,7 @@ class StaticKVCache(KVCache):
         self.slots = torch.zeros(0, dtype=torch.long, device=device)  # set by prepare()
         self.length_t = torch.zeros((), dtype=torch.long, device=device)  # == length, on the device
         self.columns = torch.arange(capacity, device=device)  # [C]
-        self._spans = _spans(capacity)
+        self._spans = span_ladder(capacity)
 
     @property
     def live_length(self) -> torch.Tensor:
@@ -93,7 +83,7 @@ class StaticKVCache(KVCache):
         self.ids.index_copy_(0, self.slots, tokens)
 
     def spans(self) -> list[int]:
-        """The spans step units attend over: powers of two from ``MIN_SPAN``, then the
+        """The spans step units attend over: powers of two from ``kv_cache.MIN_SPAN``, then the
         capacity. A decoding step attends over the smallest that holds the conversation
         and the tree (``span_for``), not over the whole cache: with one query row per
         head, attention's cost grows with the slots it reads (on an H200, 4,096 slots

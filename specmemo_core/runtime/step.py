@@ -13,6 +13,13 @@ step         one verify forward; it emits ``accepted`` tokens (drafts + bonus), 
 
 A plain (non-speculative) step is the same step over the 1-node tree ``single``.
 
+Batched: the same functions run B sequences at once over a ``batch_cache.BatchKVCache``.
+Every per-sequence tensor then carries a leading batch axis (``root`` [B], ``state``
+[B, D], tokens [B, N], hidden [B, N, D], accepted nodes [B, W] and counts [B]): each
+sequence's tree sits in its own row, at its own positions, under a mask over its own
+slots, and accepts and commits its own count. Shape comments write ``[..., N]`` where the
+axis may be there; ``run_step`` gives [1 + W] for one sequence, [B, 1 + W] for a batch.
+
 Every role has fixed shapes and reads what changes from device tensors (the cache's
 ``live_length``, ``StepParts.root``/``state``), so the same code runs eagerly (any cache,
 either acceptance rule) or captured once as a CUDA graph and replayed (greedy, static
@@ -26,10 +33,11 @@ emitted token is an argmax of the base model given exactly the tokens before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, Protocol, Sequence
 
 import torch
 
+from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.lookup import lookup_draft
@@ -44,30 +52,30 @@ class StepParts:
     there, so a captured graph needs nothing copied in."""
 
     model: CausalLM
-    cache: KVCache
+    cache: KVCache | BatchKVCache
     heads: DraftHeads | None
     context: ContextLayer | None  # the heads' context layer, if they have one
-    context_cache: KVCache | None  # its own one-layer cache, in lock-step with ``cache``
-    root: torch.Tensor  # [] long: the last emitted token, not yet in the cache
-    state: torch.Tensor  # [D] what the heads read: the draft state that produced ``root``
+    context_cache: KVCache | BatchKVCache | None  # its own one-layer cache, in lock-step with ``cache``
+    root: torch.Tensor  # [...] long: the last emitted token, not yet in the cache ([B] batched)
+    state: torch.Tensor  # [..., D] what the heads read: the draft state that produced ``root``
 
 
 @dataclass(frozen=True)
 class Proposal:
-    tokens: torch.Tensor  # [N] every tree node's token, the root first
+    tokens: torch.Tensor  # [..., N] every tree node's token, the root first
 
 
 @dataclass(frozen=True)
 class Verified:
-    tokens: torch.Tensor  # [N] as proposed
-    hidden: torch.Tensor  # [N, D] the verify forward's final hidden states
+    tokens: torch.Tensor  # [..., N] as proposed
+    hidden: torch.Tensor  # [..., N, D] the verify forward's final hidden states
 
 
 @dataclass(frozen=True)
 class Accepted:
-    nodes: torch.Tensor  # [W] the accepted path's row of ``retrieve_indices``, padding clamped to 0
-    count: torch.Tensor  # [] nodes of ``nodes`` accepted, the root included (1…W)
-    picks: torch.Tensor  # [N] the base model's own pick after each node
+    nodes: torch.Tensor  # [..., W] the accepted path's row of ``retrieve_indices``, padding clamped to 0
+    count: torch.Tensor  # [...] nodes of ``nodes`` accepted, the root included (1…W)
+    picks: torch.Tensor  # [..., N] the base model's own pick after each node
 
 
 # -- propose and verify -------------------------------------------------------
@@ -77,20 +85,20 @@ def draft_tokens(parts: StepParts, buf: TreeBuffers) -> Proposal:
     from the committed tokens in ``cache.ids``)."""
     n, cache, m = buf.depths.shape[0], parts.cache, parts.model
     if parts.heads is not None and len(buf.level_starts) > 2:
-        tokens = parts.heads.draft(parts.state, parts.root, buf, m.model.embed_tokens, m.lm_head)  # [N]
+        tokens = parts.heads.draft(parts.state, parts.root, buf, m.model.embed_tokens, m.lm_head)  # [..., N]
     else:
-        tokens = parts.root.view(1).expand(n)  # [N]
+        tokens = parts.root[..., None].expand(*parts.root.shape, n)  # [..., N]
     if not buf.lookup:
         return Proposal(tokens)
-    chain = lookup_draft(cache.ids, cache.live_length, parts.root, buf.lookup)  # [lookup]
-    return Proposal(torch.cat((tokens[: n - buf.lookup], chain)))
+    chain = lookup_draft(cache.ids, cache.live_length, parts.root, buf.lookup)  # [..., lookup]
+    return Proposal(torch.cat((tokens[..., : n - buf.lookup], chain), dim=-1))
 
 
 def verify(parts: StepParts, proposal: Proposal, buf: TreeBuffers, span: int | None) -> Verified:
     """Run the tree at the cache's scratch slots: the cache lays out positions and mask."""
     positions, mask = parts.cache.prepare(buf.depths, buf.attn_mask, span)
     parts.cache.write_ids(proposal.tokens)
-    return Verified(proposal.tokens, parts.model(proposal.tokens, positions, mask, parts.cache))  # [N, D]
+    return Verified(proposal.tokens, parts.model(proposal.tokens, positions, mask, parts.cache))  # [..., N, D]
 
 
 # -- accept -------------------------------------------------------------------
@@ -98,11 +106,13 @@ def verify(parts: StepParts, proposal: Proposal, buf: TreeBuffers, span: int | N
 def longest_accepted(ok: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The path (row of ``retrieve`` [L, d+1], -1 padded) accepted furthest from the root,
     and how many of its nodes are accepted, root included; both stay on the device (no
-    host read, so a CUDA graph can hold it). ``ok`` [L, d]: each path's draft j accepted
-    given its parent. Ties go to the first such path."""
-    lengths = (ok & (retrieve[:, 1:] >= 0)).int().cumprod(dim=1).sum(dim=1)  # [L] accepted drafts
-    best = lengths.argmax().view(1)  # index_select, not [t]: indexing by a 0-dim tensor syncs
-    return retrieve.index_select(0, best)[0], lengths.index_select(0, best)[0] + 1
+    host read, so a CUDA graph can hold it). ``ok`` [..., L, d]: each path's draft j
+    accepted given its parent (a leading batch axis: one path per sequence, [..., d+1]
+    and [...]). Ties go to the first such path."""
+    lengths = (ok & (retrieve[:, 1:] >= 0)).int().cumprod(dim=-1).sum(dim=-1)  # [..., L] accepted drafts
+    best = lengths.argmax(dim=-1, keepdim=True)  # [..., 1] index_select/gather, not [t]: a 0-dim index syncs
+    rows = retrieve.index_select(0, best.view(-1)).view(*best.shape[:-1], retrieve.shape[1])  # [..., d+1]
+    return rows, lengths.gather(-1, best).squeeze(-1) + 1
 
 
 class Acceptance(Protocol):
@@ -134,8 +144,8 @@ class GreedyAcceptance:
 
     def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
         nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1]
-        picks = model.greedy_picks(verified.hidden)  # [N]
-        ok = verified.tokens[nodes[:, 1:]] == picks[nodes[:, :-1]]  # [L, d] child equals parent's argmax
+        picks = model.greedy_picks(verified.hidden)  # [..., N]
+        ok = verified.tokens[..., nodes[:, 1:]] == picks[..., nodes[:, :-1]]  # [..., L, d] child equals parent's argmax
         return _accepted(ok, picks, buf)
 
 
@@ -173,54 +183,102 @@ class TypicalAcceptance:
         return _accepted(ok, self.sample(probs), buf)  # the same probs, sampled once
 
 
-# -- commit -------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowAcceptance:
+    """One rule per sequence of a batch (greedy and sampled rows side by side): each row
+    accepts by its own rule over its own tree. Used only where some row samples (else the
+    batch runs ``GreedyAcceptance`` whole, which a CUDA graph can hold)."""
+
+    rules: tuple[Acceptance, ...]  # [B]
+
+    graph_safe: ClassVar[bool] = False
+
+    def first(self, model: CausalLM, hidden: torch.Tensor) -> int:
+        raise TypeError("a batch's first tokens come from each sequence's own rule")
+
+    def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
+        rows = [rule.accept(model, Verified(verified.tokens[b], verified.hidden[b]), buf)
+                for b, rule in enumerate(self.rules)]
+        return Accepted(torch.stack([r.nodes for r in rows]), torch.stack([r.count for r in rows]),
+                        torch.stack([r.picks for r in rows]))  # [B, W], [B], [B, N]
+
+
+# -- prefill and commit -------------------------------------------------------
+
+def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Tensor:
+    """Run prompt tokens ``chunk`` at a time into the caches (committed as they go); leave
+    the last one's draft state in ``parts.state`` and return its hidden state [..., 1, D].
+    The token tensors take the root's shape plus a token axis: [T] for one sequence, [1, T]
+    for one row of a batched cache (a sequence joining a batch is prefilled alone)."""
+    cache, device = parts.cache, parts.root.device
+    cache.ensure_room(len(new_ids))
+    hidden = draft = None
+    for start in range(0, len(new_ids), chunk):
+        ids = torch.tensor(new_ids[start:start + chunk], device=device).view(*parts.root.shape, -1)  # [..., T]
+        t = ids.shape[-1]
+        positions, mask = cache.prepare(torch.arange(t, device=device))
+        cache.write_ids(ids)
+        hidden = parts.model(ids, positions, mask, cache)  # [..., T, D]
+        draft = contextualize(parts, hidden)  # [..., T, D]
+        cache.commit_prefix(t)
+        if parts.context_cache is not None:
+            parts.context_cache.commit_prefix(t)
+    parts.state.copy_(draft[..., -1, :])
+    return hidden[..., -1:, :]
+
+
 
 def contextualize(parts: StepParts, hidden: torch.Tensor, span: int | None = None) -> torch.Tensor:
-    """Draft states [T, D] for T hidden states at the context cache's scratch slots: the
-    heads' context layer over them (the caller commits its cache), or ``hidden``."""
+    """Draft states [..., T, D] for T hidden states at the context cache's scratch slots:
+    the heads' context layer over them (the caller commits its cache), or ``hidden``."""
     if parts.context is None:
         return hidden
     c = parts.context_cache
-    positions, mask = c.prepare(torch.arange(hidden.shape[0], device=hidden.device), span=span)
+    positions, mask = c.prepare(torch.arange(hidden.shape[-2], device=hidden.device), span=span)
     return parts.context(hidden, *parts.model.rope(positions), mask, c)
 
 
 def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int | None) -> torch.Tensor:
     """Commit the accepted path's KV (the whole fixed-size row; only ``count`` entries
     count) and the context layer's, leave the next root and draft state in ``parts``, and
-    return [1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
-    nodes, count = accepted.nodes, accepted.count
+    return [..., 1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
+    nodes, count = accepted.nodes, accepted.count  # [..., W], [...]
     parts.cache.commit_row(nodes, count)
-    path_hidden = contextualize(parts, verified.hidden[nodes], span)  # [W, D] at length, length+1, …
+    d = verified.hidden.shape[-1]
+    path_hidden = verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d))  # [..., W, D]
+    path_hidden = contextualize(parts, path_hidden, span)  # at length, length+1, …
     if parts.context_cache is not None:
         parts.context_cache.commit_row(None, count)
-    # index_select, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync,
-    # which graph capture forbids)
-    last = (count - 1).view(1)
-    bonus = accepted.picks.index_select(0, nodes.index_select(0, last))  # [1]
-    w = nodes.shape[0]
+    # gather, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync, which
+    # graph capture forbids)
+    last = (count - 1).unsqueeze(-1)  # [..., 1]
+    bonus = accepted.picks.gather(-1, nodes.gather(-1, last))  # [..., 1]
+    w = nodes.shape[-1]
     j = torch.arange(w, device=nodes.device)  # [W]
-    drafted = verified.tokens[nodes[(j + 1).clamp(max=w - 1)]]  # [W] the token after each path node
-    emitted = torch.where(j < last, drafted, bonus)  # [W]
-    parts.root.copy_(bonus[0])
-    parts.state.copy_(path_hidden.index_select(0, last)[0])
-    return torch.cat((count.view(1), emitted))  # [1 + W]
+    drafted = verified.tokens.gather(-1, nodes[..., (j + 1).clamp(max=w - 1)])  # [..., W] the token after each node
+    emitted = torch.where(j < last, drafted, bonus)  # [..., W]
+    parts.root.copy_(bonus[..., 0])
+    parts.state.copy_(path_hidden.gather(-2, last[..., None].expand(*last.shape, d))[..., 0, :])
+    return torch.cat((count.unsqueeze(-1), emitted), dim=-1)  # [..., 1 + W]
 
 
 def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:
-    """The whole step on the device: [1 + W] (see ``commit``), no host read."""
+    """The whole step on the device: [..., 1 + W] (see ``commit``), no host read."""
     verified = verify(parts, draft_tokens(parts, buf), buf, span)
     return commit(parts, verified, acceptance.accept(parts.model, verified, buf), span)
 
 
-def settle(parts: StepParts, out: torch.Tensor) -> list[int]:
-    """The step's one host read: its emitted tokens; the caches' host lengths learn the count."""
+def settle(parts: StepParts, out: torch.Tensor) -> list[int] | list[list[int]]:
+    """The step's one host read: its emitted tokens (per sequence, batched); the caches'
+    host lengths learn the counts."""
     values = out.tolist()
-    count = values[0]
-    parts.cache.settle(count)
-    if parts.context_cache is not None:
-        parts.context_cache.settle(count)
-    return values[1:1 + count]
+    rows = values if out.dim() > 1 else [values]
+    counts = [row[0] for row in rows]
+    for cache in (parts.cache, parts.context_cache):
+        if cache is not None:
+            cache.settle(counts if out.dim() > 1 else counts[0])
+    emitted = [row[1:1 + count] for row, count in zip(rows, counts)]
+    return emitted if out.dim() > 1 else emitted[0]
 
 
 # -- eager or captured --------------------------------------------------------
@@ -250,7 +308,7 @@ def capture_graph(run: Callable[[], torch.Tensor], *, warmup: int = 2, pool=None
 class StepUnit:
     """One step over one tree (and, on a static cache, one attended ``span``), run eagerly
     or replayed as a captured CUDA graph. Calling it runs a step and returns the tokens it
-    emitted."""
+    emitted (one list per sequence over a batched cache)."""
 
     def __init__(self, parts: StepParts, buffers: TreeBuffers, acceptance: Acceptance, *,
                  span: int | None = None) -> None:
@@ -281,7 +339,7 @@ class StepUnit:
 
         self.graph, self._out = capture_graph(self._run, warmup=warmup, pool=pool, stream=stream, after_warmup=undo)
 
-    def __call__(self) -> list[int]:
+    def __call__(self) -> list[int] | list[list[int]]:
         cache = self.parts.cache
         cache.ensure_room(self.nodes)
         if self.span is not None and cache.length + self.nodes > self.span:

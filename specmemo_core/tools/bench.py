@@ -314,17 +314,18 @@ def predicted_memory(model: Any, heads: Any, tree: Any, precision: str, device_k
 
 
 def planner_choice(engine: Any, precision: str, reply_tokens: int, *, timing: StepTiming | None = None,
-                   data_folder: Path | None = None) -> Any:
+                   data_folder: Path | None = None, batch: int = 1) -> Any:
     """The Plan for this device through the one plan entry (``planning.entry``), as the app
     and ``specmemo chat`` make it: the device's free memory, the heads' calibrated trees
     (else SpecMemo's prior), and the device timing (``timing``, else the cached one in
-    ``data_folder``, else measured now)."""
+    ``data_folder``, else measured now); for ``batch`` conversations decoded together."""
     from specmemo_core.planning.entry import PlanChoices, find_device, make_plan, plan_inputs
     from specmemo_core.planning.timing import timing_for
 
     info = find_device(engine.model.device.type)  # the device the engine runs on, as every entry point finds it
     timing = timing or timing_for(engine, info.name, data_folder, precision)
-    return make_plan(plan_inputs(engine, info, timing), PlanChoices(reply_tokens=reply_tokens, precision=precision))
+    return make_plan(plan_inputs(engine, info, timing),
+                     PlanChoices(reply_tokens=reply_tokens, precision=precision, batch=batch))
 
 
 def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Sequence[Sequence[str]], *,

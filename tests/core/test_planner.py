@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.planning.memory import HeadsShape, known_shape
+from specmemo_core.planning.memory import HeadsShape, kv_bytes, known_shape
 from specmemo_core.planning.planner import (
     LOOKUP_ALONE, LOOKUP_GAIN, Budget, PlanRequest, calibrated_options, linear_step_time, plan, specmemo_prior_options,
     tree_options,
@@ -179,3 +179,31 @@ def test_sampling_plans_room_for_every_nodes_distribution():
     assert extra >= 64 * smol.vocab_size * 12
     assert sampled.kv_tokens < greedy.kv_tokens
     assert sampled.total_bytes <= sampled.budget_bytes
+
+
+def test_more_conversations_never_pick_a_larger_tree_and_scale_the_kv_cache():
+    """A batch of B conversations: each keeps the KV cache one would (the KV bytes scale
+    with B) and the tree shrinks as B grows (a step of B × N tokens stops being launch-bound)."""
+    smol = known_shape("smollm2-135m")
+    trees = tree_options(json.loads(CALIBRATION.read_text()))
+    timing = linear_step_time(0.004, 0.012, 256, 0.0003)  # launch-bound at a few tokens, then ~31 µs a token
+    budget = _gpu(80)
+    plans = [plan(budget, smol, HYDRA, PlanRequest(turns=4, batch=b), trees, timing) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert all(p.fits for p in plans)
+    nodes = [p.tree_nodes for p in plans]
+    assert nodes == sorted(nodes, reverse=True) and nodes[0] > nodes[-1], nodes
+    assert plans[0].tree is not None and plans[-1].tree_nodes <= 4
+    one = plans[0]
+    for b, p in zip((1, 2, 4, 8, 16, 32, 64), plans):
+        assert p.batch == b
+        per_slot = p.kv_tokens + p.tree_nodes
+        assert p.predicted_bytes["kv_cache"] == b * kv_bytes(smol, per_slot, p.precision)
+    speeds = [p.predicted_tokens_per_s for p in plans]
+    assert speeds == sorted(speeds) and speeds[-1] > 10 * one.predicted_tokens_per_s  # total tokens/s grows with B
+
+
+def test_a_batch_that_does_not_fit_is_refused_with_fewer_conversations_suggested():
+    p = plan(_gpu(16), VICUNA, HYDRA, PlanRequest(turns=20, batch=64), specmemo_prior_options())
+    assert not p.fits and p.batch == 64 and any("fewer conversations at once" in s for s in p.suggestions)
+    with pytest.raises(SpecMemoError, match="batch"):
+        PlanRequest(batch=0)
