@@ -3,7 +3,7 @@
 import pytest
 
 from specmemo_core.planning.memory import PLAIN, HeadsShape, known_shape
-from specmemo_core.planning.offload import HostLink, choose_offload, layer_bytes, resident_layers_that_fit
+from specmemo_core.planning.offload import HostLink, KvRange, choose_offload, layer_bytes, resident_layers_that_fit
 from specmemo_core.planning.planner import Budget, PlanRequest, TreeOption, linear_step_time, memory_terms, plan
 
 GIB = 2**30
@@ -15,6 +15,7 @@ TREES = [TreeOption(f"t{n}", n, min(n - 1, 4), accepted) for n, accepted in
          ((4, 1.6), (8, 1.9), (16, 2.1), (32, 2.25), (64, 2.35))]
 HEADS = HeadsShape("medusa", 5, 1)
 ROOMY_RAM = HostLink(free_ram_bytes=64 * GIB, bandwidth=25e9)
+KV_1024 = KvRange(1024, 1024)
 
 
 def _gpu(gib):
@@ -93,20 +94,20 @@ def test_when_the_link_dominates_a_bigger_tree_is_chosen():
 
 def test_step_time_per_tree_is_the_larger_of_transfer_and_compute():
     compute = linear_step_time(0.004, 0.030, 64)
-    terms_for = lambda tree: memory_terms(VICUNA_7B, HEADS, precision="bf16", kind="cuda", kv_tokens=1024, tree=tree)
+    terms_for = lambda tree, kv: memory_terms(VICUNA_7B, HEADS, precision="bf16", kind="cuda", kv_tokens=kv, tree=tree)
     fast_link = HostLink(free_ram_bytes=64 * GIB, bandwidth=1e15)  # transfer ≈ 0: the compute decides
     choice = choose_offload(VICUNA_7B, "bf16", usable_bytes=8 * GIB, link=fast_link, terms_for=terms_for,
-                            compute=compute, trees=TREES)
+                            compute=compute, trees=TREES, kv=KV_1024)
     assert choice.step_s["plain"] == pytest.approx(compute(1, 0), rel=1e-3)
     assert choice.step_s["t64"] == pytest.approx(compute(64, 4), rel=1e-3)
     assert choice.tree.nodes < 64
     slow = choose_offload(VICUNA_7B, "bf16", usable_bytes=8 * GIB, link=ROOMY_RAM, terms_for=terms_for,
-                          compute=compute, trees=TREES)
+                          compute=compute, trees=TREES, kv=KV_1024)
     transfer = slow.layout.pinned_bytes / ROOMY_RAM.bandwidth
     assert all(s == pytest.approx(transfer) for s in slow.step_s.values())  # the link bounds every tree
     assert slow.tree.nodes == 64
     assert choose_offload(VICUNA_7B, "bf16", usable_bytes=8 * GIB, link=HostLink(GIB, 25e9), terms_for=terms_for,
-                          compute=compute, trees=TREES) is None  # 1 GiB of RAM holds too few layers
+                          compute=compute, trees=TREES, kv=KV_1024) is None  # 1 GiB of RAM holds too few layers
 
 
 def test_offload_is_never_planned_on_cpu_or_without_a_link():
@@ -124,7 +125,7 @@ def test_specmemo_plan_streams_layers_into_the_ram_it_is_given(capsys):
     from specmemo_core.cli.main import main
 
     args = ["plan", "--model", "shape:vicuna-7b", "--vram", "8GB", "--precision", "bf16", "--turns", "4"]
-    assert main(args + ["--json"]) == 3  # without --ram: refused, as before
+    assert main(args + ["--ram", "0", "--json"]) == 3  # no RAM to stream into: refused
     assert main(args + ["--ram", "64GB", "--link-gbps", "25", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["fits"] and out["resident_layers"] + out["streamed_layers"] == 32
