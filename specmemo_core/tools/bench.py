@@ -144,15 +144,18 @@ class _StepClock:
 
 
 def hf_runner(hf: Any, tokenizer: Any, stop_ids: frozenset[int], conversations: Sequence[Sequence[str]],
-              max_new_tokens: int, prompt_lookup: int | None = None) -> Callable[[], Pass]:
+              max_new_tokens: int, prompt_lookup: int | None = None, *,
+              input_device: torch.device | None = None) -> Callable[[], Pass]:
     """transformers' greedy ``generate``; each turn re-sends the conversation so far, the
-    model's earlier replies given as the token ids it produced (as our sessions do)."""
+    model's earlier replies given as the token ids it produced (as our sessions do).
+    ``input_device``: where the prompt goes (default ``hf.device``; a model dispatched by
+    accelerate takes it on its main device)."""
     from transformers.generation.streamers import BaseStreamer
 
     clock_type = type("StepClock", (_StepClock, BaseStreamer), {})
     stops = sorted(stop_ids)
     extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
-    device = hf.device
+    device = input_device if input_device is not None else hf.device
 
     def run() -> Pass:
         replies: list[list[int]] = []
