@@ -59,6 +59,8 @@ def _method_names(args: argparse.Namespace) -> list[str]:
 
 def _check_offload_names(args: argparse.Namespace, names: list[str]) -> None:
     """Offload methods run alone (the model is streamed for all of them), with a valid cap."""
+    import torch
+
     from specmemo_core.errors import OffloadError
     from specmemo_core.tools.bench_offload import OFFLOAD_METHODS
 
@@ -74,6 +76,10 @@ def _check_offload_names(args: argparse.Namespace, names: list[str]) -> None:
             ok = False
         if not ok:
             raise OffloadError(f"--cap-gib takes a size in GiB (e.g. 1.5) or 'half', got {args.cap_gib!r}")
+    if args.cap_gib is not None and (torch.device(args.device).type != "cuda" or not torch.cuda.is_available()):
+        raise OffloadError("--cap-gib caps a CUDA GPU's memory and plans for its host link; there is none on "
+                           f"{args.device!r}. On CPU run the offload methods as a smoke test with "
+                           "--resident-layers N")
 
 
 def _conversations(args: argparse.Namespace) -> list:
@@ -86,8 +92,6 @@ def _conversations(args: argparse.Namespace) -> list:
 def _offload_setup(args: argparse.Namespace, loaded):
     """The offload methods' layout: planned for ``--cap-gib`` on a CUDA GPU (and this
     process capped), or forced by ``--resident-layers`` (a smoke test, any device)."""
-    import torch
-
     from specmemo_core.errors import OffloadError
     from specmemo_core.tools import bench_offload
 
@@ -97,10 +101,6 @@ def _offload_setup(args: argparse.Namespace, loaded):
         from specmemo_core.planning.plan_check import cap_device
         from specmemo_core.storage.data_folder import data_dir
 
-        if torch.device(args.device).type != "cuda" or not torch.cuda.is_available():
-            raise OffloadError("--cap-gib caps a CUDA GPU's memory and plans for its host link; there is none on "
-                               f"{args.device!r}. On CPU run the offload methods as a smoke test with "
-                               "--resident-layers N")
         device = find_device(args.device)
         inputs = inputs_before_load(loaded, args.heads, device, link=host_link_for(device, data_dir()))
         choices = bench_offload.bench_choices(max_new_tokens=args.max_new_tokens, precision=args.dtype)
