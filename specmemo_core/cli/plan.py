@@ -214,7 +214,12 @@ def _make_plan(args: argparse.Namespace):
         raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
                             f"{request.reply_tokens}) does not fit the {shape.max_context}-token context of "
                             f"{shape.name}; ask for fewer --prompt-tokens/--reply-tokens")
-    return make_plan(inputs, choices), request, inputs.budget, shape, engine
+    result = make_plan(inputs, choices)
+    if result.streamed_layers and args.link_gbps is None and real.kind != target.kind:
+        result = replace(result, notes=result.notes + (
+            f"host link taken as {ASSUMED_GB_S:g} GB/s (no such GPU here to measure); on the GPU, plan there or "
+            "give --link-gbps from python -m specmemo_core.tools.offload_probe",))
+    return result, request, inputs.budget, shape, engine
 
 
 def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:

@@ -67,7 +67,11 @@ def cached_bandwidth(folder: Path, device_name: str) -> float | None:
 def store_bandwidth(folder: Path, device_name: str, bandwidth: float) -> None:
     path = folder / LINK_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: start afresh
+        data = {}
+    try:
+        data = data if isinstance(data, dict) else {}
         data[_key(device_name)] = bandwidth
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
