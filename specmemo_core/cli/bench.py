@@ -19,7 +19,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=None, help="JSONL with a 'turns' list per line (default: MT-Bench)")
     p.add_argument("--queries", type=int, default=20, help="the first N user turns (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds after one untimed warm-up round")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after the untimed warm-up rounds")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed rounds first (default 1; 0 when time is short: the median of 3 repeats then "
+                        "absorbs the first round's warm-up)")
     p.add_argument("--methods", default=None,
                    help="comma list of hf, hf-pld, vanilla, plan and tree names (default: all of "
                         "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan)")
@@ -49,8 +52,8 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
         raise SpecMemoError(f"--methods needs distinct names, e.g. {','.join(ALL_METHODS)}; got {args.methods!r}")
-    if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
-        raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
+    if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100 or not 0 <= args.warmup <= 10:
+        raise SpecMemoError("--max-new-tokens must be 1…4095, --repeats 1…100 and --warmup 0…10")
     if args.plot and not args.plot.lower().endswith(".png"):  # refused now, not after the run
         raise SpecMemoError(f"--plot needs a .png file name, got {args.plot!r}")
     _check_offload_names(args, names)
@@ -150,7 +153,8 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
                 result[name]["identical_to_stream_plain"] = same
             result["_offload"] = offload_summary(result, setup)
         result["_run"] = run_info(engine.identity.name, args.device, args.dtype, conversations=convs,
-                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names)
+                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names,
+                                  warmup=args.warmup)
         result["_run"]["rounds_done"] = len(next(iter(passes.values())))
         return result
 
@@ -159,7 +163,7 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
         tmp.write_text(json.dumps(full_report(passes), indent=1), encoding="utf-8")
         tmp.replace(args.save)
 
-    passes = run_bench(methods, args.repeats, device=args.device, progress=progress,
+    passes = run_bench(methods, args.repeats, warmup=args.warmup, device=args.device, progress=progress,
                        on_round=save if args.save else None)
     return full_report(passes)
 
