@@ -323,11 +323,13 @@ def planner_choice(engine: Any, precision: str, reply_tokens: int, *, timing: St
     (else SpecMemo's prior), and the device timing (``timing``, else the cached one in
     ``data_folder``, else measured now)."""
     from specmemo_core.planning.entry import PlanChoices, find_device, make_plan, plan_inputs
+    from specmemo_core.planning.host import host_link_for
     from specmemo_core.planning.timing import timing_for
 
     info = find_device(engine.model.device.type)  # the device the engine runs on, as every entry point finds it
     timing = timing or timing_for(engine, info.name, data_folder, precision)
-    return make_plan(plan_inputs(engine, info, timing), PlanChoices(reply_tokens=reply_tokens, precision=precision))
+    inputs = plan_inputs(engine, info, timing, link=host_link_for(info, data_folder))
+    return make_plan(inputs, PlanChoices(reply_tokens=reply_tokens, precision=precision))
 
 
 def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Sequence[Sequence[str]], *,
