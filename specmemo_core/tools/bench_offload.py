@@ -17,8 +17,8 @@ stream-random-heads  the same tree with random-weight heads: their drafts are al
 The layout comes from the planner (``planning.entry.make_plan``) for a GPU of ``cap_bytes``
 (``--cap-gib``; ``half``: the largest cap at which at most half the decoder layers stay on
 the GPU), and this process is capped with ``plan_check.cap_device`` as ``plan --verify`` is,
-at the plan's GPU memory plus accelerate's share (both models stay loaded so the methods
-interleave). On CPU there is no link to measure: the methods run only with a forced layout
+at the plan's GPU memory plus accelerate's share and ``GENERATE_HEADROOM`` (both models stay
+loaded so the methods interleave; our layout is the plan's whatever the process cap). On CPU there is no link to measure: the methods run only with a forced layout
 (``--resident-layers``) and a named tree, as a smoke test of the plumbing.
 """
 
@@ -36,6 +36,7 @@ from specmemo_core.tools.bench import BENCH_CONTEXT, Method, hf_runner, ours_run
 OFFLOAD_METHODS = ("accelerate-offload", "stream-plain", "stream-tree", "stream-random-heads")
 CAP_STEP = 16 * 2**20  # bytes: the resolution of the ``half`` cap
 SMOKE_TREE = "chain-3"  # the tree of a CPU smoke test when none is named
+GENERATE_HEADROOM = 256 * 2**20  # the process cap's room for transformers' generate (its cache, activations)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class OffloadSetup:
     tree: str | None  # the streamed methods' tree (the planner's offload tree on a GPU)
     cap_bytes: int | None  # the GPU the plan is made for; None: a forced layout (CPU smoke test)
     accelerate_gpu_bytes: int | None  # accelerate's max_memory on the GPU
-    process_cap_bytes: int | None  # this process's cap: the plan's bytes + accelerate's share
+    process_cap_bytes: int | None  # this process's cap: the plan's bytes + accelerate's share + headroom
     predicted_tokens_per_s: float | None
     link_gb_s: float | None
     note: str = ""
@@ -68,23 +69,26 @@ def half_layers_cap(inputs: Any, choices: PlanChoices) -> int:
     from specmemo_core.planning.entry import make_plan
     from specmemo_core.planning.planner import Budget
 
-    half = inputs.model.num_layers // 2
+    layers = inputs.model.num_layers
+    half = layers // 2
 
-    def ok(cap: int) -> bool:
+    def resident(steps: int) -> int:  # -1: nothing fits; all layers: nothing streams (monotone in memory)
+        cap = steps * CAP_STEP
         p = make_plan(replace(inputs, budget=Budget(inputs.budget.kind, cap, cap, f"{cap} bytes")), choices)
-        return p.fits and p.streamed_layers > 0 and p.resident_layers <= half
+        return -1 if not p.fits else (layers if p.resident_layers is None else p.resident_layers)
 
-    lo, hi = 1, 4 * 2**40 // CAP_STEP
-    while lo < hi and not ok(lo * CAP_STEP):
-        lo *= 2
-    if not ok(lo * CAP_STEP):
-        raise OffloadError("no GPU memory makes the plan stream half the layers; check --ram and --dtype")
-    hi = lo * 2
-    while ok(hi * CAP_STEP):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # ok(lo), not ok(hi)
+    hi = 1
+    while resident(hi) <= half:  # the first cap (in doublings) that keeps more than half
+        hi *= 2
+        if hi * CAP_STEP > 2**44:
+            raise OffloadError("no GPU memory keeps more than half the layers: the plan does not stream them")
+    lo = 0  # resident(lo) ≤ half < resident(hi): bisect for the largest cap that keeps at most half
+    while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid * CAP_STEP) else (lo, mid)
+        lo, hi = (mid, hi) if resident(mid) <= half else (lo, mid)
+    if lo == 0 or resident(lo) < 0:
+        raise OffloadError(f"no GPU memory streams {inputs.model.name} with at most {half} of its {layers} layers "
+                           "resident (the non-layer weights and the KV cache alone need more); check --ram and --dtype")
     return lo * CAP_STEP
 
 
@@ -105,7 +109,7 @@ def plan_setup(inputs: Any, choices: PlanChoices, cap: str) -> tuple[OffloadSetu
     on_gpu = chosen.predicted_bytes["weights"] + chosen.predicted_bytes["staging"]
     link = inputs.link.bandwidth / 1e9 if inputs.link is not None else None
     return OffloadSetup(chosen.resident_layers, chosen.streamed_layers, chosen.tree, cap_bytes, on_gpu,
-                        chosen.total_bytes + on_gpu, chosen.predicted_tokens_per_s, link), chosen
+                        chosen.total_bytes + on_gpu + GENERATE_HEADROOM, chosen.predicted_tokens_per_s, link), chosen
 
 
 def forced_setup(num_layers: int, resident_layers: int, tree: str | None) -> OffloadSetup:
