@@ -120,3 +120,14 @@ def test_the_summary_gives_the_ratios_from_the_medians():
     assert s["tree_vs_accelerate"] == 5.0 and s["tree_vs_stream_plain"] == 2.0
     assert s["random_heads_vs_stream_plain"] == 0.96 and s["stream_plain_vs_accelerate"] == 2.5
     assert s["cap_gib"] == 4.0 and s["tokens_per_step"]["stream-tree"] == 2.1
+
+
+def test_the_half_cap_of_the_default_models_shape_streams_half_its_layers():
+    """SmolLM2's layers are small (7 MB in bf16): the caps that stream at most half of them
+    span ~100 MB, narrower than a doubling; the bisection still finds the top of that span."""
+    inputs, choices = _inputs("smollm2-135m"), bench_choices(max_new_tokens=128, precision="bf16")
+    setup, plan = plan_setup(inputs, choices, "half")
+    assert setup.resident_layers == 15 and setup.streamed_layers == 15 and plan.kv_tokens >= 4096
+    more = make_plan(replace(inputs, budget=Budget("cuda", setup.cap_bytes + CAP_STEP, setup.cap_bytes + CAP_STEP)),
+                     choices)
+    assert more.resident_layers is None or more.resident_layers > 15
