@@ -9,7 +9,8 @@
 #          finished rounds (bench_offload.json's _run.rounds_done).
 #   call2  specmemo plan --verify for three plans that stream layers (random weights of the
 #          real shapes), 20 turns of 16 reply tokens each, then the layer-streaming probe.
-#          Estimated 6-7 min.
+#          Estimated 5 min (~350 streamed forwards per plan at 0.13-0.24 s each at ~50 GB/s,
+#          plus building the random weights); the timeouts add up to 8.5 min.
 #
 # Run from the repository root with $OUT set:  bash docs/results/offload_gpu.sh call1
 # then:                                        bash docs/results/offload_gpu.sh call2
