@@ -62,8 +62,8 @@ def bench_choices(*, max_new_tokens: int, precision: str) -> PlanChoices:
                        precision=precision)
 
 
-def half_layers_cap(inputs: Any, choices: PlanChoices) -> int:
-    """The largest GPU memory (to ``CAP_STEP``) at which the plan for ``inputs`` streams and
+def half_layers_cap(inputs: Any, choices: PlanChoices, *, step: int = CAP_STEP) -> int:
+    """The largest GPU memory (to ``step`` bytes) at which the plan for ``inputs`` streams and
     keeps at most half the decoder layers on the GPU; resident layers grow with memory
     (``planning/offload.py``), so a bisection finds it."""
     from specmemo_core.planning.entry import make_plan
@@ -73,14 +73,14 @@ def half_layers_cap(inputs: Any, choices: PlanChoices) -> int:
     half = layers // 2
 
     def resident(steps: int) -> int:  # -1: nothing fits; all layers: nothing streams (monotone in memory)
-        cap = steps * CAP_STEP
+        cap = steps * step
         p = make_plan(replace(inputs, budget=Budget(inputs.budget.kind, cap, cap, f"{cap} bytes")), choices)
         return -1 if not p.fits else (layers if p.resident_layers is None else p.resident_layers)
 
     hi = 1
     while resident(hi) <= half:  # the first cap (in doublings) that keeps more than half
         hi *= 2
-        if hi * CAP_STEP > 2**44:
+        if hi * step > 2**44:
             raise OffloadError("no GPU memory keeps more than half the layers: the plan does not stream them")
     lo = 0  # resident(lo) ≤ half < resident(hi): bisect for the largest cap that keeps at most half
     while hi - lo > 1:
@@ -89,7 +89,7 @@ def half_layers_cap(inputs: Any, choices: PlanChoices) -> int:
     if lo == 0 or resident(lo) < 0:
         raise OffloadError(f"no GPU memory streams {inputs.model.name} with at most {half} of its {layers} layers "
                            "resident (the non-layer weights and the KV cache alone need more); check --ram and --dtype")
-    return lo * CAP_STEP
+    return lo * step
 
 
 def plan_setup(inputs: Any, choices: PlanChoices, cap: str) -> tuple[OffloadSetup, Any]:

@@ -341,3 +341,39 @@ def test_a_plan_that_moves_layers_needs_the_model_loaded_again(tiny_model_folder
         apply_plan(planned, resident)
     applied = apply_plan(planned, replace(resident, resident_layers=2, streamed_layers=3))
     assert applied.engine.model is engine.model  # the same weights: no reload
+
+
+def test_load_planned_streams_a_model_larger_than_the_gpu_as_planned_before_loading(tiny_model_folder, tmp_path,
+                                                                                    monkeypatch):
+    """The app's and chat's path on a GPU, played on the CPU: a made-up 'cuda' device whose
+    memory holds half the layers. The weights are read into host memory and planned first;
+    the engine loads with the plan's resident layers and precision, and the plan made after
+    loading (with the timing) keeps them; a device too small is refused before loading."""
+    from dataclasses import replace
+
+    from specmemo_core.planning import host
+    from specmemo_core.planning.device import DeviceInfo
+    from specmemo_core.planning.entry import (PlanChoices, PlanDoesNotFitError, inputs_before_load, load_planned,
+                                              resident_layers_of)
+    from specmemo_core.planning.offload import HostLink
+    from specmemo_core.storage.sources import load_model
+    from specmemo_core.tools.bench_offload import half_layers_cap
+
+    big = DeviceInfo("cuda", 0, "Fake GPU", 2**40, 2**40, "", "cpu")  # runs on the CPU, plans as a GPU
+    host.store_bandwidth(tmp_path, big.name, 25e9)  # the start-up reading, cached: nothing to measure here
+    monkeypatch.setattr(host, "free_host_ram", lambda: 64 * 2**30)
+    choices = PlanChoices(turns=2, reply_tokens=32, prompt_tokens=32)
+    before = inputs_before_load(load_model(tiny_model_folder), "random", big, link=HostLink(64 * 2**30, 25e9))
+    cap = half_layers_cap(before, choices, step=4096)  # a tiny model: layers of ~50 KB
+    planned = load_planned(tiny_model_folder, heads="random", choices=choices,
+                           device=replace(big, total_bytes=cap, free_bytes=cap), data_folder=tmp_path,
+                           wait_for_timing=False)
+    assert planned.plan.streamed_layers > 0 and planned.plan.precision == planned.engine.precision == "bf16"
+    assert resident_layers_of(planned.engine) == planned.plan.resident_layers <= LAYERS // 2
+    session = planned.new_session()
+    assert "".join(p.text for p in session.send("Hello, how are you?", GenerationConfig(max_new_tokens=12)))
+
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: pytest.fail("a refused plan must not load"))
+    with pytest.raises(PlanDoesNotFitError, match="smaller model"):
+        load_planned(tiny_model_folder, heads="random", choices=choices,
+                     device=replace(big, total_bytes=2**20, free_bytes=2**20), data_folder=tmp_path)
