@@ -377,3 +377,12 @@ def test_load_planned_streams_a_model_larger_than_the_gpu_as_planned_before_load
     with pytest.raises(PlanDoesNotFitError, match="smaller model"):
         load_planned(tiny_model_folder, heads="random", choices=choices,
                      device=replace(big, total_bytes=2**20, free_bytes=2**20), data_folder=tmp_path)
+
+
+def test_a_streamed_engine_is_timed_apart_for_its_resident_layers(tiny_model_folder):
+    """Its steps wait on the link: a timing cached for the resident model must not price them."""
+    from specmemo_core.planning.timing import engine_timing_key
+
+    whole = Engine.load(str(tiny_model_folder), heads="none")
+    streamed = Engine.load(str(tiny_model_folder), heads="none", resident_layers=2)
+    assert engine_timing_key(streamed, "GPU", "bf16") == engine_timing_key(whole, "GPU", "bf16") + "|resident-2"
