@@ -410,7 +410,7 @@ class MainWindow(QMainWindow):
 
     def apply_settings(self, new: ChatSettings) -> None:
         """Re-plan in place when the weights stay; load again (keeping the old model until then) otherwise."""
-        if self.runtime is None or self.runtime.settings.needs_reload(new):
+        if self.runtime is None or self.runtime.needs_reload(new):
             self.settings = new
             self.load_model(new)
             return

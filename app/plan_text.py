@@ -1,4 +1,5 @@
-"""How many turns a plan holds, in words, saying when the model's context (not memory) is the limit."""
+"""A plan in words: how many turns it holds (saying when the model's context, not memory, is
+the limit), and where the layers live when the model is larger than the GPU."""
 
 from __future__ import annotations
 
@@ -16,3 +17,14 @@ def turns_text(plan: Plan, wanted: int, max_context: int) -> str:
         return f"{plan.turns} turns fit"
     limit = f"the model's {max_context}-token context" if context_limited(plan, wanted, max_context) else "memory"
     return f"{plan.turns} of {wanted} turns fit: {limit} is the limit"
+
+
+def layers_text(plan: Plan) -> str:
+    """"12 of 32 layers on the GPU, 20 streamed from RAM (7.8 GiB pinned) · 6.1 tokens/s predicted";
+    "" when every layer is on the device. More turns take GPU memory from the layers."""
+    if not plan.streamed_layers:
+        return ""
+    layers = plan.resident_layers + plan.streamed_layers
+    speed = f" · {plan.predicted_tokens_per_s:.1f} tokens/s predicted" if plan.predicted_tokens_per_s else ""
+    return (f"{plan.resident_layers} of {layers} layers on the GPU, {plan.streamed_layers} streamed from RAM "
+            f"({plan.pinned_host_bytes / 2**30:.1f} GiB pinned){speed}")

@@ -112,6 +112,14 @@ class Runtime:
     def capacity(self) -> int:
         return max(self.plan.kv_tokens, 256)
 
+    def needs_reload(self, settings: ChatSettings) -> bool:
+        """Whether ``settings`` need the model loaded again: another model, heads or precision,
+        or a plan that keeps another number of layers on the GPU (the slider trades KV cache
+        against resident layers when the model streams)."""
+        if self.settings.needs_reload(settings):
+            return True
+        return make_plan(self.inputs, settings).resident_layers != self.plan.resident_layers
+
     def replanned(self, settings: ChatSettings) -> "Runtime":
         """Apply new settings that need no reload: a new plan, and the tree it picks."""
         new_plan = make_plan(self.inputs, settings)

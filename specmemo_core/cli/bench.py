@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from specmemo_core.cli.common import DTYPES, StageProgress, add_threads_arg, device_default
@@ -18,10 +19,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=None, help="JSONL with a 'turns' list per line (default: MT-Bench)")
     p.add_argument("--queries", type=int, default=20, help="the first N user turns (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds after one untimed warm-up round")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after the untimed warm-up rounds")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed rounds first (default 1; 0 when time is short: the median of 3 repeats then "
+                        "absorbs the first round's warm-up)")
     p.add_argument("--methods", default=None,
                    help="comma list of hf, hf-pld, vanilla, plan and tree names (default: all of "
                         "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan)")
+    p.add_argument("--cap-gib", default=None, metavar="GIB",
+                   help="offload methods (accelerate-offload, stream-plain, stream-tree, stream-random-heads): plan "
+                        "for a GPU of GIB and cap this process's GPU memory to it (as plan --verify does); 'half': "
+                        "the largest cap at which at most half the decoder layers stay on the GPU. CUDA only")
+    p.add_argument("--resident-layers", type=int, default=None, metavar="N",
+                   help="offload methods without a plan: keep N decoder layers on the device (a CPU smoke test)")
+    p.add_argument("--offload-tree", default=None, help="the stream-tree methods' tree (default: the plan's)")
     p.add_argument("--device", default=device_default())
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     add_threads_arg(p)
@@ -45,21 +56,128 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
         raise SpecMemoError(f"--methods needs distinct names, e.g. {','.join(ALL_METHODS)}; got {args.methods!r}")
-    if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
-        raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
+    if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100 or not 0 <= args.warmup <= 10:
+        raise SpecMemoError("--max-new-tokens must be 1…4095, --repeats 1…100 and --warmup 0…10")
     if args.plot and not args.plot.lower().endswith(".png"):  # refused now, not after the run
         raise SpecMemoError(f"--plot needs a .png file name, got {args.plot!r}")
+    _check_offload_names(args, names)
     return names
 
 
-def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress) -> dict:
-    from specmemo_core.runtime.engine import Engine
-    from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
-    from specmemo_core.storage.data_folder import data_dir
-    from specmemo_core.tools.bench import HF_METHODS, build_methods, report, run_bench, run_info
+def _check_offload_names(args: argparse.Namespace, names: list[str]) -> None:
+    """Offload methods run alone (the model is streamed for all of them), with a valid cap."""
+    import torch
 
-    convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
-             else mtbench_conversations(args.queries))
+    from specmemo_core.errors import OffloadError
+    from specmemo_core.tools.bench_offload import OFFLOAD_METHODS
+
+    offload = [n for n in names if n in OFFLOAD_METHODS]
+    if offload and len(offload) != len(names):
+        raise OffloadError(f"offload methods ({', '.join(OFFLOAD_METHODS)}) run apart from the others (the model "
+                           f"streams for all of them); bench {', '.join(sorted(set(names) - set(offload)))} "
+                           "in another run")
+    if args.cap_gib not in (None, "half"):
+        try:
+            ok = float(args.cap_gib) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise OffloadError(f"--cap-gib takes a size in GiB (e.g. 1.5) or 'half', got {args.cap_gib!r}")
+    if args.cap_gib is not None and (torch.device(args.device).type != "cuda" or not torch.cuda.is_available()):
+        raise OffloadError("--cap-gib caps a CUDA GPU's memory and plans for its host link; there is none on "
+                           f"{args.device!r}. On CPU run the offload methods as a smoke test with "
+                           "--resident-layers N")
+
+
+def _conversations(args: argparse.Namespace) -> list:
+    from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
+
+    return (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
+            else mtbench_conversations(args.queries))
+
+
+def _offload_setup(args: argparse.Namespace, loaded):
+    """The offload methods' layout: planned for ``--cap-gib`` on a CUDA GPU (and this
+    process capped), or forced by ``--resident-layers`` (a smoke test, any device)."""
+    from specmemo_core.errors import OffloadError
+    from specmemo_core.tools import bench_offload
+
+    if args.cap_gib is not None:
+        from specmemo_core.planning.entry import find_device, inputs_before_load
+        from specmemo_core.planning.host import host_link_for
+        from specmemo_core.planning.plan_check import cap_device
+        from specmemo_core.storage.data_folder import data_dir
+
+        device = find_device(args.device)
+        inputs = inputs_before_load(loaded, args.heads, device, link=host_link_for(device, data_dir()))
+        choices = bench_offload.bench_choices(max_new_tokens=args.max_new_tokens, precision=args.dtype)
+        setup, _ = bench_offload.plan_setup(inputs, choices, args.cap_gib)
+        cap_device(args.device, setup.process_cap_bytes)
+    elif args.resident_layers is not None:
+        setup = bench_offload.forced_setup(loaded.config.num_hidden_layers, args.resident_layers, args.offload_tree)
+    else:
+        raise OffloadError("the offload methods need --cap-gib GIB (or 'half') on a CUDA GPU, or --resident-layers "
+                           "N for a smoke test on any device")
+    return replace(setup, tree=args.offload_tree) if args.offload_tree else setup
+
+
+def _measure_offload(args: argparse.Namespace, names: list[str], progress: StageProgress):
+    """(methods, engine, the ``_offload`` setup) of a bench of the offload methods alone."""
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.sources import load_model
+    from specmemo_core.tools import bench_offload
+
+    convs = _conversations(args)
+    loaded = load_model(args.model, progress=progress)
+    setup = _offload_setup(args, loaded)
+    dtype = DTYPES[args.dtype]
+    engine = Engine.load(loaded, heads=args.heads, tree=None, dtype=dtype, device=args.device, progress=progress,
+                         precision=args.dtype, resident_layers=setup.resident_layers)
+    hf = (bench_offload.accelerate_model(loaded, args.device, dtype, setup.accelerate_gpu_bytes)
+          if "accelerate-offload" in names else None)
+    methods = bench_offload.build_offload_methods(names, engine=engine, hf=hf, conversations=convs, setup=setup,
+                                                  max_new_tokens=args.max_new_tokens, precision=args.dtype)
+    return methods, engine, convs, setup
+
+
+def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress) -> dict:
+    from specmemo_core.tools.bench import report, run_bench, run_info
+    from specmemo_core.tools.bench_offload import OFFLOAD_METHODS, identical_to_stream_plain, offload_summary
+
+    setup = None
+    if any(n in OFFLOAD_METHODS for n in names):
+        methods, engine, convs, setup = _measure_offload(args, names, progress)
+    else:
+        methods, engine, convs = _resident_methods(args, names, progress)
+
+    def full_report(passes: dict) -> dict:
+        result = report(methods, passes)
+        if setup is not None:
+            for name, same in identical_to_stream_plain(methods, passes).items():
+                result[name]["identical_to_stream_plain"] = same
+            result["_offload"] = offload_summary(result, setup)
+        result["_run"] = run_info(engine.identity.name, args.device, args.dtype, conversations=convs,
+                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names,
+                                  warmup=args.warmup)
+        result["_run"]["rounds_done"] = len(next(iter(passes.values())))
+        return result
+
+    def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured
+        tmp = Path(args.save).with_suffix(".tmp")
+        tmp.write_text(json.dumps(full_report(passes), indent=1), encoding="utf-8")
+        tmp.replace(args.save)
+
+    passes = run_bench(methods, args.repeats, warmup=args.warmup, device=args.device, progress=progress,
+                       on_round=save if args.save else None)
+    return full_report(passes)
+
+
+def _resident_methods(args: argparse.Namespace, names: list[str], progress: StageProgress):
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.data_folder import data_dir
+    from specmemo_core.tools.bench import HF_METHODS, build_methods
+
+    convs = _conversations(args)
     dtype = DTYPES[args.dtype]
     engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=dtype, device=args.device, progress=progress)
     hf = None
@@ -70,22 +188,7 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
         hf = hf_model_from(load_model(args.model), args.device, dtype)
     methods = build_methods(names, engine, hf, convs, max_new_tokens=args.max_new_tokens, precision=args.dtype,
                             data_folder=data_dir())  # the plan method reads the device timing the chat cached
-
-    def full_report(passes: dict) -> dict:
-        result = report(methods, passes)
-        result["_run"] = run_info(engine.identity.name, args.device, args.dtype, conversations=convs,
-                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names)
-        result["_run"]["rounds_done"] = len(next(iter(passes.values())))
-        return result
-
-    def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured
-        tmp = Path(args.save).with_suffix(".tmp")
-        tmp.write_text(json.dumps(full_report(passes), indent=1), encoding="utf-8")
-        tmp.replace(args.save)
-
-    passes = run_bench(methods, args.repeats, device=args.device, progress=progress,
-                       on_round=save if args.save else None)
-    return full_report(passes)
+    return methods, engine, convs
 
 
 def _measure_batches(args: argparse.Namespace, batches: list[int], progress: StageProgress) -> dict:

@@ -11,6 +11,7 @@ import torch
 
 from specmemo_core.cli.common import StageProgress, add_threads_arg
 from specmemo_core.errors import SpecMemoError
+from specmemo_core.planning.host import ASSUMED_GB_S
 
 _BARE_NUMBER = re.compile(r"\s*\d+(\.\d*)?\s*")
 
@@ -24,18 +25,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["cpu", "cuda", "rocm", "mps"], default=None)
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--prefer", default="balanced", help="turns, speed, balanced or 0..1")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8", "int4"], default=None)
+    p.add_argument("--precision", "--dtype", dest="precision", choices=["fp32", "bf16", "fp16", "int8", "int4"],
+                   default=None)
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--reply-tokens", type=int, default=256)
     p.add_argument("--tree", default=None, help="plan with this tree only (e.g. medusa-64, 1-10-16-17)")
     p.add_argument("--batch", type=int, default=1,
                    help="conversations decoded together (a server's batch slots), each with --turns of KV cache")
-    p.add_argument("--ram", default=None,
-                   help="free host RAM the plan may page-lock for decoder layers that do not fit the GPU "
-                        "(e.g. 32 or 32GB); without it no layer is streamed")
-    p.add_argument("--link-gbps", type=float, default=25.0,
-                   help="host-to-GPU bandwidth in GB/s for --ram plans (measure it on the GPU with "
-                        "python -m specmemo_core.tools.offload_probe)")
+    p.add_argument("--ram", default="auto",
+                   help="host RAM the plan may page-lock for decoder layers that do not fit the GPU (e.g. 32 or "
+                        "32GB); 'auto': the RAM free now; 0: stream no layer")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="host-to-GPU bandwidth in GB/s for plans that stream layers; default: measured on this "
+                        f"machine's GPU (cached), or {ASSUMED_GB_S:g} GB/s for a GPU that is not here")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verify", action="store_true", help="run the plan with synthetic text and measure memory")
     add_threads_arg(p)
@@ -66,7 +68,8 @@ def prefer_weight(text: str) -> float:
 
 def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engine):
     """Run the plan on the device with synthetic text. ``--vram SIZE`` on a CUDA GPU caps
-    this process at SIZE first, so the run proves the plan fits a GPU of that size."""
+    this process at SIZE first, so the run proves the plan fits a GPU of that size. A plan
+    that streams layers loads with its resident layers (random weights for ``shape:``)."""
     from specmemo_core.planning.plan_check import cap_device, random_model, verify
     from specmemo_core.runtime.engine import resolve_tree
 
@@ -75,18 +78,20 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
         raise SpecMemoError("--verify on a CUDA plan needs a CUDA GPU and a CUDA build of torch")
     if device == "cuda" and args.vram != "auto":
         cap_device(device, budget.total_bytes)
+    resident = result.resident_layers if result.streamed_layers else None
     if args.model.startswith("shape:"):  # random weights of that shape, random hydra heads
         from specmemo_core.runtime.heads import random_heads
 
-        model = random_model(shape, result.precision, device)
+        model = random_model(shape, result.precision, device, resident_layers=resident)
         heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=device, dtype=model.dtype)
                  if result.tree else None)
-    elif engine is None:  # CPU: the planning engine was packed for fp32 inference; load the plan's own
+    elif engine is None:  # the plan's own model: on CPU (the planning one was packed for fp32) or streamed
+        from specmemo_core.planning.entry import torch_dtype
         from specmemo_core.runtime.engine import Engine
 
-        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(result.precision, torch.bfloat16)
-        engine = Engine.load(args.model, heads="auto", tree=None, dtype=dtype, device="cpu",
-                             precision=result.precision)
+        dtype = torch_dtype(result.precision if result.precision in ("fp32", "fp16") else "bf16")
+        engine = Engine.load(args.model, heads="auto", tree=None, dtype=dtype, device=device,
+                             precision=result.precision, resident_layers=resident)
         model = engine.model
         heads = engine.heads if result.tree else None
     else:
@@ -99,8 +104,21 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
             quantize_model(model, QuantSpec(result.precision))
         heads = engine.heads.to(device=device, dtype=model.dtype) if (engine.heads and result.tree) else None
     tree = resolve_tree(result.tree, engine.heads_folder if engine is not None else None) if result.tree else None
-    return verify(result, model, heads, tree, prompt_tokens=request.prompt_tokens,
-                  reply_tokens=request.reply_tokens, turns=request.turns)
+    check = verify(result, model, heads, tree, prompt_tokens=request.prompt_tokens,
+                   reply_tokens=request.reply_tokens, turns=request.turns)
+    return check, (_stream_check(model, result.precision) if resident is not None else None)
+
+
+def _stream_check(model, precision: str) -> dict:
+    """A streamed model's steps: a 64-node tree's forward against a plain one, and the
+    share of the measured host→GPU bandwidth a plain step achieves
+    (``tools.offload_probe``: streamed bytes ÷ step time ÷ bandwidth)."""
+    from specmemo_core.tools.offload_probe import probe
+
+    found = probe(model, sizes=(1, 64), precision=precision)
+    out = asdict(found)
+    out["tree64_vs_plain_step"] = round(found.step_s[64] / found.step_s[1], 4)
+    return out
 
 
 def plan_choices(args: argparse.Namespace):
@@ -136,23 +154,48 @@ def _shape_inputs(args: argparse.Namespace, target):
                       tuple(specmemo_prior_options()))
 
 
-def _model_inputs(args: argparse.Namespace, real, target):
-    """Load the model on ``real`` and read the planner's inputs for ``target``; the device
-    timing only where the plan is for this kind of device."""
-    from specmemo_core.planning.entry import plan_inputs, torch_dtype
+def _model_inputs(args: argparse.Namespace, real, target, link):
+    """Read the model into host memory and plan from it; where that plan fits ``target``
+    without streaming layers, load it on ``real`` and take the device timing (only where
+    the plan is for this kind of device). A plan that streams layers (or fits nowhere) is
+    made before anything is placed on a GPU, without timing."""
+    from specmemo_core.planning.entry import inputs_before_load, make_plan, plan_inputs, torch_dtype
     from specmemo_core.planning.timing import timing_for
     from specmemo_core.runtime.engine import Engine
     from specmemo_core.storage.data_folder import data_dir
+    from specmemo_core.storage.sources import load_model
 
     progress = StageProgress()
     try:
-        engine = Engine.load(args.model, heads="auto", dtype=torch_dtype(args.precision), device=real.torch_device,
+        loaded = load_model(args.model, progress=progress)
+        if link is not None:
+            first = inputs_before_load(loaded, "auto", target, link=link)
+            planned = make_plan(first, plan_choices(args))
+            if planned.streamed_layers or not planned.fits:
+                return first, None
+        engine = Engine.load(loaded, heads="auto", dtype=torch_dtype(args.precision), device=real.torch_device,
                              progress=progress, precision=args.precision)
         timing = (timing_for(engine, real.name, data_dir(), args.precision, progress)
                   if target.kind == real.kind else None)
     finally:
         progress.close()
-    return plan_inputs(engine, target, timing), engine
+    return plan_inputs(engine, target, timing, link=link), engine
+
+
+def _host_link(args: argparse.Namespace, real, target):
+    """The host RAM and link bandwidth for ``target`` (``planning.host``): ``--ram`` and
+    ``--link-gbps`` where given; else the RAM free now, and the link measured on this
+    machine's GPU when the plan is for it (else ``ASSUMED_GB_S``). None off GPUs."""
+    from specmemo_core.planning.host import host_link_for
+    from specmemo_core.planning.offload import OFFLOAD_KINDS
+    from specmemo_core.storage.data_folder import data_dir
+
+    if target.kind not in OFFLOAD_KINDS or (_BARE_NUMBER.fullmatch(args.ram) and float(args.ram) == 0):
+        return None
+    ram = None if args.ram == "auto" else vram_size(args.ram)[1]
+    gbps = args.link_gbps if args.link_gbps is not None or real.kind == target.kind else ASSUMED_GB_S
+    return host_link_for(real if real.kind == target.kind else target, data_dir(), ram_bytes=ram,
+                         bandwidth=gbps * 1e9 if gbps is not None else None)
 
 
 def _make_plan(args: argparse.Namespace):
@@ -162,21 +205,23 @@ def _make_plan(args: argparse.Namespace):
     choices = plan_choices(args)
     request = choices.request()
     real, target = _planned_for(args)
+    link = _host_link(args, real, target)
     engine = None
     if args.model.startswith("shape:"):
-        inputs = _shape_inputs(args, target)
+        inputs = replace(_shape_inputs(args, target), link=link)
     else:
-        inputs, engine = _model_inputs(args, real, target)
-    if args.ram is not None:
-        from specmemo_core.planning.offload import HostLink
-
-        inputs = replace(inputs, link=HostLink(vram_size(args.ram)[1], args.link_gbps * 1e9))
+        inputs, engine = _model_inputs(args, real, target, link)
     shape = inputs.model
     if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
         raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
                             f"{request.reply_tokens}) does not fit the {shape.max_context}-token context of "
                             f"{shape.name}; ask for fewer --prompt-tokens/--reply-tokens")
-    return make_plan(inputs, choices), request, inputs.budget, shape, engine
+    result = make_plan(inputs, choices)
+    if result.streamed_layers and args.link_gbps is None and real.kind != target.kind:
+        result = replace(result, notes=result.notes + (
+            f"host link taken as {ASSUMED_GB_S:g} GB/s (no such GPU here to measure); on the GPU, plan there or "
+            "give --link-gbps from python -m specmemo_core.tools.offload_probe",))
+    return result, request, inputs.budget, shape, engine
 
 
 def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:
@@ -206,6 +251,12 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
         print(f"verify   predicted {gib(out['predicted_bytes_total'])}, measured peak {gib(out['measured_peak_bytes'])}")
         for term, n in out["measured_terms"].items():
             print(f"  measured {term:<10}{gib(n)}  (predicted {gib(result.predicted_bytes[term])})")
+        streaming = out.get("stream_check")
+        if streaming:
+            fraction = streaming["link_fraction"]
+            print(f"stream   plain step {streaming['step_s'][1]:.4f} s, "
+                  f"64-node tree {streaming['tree64_vs_plain_step']:.2f}x of it; link use "
+                  + (f"{fraction:.0%} of {streaming['bandwidth_gb_s']:.1f} GB/s" if fraction is not None else "n/a (no GPU)"))
     return 0
 
 
@@ -214,16 +265,13 @@ def run(args: argparse.Namespace) -> int:
     out = asdict(result)
     if args.verify and result.batch > 1:
         raise SpecMemoError("--verify runs one conversation; leave out --batch to check the plan's memory")
-    if args.verify and result.streamed_layers:
-        raise SpecMemoError("--verify does not run plans that stream layers yet; leave out --ram, or run the "
-                            "plan's layout with python -m specmemo_core.tools.offload_probe --resident N")
     if args.verify and result.fits:
-        if budget.kind != "cuda":
-            engine = None  # freed before the CPU check loads the plan's own model (see _verify_plan)
-        check = _verify_plan(args, result, request, budget, shape, engine)
+        if budget.kind != "cuda" or result.streamed_layers:
+            engine = None  # freed before the check loads the plan's own model (see _verify_plan)
+        check, streaming = _verify_plan(args, result, request, budget, shape, engine)
         out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
                    measured_terms=check.measured_terms, fits=result.fits and check.fits,
-                   turns_run=check.turns_run, context_resets=check.context_resets)
+                   turns_run=check.turns_run, context_resets=check.context_resets, stream_check=streaming)
     if args.json:
         print(json.dumps(out))
         return 0 if result.fits else 3

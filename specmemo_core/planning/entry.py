@@ -5,10 +5,14 @@ Every entry point — the app, ``specmemo chat``, ``generate``, ``plan`` and ``b
 
 - ``plan_inputs`` gathers once per loaded model what ``plan()`` needs besides the request
   (the device's free memory, the model's and heads' shapes, the candidate trees from the
-  heads' calibration, the device timing): the slow part.
+  heads' calibration, the device timing, and on a GPU the host's free RAM and link
+  bandwidth, ``planning.host``): the slow part.
+- ``inputs_before_load`` gathers the same from weights read into host memory, before
+  anything reaches the GPU: a model larger than the GPU is planned (resident and
+  streamed layers) before it is placed.
 - ``make_plan`` turns those inputs and the user's ``PlanChoices`` into a ``Plan``: pure and
   fast (the app's settings slider calls it on every move).
-- ``load_planned`` does both around ``Engine.load`` and applies the plan's tree.
+- ``load_planned`` does all of it around ``Engine.load`` and applies the plan's tree.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from specmemo_core.errors import SpecMemoError
+from specmemo_core.errors import OffloadError, SpecMemoError
 from specmemo_core.planning.device import DeviceError, DeviceInfo
 from specmemo_core.planning.memory import HeadsShape, ModelShape
 from specmemo_core.planning.offload import HostLink
@@ -72,15 +76,33 @@ def budget_for(device: DeviceInfo) -> Budget:
     return Budget(device.kind, device.total_bytes, device.free_bytes, device.name)
 
 
-def plan_inputs(engine: Any, device: DeviceInfo, timing: StepTiming | None) -> PlanInputs:
-    """The planner's view of a loaded ``Engine`` on ``device``."""
+def plan_inputs(engine: Any, device: DeviceInfo, timing: StepTiming | None, *,
+                link: HostLink | None = None) -> PlanInputs:
+    """The planner's view of a loaded ``Engine`` on ``device`` (``link``: ``planning.host.host_link_for``)."""
     from specmemo_core.runtime.calibration import load_calibration
 
     folder = engine.heads_folder
     record = load_calibration(folder) if folder is not None else None
     heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
     return PlanInputs(budget_for(device), ModelShape.from_spec(engine.model.spec, engine.identity.name), heads,
-                      tuple(tree_options(record)), timing, record, folder)
+                      tuple(tree_options(record)), timing, record, folder, link)
+
+
+def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: HostLink | None) -> PlanInputs:
+    """The planner's view of weights read into host memory (a ``storage.sources.LoadedModel``)
+    and the heads ``heads`` names, before anything is placed on ``device``; no timing."""
+    import torch
+
+    from specmemo_core.runtime.calibration import load_calibration
+    from specmemo_core.runtime.engine import heads_source, load_draft_heads
+    from specmemo_core.runtime.model import ModelSpec
+
+    spec = ModelSpec.from_config(loaded.config)
+    draft, folder = load_draft_heads(heads_source(heads), spec, loaded.identity, torch.bfloat16, "cpu")
+    record = load_calibration(folder) if folder is not None else None
+    heads_shape = HeadsShape.from_spec(draft.spec) if draft is not None else None
+    return PlanInputs(budget_for(device), ModelShape.from_spec(spec, loaded.identity.name), heads_shape,
+                      tuple(tree_options(record)), None, record, folder, link)
 
 
 def forced_tree_option(name: str, inputs: PlanInputs) -> TreeOption:
@@ -156,11 +178,26 @@ class PlannedEngine:
 
 
 def apply_plan(planned: PlannedEngine, new_plan: Plan) -> PlannedEngine:
-    """``new_plan`` in force: refused with the planner's suggestions when it does not fit."""
+    """``new_plan`` in force: refused with the planner's suggestions when it does not fit,
+    and with ``OffloadError`` when it places the layers otherwise than the loaded engine
+    (more or fewer resident layers need the model loaded again)."""
     if not new_plan.fits:
         raise PlanDoesNotFitError(new_plan)
+    if new_plan.resident_layers != resident_layers_of(planned.engine):
+        raise OffloadError(f"this plan keeps {_layers_text(new_plan.resident_layers)} on the GPU but the model was "
+                           f"loaded with {_layers_text(resident_layers_of(planned.engine))}: load the model again "
+                           "to apply it")
     tree = new_plan.tree if planned.choices.speculate else None
     return replace(planned, plan=new_plan, engine=planned.engine.with_tree(tree))
+
+
+def resident_layers_of(engine: Any) -> int | None:
+    """Decoder layers a loaded engine keeps on its device when it streams the rest; None: all."""
+    return None if engine.model.streamed is None else len(engine.model.model.layers)
+
+
+def _layers_text(resident: int | None) -> str:
+    return "every layer" if resident is None else f"{resident} layers"
 
 
 class PlanDoesNotFitError(SpecMemoError):
@@ -202,21 +239,38 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
     """Load the model and heads, take the device timing, plan, and apply the plan: the
     engine every entry point chats with.
 
+    On a GPU the weights are read into host memory and planned first (``inputs_before_load``,
+    with the host's free RAM and link bandwidth, ``planning.host``): a plan that streams
+    layers loads with its resident layers at its precision; a plan that fits nowhere is
+    refused (``PlanDoesNotFitError``) before anything reaches the GPU.
+
     ``wait_for_timing``: True measures the device when ``data_folder`` holds no timing for
     it (``timing.timing_for``, cached there); False never measures: the cached timing,
     else the prior (``timing.timing_without_waiting``), so nothing waits on a timing;
     the app then measures in the background (``timing.refresh_in_background``)."""
+    from specmemo_core.planning.host import host_link_for
     from specmemo_core.planning.timing import timing_for, timing_without_waiting
     from specmemo_core.runtime.engine import Engine, HeadsChoice
 
     device = device or find_device(None)
-    engine = Engine.load(model, heads=heads if choices.speculate else HeadsChoice.NONE,
-                         dtype=torch_dtype(choices.precision), device=device.torch_device,
-                         progress=progress, precision=choices.precision)
+    heads = heads if choices.speculate else HeadsChoice.NONE
+    link = host_link_for(device, data_folder)
+    source, resident = model, None
+    if link is not None:
+        from specmemo_core.storage.sources import load_model
+
+        source = load_model(model, progress=progress)  # host memory: planned before it is placed
+        first = make_plan(inputs_before_load(source, heads, device, link=link), choices)
+        if not first.fits:
+            raise PlanDoesNotFitError(first)
+        if first.streamed_layers:
+            resident, choices = first.resident_layers, replace(choices, precision=first.precision)
+    engine = Engine.load(source, heads=heads, dtype=torch_dtype(choices.precision), device=device.torch_device,
+                         progress=progress, precision=choices.precision, resident_layers=resident)
     timing = (timing_for(engine, device.name, data_folder, choices.precision, progress) if wait_for_timing
               else timing_without_waiting(engine, device.name, data_folder, choices.precision))
     if progress is not None:
         progress("planning", 1.0)
-    inputs = plan_inputs(engine, device, timing)
+    inputs = plan_inputs(engine, device, timing, link=link)
     planned = PlannedEngine(engine, device, inputs, make_plan(inputs, choices), choices)
     return apply_plan(planned, planned.plan)

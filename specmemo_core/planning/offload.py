@@ -20,6 +20,13 @@ Resident layers are chosen before the tree, with the largest candidate tree's me
 aside, so more GPU memory never gives fewer resident layers; the tree is then the one
 with the most predicted tokens/s among those that fit beside them.
 
+Turns ↔ speed (``prefer``, the app's slider): every byte the KV cache takes beyond the
+requested turns is a byte of layers that must stream instead. With R_max the resident
+layers beside the requested turns' cache and R_ctx those beside a cache of the model's
+whole context, a plan keeps ⌊R_ctx + prefer·(R_max − R_ctx)⌋ layers (prefer 1: speed,
+every layer that fits; 0: turns, the longest cache) and gives the KV cache what is left.
+Both ends grow with memory, so the choice stays monotone in it.
+
 NOTE: int8 and int4 layers stream as torchao's inner tensors (``runtime/offload.py``),
 checked on CPU; CUDA's int4 packing (tinygemm) is still to be run streamed on a GPU.
 """
@@ -39,7 +46,7 @@ OFFLOAD_PRECISIONS = ("bf16", "fp16", "int8", "int4")
 OFFLOAD_KINDS = ("cuda", "rocm")  # discrete GPUs; CPU and MPS share the host's memory
 STAGING_BUFFERS = 2
 
-TermsFor = Callable[[TreeShape], "dict[str, int]"]  # the resident plan's memory terms for a tree
+TermsFor = Callable[[TreeShape, int], "dict[str, int]"]  # the resident plan's memory terms: (tree, KV tokens)
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,20 @@ class OffloadChoice:
     device_terms: dict[str, int]  # the plan's memory terms on the device, for ``tree``
     step_s: dict[str, float]  # predicted seconds per step of each candidate (by name; "plain")
     tokens_per_s: float
+    kv_tokens: int  # the KV cache beside the resident layers (prefer's share, see the module doc)
+
+
+@dataclass(frozen=True)
+class KvRange:
+    """The KV cache an offloaded plan may hold: at least the requested turns' tokens,
+    at most the model's context."""
+
+    wanted: int
+    most: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.wanted <= self.most:
+            raise SpecMemoError(f"KV tokens must satisfy 0 < wanted ≤ most, got {self.wanted} and {self.most}")
 
 
 def layer_bytes(shape: ModelShape, precision: str, device_kind: str = "cuda") -> int:
@@ -135,33 +156,54 @@ def offloaded_step_time(compute: StepTime, streamed_bytes: int, bandwidth: float
 
 
 def choose_offload(shape: ModelShape, precision: str, *, usable_bytes: int, link: HostLink, terms_for: TermsFor,
-                   compute: StepTime, trees: Sequence[TreeOption], kind: str = "cuda",
-                   buffers: int = STAGING_BUFFERS) -> OffloadChoice | None:
-    """Resident layers, then the tree with the most predicted tokens/s beside them (module
-    doc); None when the plan fits neither the GPU (not even 0 resident layers) nor the RAM
-    (``offload_refusal`` says why and what would fit)."""
+                   compute: StepTime, trees: Sequence[TreeOption], kv: KvRange, prefer: float = 1.0,
+                   kind: str = "cuda", buffers: int = STAGING_BUFFERS) -> OffloadChoice | None:
+    """Resident layers (``prefer``'s share, module doc), the KV cache beside them, then the
+    tree with the most predicted tokens/s; None when the plan fits neither the GPU (not
+    even 0 resident layers) nor the RAM (``offload_refusal`` says why and what would fit)."""
     biggest = max(trees, key=lambda t: t.nodes, default=None)
-    resident = resident_layers_that_fit(shape, precision, usable_bytes=usable_bytes, kind=kind, buffers=buffers,
-                                        terms=terms_for(biggest.shape if biggest else PLAIN))
-    if resident is None:  # the largest tree does not fit beside 0 layers: smaller trees may
-        plain_fits = resident_layers_that_fit(shape, precision, usable_bytes=usable_bytes, kind=kind,
-                                              buffers=buffers, terms=terms_for(PLAIN)) is not None
-        resident = 0 if plain_fits else None
-    if resident is None:
+    sizing = biggest.shape if biggest else PLAIN  # memory set aside for the largest tree
+
+    def most_layers(tree: TreeShape, tokens: int) -> int | None:
+        return resident_layers_that_fit(shape, precision, usable_bytes=usable_bytes, kind=kind, buffers=buffers,
+                                        terms=terms_for(tree, tokens))
+
+    r_max = most_layers(sizing, kv.wanted)
+    if r_max is None:  # the largest tree does not fit beside 0 layers: smaller trees may
+        sizing = PLAIN
+        r_max = most_layers(PLAIN, kv.wanted)
+    if r_max is None:
+        return None
+    r_ctx = min(most_layers(sizing, kv.most) or 0, r_max)
+    per_layer = layer_bytes(shape, precision, kind)
+    fewest = max(0, shape.num_layers - link.usable_ram // per_layer)  # fewer would not fit the RAM
+    resident = max(int(r_ctx + prefer * (r_max - r_ctx)), fewest)
+    if resident > r_max:
         return None
     where = layout(shape, precision, resident, buffers=buffers, device_kind=kind)
-    if where.pinned_bytes > link.usable_ram:
-        return None
+
+    def fits(tree: TreeShape, tokens: int) -> bool:
+        return sum(device_terms(terms_for(tree, tokens), where, kind).values()) <= usable_bytes
+
+    kv_tokens = _most_kv_tokens(lambda tokens: fits(sizing, tokens), kv)
     step = offloaded_step_time(compute, where.pinned_bytes, link.bandwidth)
-    fitting = [t for t in trees
-               if sum(device_terms(terms_for(t.shape), where, kind).values()) <= usable_bytes]
+    fitting = [t for t in trees if fits(t.shape, kv_tokens)]
     step_s = {"plain": step(1, 0), **{t.name: step(t.nodes, t.depth) for t in fitting}}
     best = max(fitting, key=lambda t: (t.expected_accepted / step_s[t.name], -t.nodes), default=None)
     if best is not None and best.expected_accepted / step_s[best.name] <= 1.0 / step_s["plain"]:
         best = None
     speed = best.expected_accepted / step_s[best.name] if best else 1.0 / step_s["plain"]
-    terms = device_terms(terms_for(best.shape if best else PLAIN), where, kind)
-    return OffloadChoice(where, best, terms, step_s, speed)
+    terms = device_terms(terms_for(best.shape if best else PLAIN, kv_tokens), where, kind)
+    return OffloadChoice(where, best, terms, step_s, speed, kv_tokens)
+
+
+def _most_kv_tokens(fits: Callable[[int], bool], kv: KvRange) -> int:
+    """The most KV tokens in ``kv`` that ``fits`` (``kv.wanted`` fits by construction)."""
+    lo, hi = kv.wanted, kv.most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def offload_refusal(shape: ModelShape, precision: str, *, usable_bytes: int, link: HostLink,
@@ -177,15 +219,16 @@ def offload_refusal(shape: ModelShape, precision: str, *, usable_bytes: int, lin
         return (f"even with every decoder layer in host RAM, {shape.name} at {precision} needs {_gib(need)} on the "
                 f"GPU (embeddings, LM head, KV cache {_gib(terms.get('kv_cache', 0))}, {buffers} staging layers of "
                 f"{_gib(per_layer)}) but {_gib(usable_bytes)} is usable",
-                "ask for fewer turns (a smaller KV cache), free GPU memory, or use a smaller model")
+                "ask for fewer turns (a smaller KV cache), choose a lower precision (int8 or int4 weights), free "
+                "GPU memory, or use a smaller model")
     ram_layers = min(layers - resident, link.usable_ram // per_layer)
     pinned = (layers - resident) * per_layer
     return (f"with {resident} of {shape.name}'s {layers} layers on the GPU, the other {layers - resident} need "
             f"{_gib(pinned)} of pinned RAM but {_gib(link.usable_ram)} is usable ({_gib(link.free_ram_bytes)} free, "
             f"{int(link.ram_margin * 100)}% kept back)",
             f"what fits: {resident + ram_layers} of its {layers} layers at {precision} ({resident} on the GPU, "
-            f"{ram_layers} in RAM); free {_gib(pinned - link.usable_ram)} more RAM, choose a lower precision, "
-            f"or use a smaller model")
+            f"{ram_layers} in RAM); free {_gib(pinned - link.usable_ram)} more RAM, choose a lower precision "
+            f"(int8 or int4 weights), ask for fewer turns (more layers then fit the GPU), or use a smaller model")
 
 
 def _gib(n: int) -> str:

@@ -93,8 +93,9 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
 
 def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:
-    """The decoder a chat runs on this device: graph-captured static steps on CUDA, eager steps elsewhere."""
-    if model.device.type == "cuda":
+    """The decoder a chat runs on this device: graph-captured static steps on CUDA, eager
+    steps elsewhere and for a model that streams layers (``Engine.new_session``'s rule)."""
+    if model.device.type == "cuda" and model.streamed is None:
         from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
         return StaticDecoder(model, new_static_cache(model, capacity), heads, tree, graphs=True)
@@ -218,13 +219,18 @@ def shape_config(shape: Any) -> Any:
     )
 
 
-def random_model(shape: Any, precision: str, device: str | torch.device, seed: int = 0) -> CausalLM:
+def random_model(shape: Any, precision: str, device: str | torch.device, seed: int = 0, *,
+                 resident_layers: int | None = None) -> CausalLM:
     """A model of ``shape``'s architecture with random weights, built a layer at a time on
     ``device`` and quantized as it goes, so a 7B model in int4 never needs its bf16 size.
+    ``resident_layers``: keep that many decoder layers on ``device`` and stream the rest
+    (``runtime/offload.py``): each streamed layer is made on ``device`` and packed into
+    host memory at once, so the device never holds more than one of them.
 
     Weights ~ N(0, 0.02²), norms 1: activations stay finite, and memory is all a plan
     check needs from it."""
     from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies
+    from specmemo_core.runtime.offload import offload_layers
     from specmemo_core.runtime.quantize import QuantSpec, quantize_layer
 
     device = torch.device(device)
@@ -243,18 +249,23 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
                     else torch.randn(p.shape, generator=gen, dtype=torch.float32, device=device).mul_(0.02).to(dtype))
             setattr(module, name, torch.nn.Parameter(data, requires_grad=False))
 
-    for module in (model.model.embed_tokens, model.model.norm, model.lm_head):
-        materialize(module)
-    if spec.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    for layer in model.model.layers:
+    def build(layer: torch.nn.Module) -> None:
         for module in layer.modules():
             materialize(module)
         if quant.quantized:
             quantize_layer(layer, quant)
+
+    for module in (model.model.embed_tokens, model.model.norm, model.lm_head):
+        materialize(module)
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for layer in model.model.layers[:resident_layers]:
+        build(layer)
     inv_freq, scale = rope_inverse_frequencies(config)
     model.inv_freq = inv_freq.to(device)
     model.rope_scale = scale
+    if resident_layers is not None:
+        offload_layers(model, resident_layers=resident_layers, device=device, prepare=build)
     return model.eval().requires_grad_(False)
 
 
@@ -310,6 +321,8 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, *, prompt_tokens:
         "heads": _module_bytes(heads) if (heads is not None and plan.tree) else 0,
         "kv_cache": cache.nbytes,
     }
+    if model.streamed is not None:  # staging slots on the device; the streamed layers are in host memory
+        measured["staging"] = model.streamed.staging_bytes
     peak = peak_bytes(device)
     predicted = plan.total_bytes - (plan.predicted_bytes.get("overhead", 0) if device.type == "cuda" else 0)
     return Verification(predicted, peak, measured, peak <= plan.budget_bytes, turns, resets)

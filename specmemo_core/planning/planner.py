@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.decoding import PREFILL_CHUNK
 from specmemo_core.runtime.tree import heads_can_draft
-from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, HostLink, choose_offload,
+from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, HostLink, KvRange, choose_offload,
                                             offload_refusal)
 from specmemo_core.planning.memory import (
     OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, heads_bytes, kv_bytes,
@@ -275,30 +275,33 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
                precisions: Sequence[str], *, trees: Sequence[TreeOption], step_time: StepTime | None,
                link: HostLink) -> Plan | None:
     """The best-quality plan at a streamable precision that streams the layers the GPU
-    cannot hold (``offload.choose_offload``: resident layers, then the tree for its time
-    model); the KV cache holds the requested turns. Without a measured ``step_time`` the
-    compute is taken as free (a transfer-bound estimate). None when none fits."""
+    cannot hold (``offload.choose_offload``: resident layers by ``request.prefer``, the KV
+    cache beside them, at least the requested turns, then the tree for its time model).
+    Without a measured ``step_time`` the compute is taken as free (a transfer-bound
+    estimate). None when none fits."""
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
-    kv_tokens = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
+    kv = KvRange(min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context),
+                 model.max_context)
     options = [t for t in trees if t.nodes <= request.max_tree_nodes
                and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
     for precision in precisions:
-        def terms_for(tree: TreeShape, precision: str = precision) -> dict[str, int]:
+        def terms_for(tree: TreeShape, kv_tokens: int, precision: str = precision) -> dict[str, int]:
             return memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens, tree=tree,
                                 sampling=request.sampling, batch=request.batch)
 
         choice = choose_offload(model, precision, usable_bytes=usable, link=link, terms_for=terms_for,
                                 compute=batch_step_time(step_time, request.batch) or (lambda nodes, depth: 0.0),
-                                trees=options, kind=budget.kind)
+                                trees=options, kv=kv, prefer=request.prefer, kind=budget.kind)
         if choice is None:
             continue
         where, tree = choice.layout, choice.tree
         notes = () if step_time else ("no step timing: tokens/s assumes the link, not the compute, bounds a step",)
         return Plan(True, budget.kind, precision, heads_count(heads, tree.depth) if tree else 0,
-                    tree.name if tree else None, tree.nodes if tree else 1, kv_tokens,
-                    max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn), choice.device_terms,
-                    usable, choice.tokens_per_s * request.batch, (), notes, resident_layers=where.resident_layers,
-                    streamed_layers=where.streamed_layers, pinned_host_bytes=where.pinned_bytes, batch=request.batch)
+                    tree.name if tree else None, tree.nodes if tree else 1, choice.kv_tokens,
+                    max(0, (choice.kv_tokens - request.system_tokens) // request.tokens_per_turn),
+                    choice.device_terms, usable, choice.tokens_per_s * request.batch, (), notes,
+                    resident_layers=where.resident_layers, streamed_layers=where.streamed_layers,
+                    pinned_host_bytes=where.pinned_bytes, batch=request.batch)
     return None
 
 

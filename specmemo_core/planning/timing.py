@@ -87,10 +87,14 @@ def timing_key(fingerprint: str, device_name: str, threads: int, precision: str 
 
 
 def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> str:
-    """The key of ``engine`` (an ``Engine``) on ``device_name`` with this process's threads."""
+    """The key of ``engine`` (an ``Engine``) on ``device_name`` with this process's threads;
+    an engine that streams layers (``runtime/offload.py``) is timed apart for each number of
+    resident layers: its steps wait on the link."""
     import torch
 
-    return timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
+    key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
+    streamed = engine.model.streamed
+    return key if streamed is None else f"{key}|resident-{len(engine.model.model.layers)}"
 
 
 def cached_timing(folder: Path, key: str) -> StepTiming | None:

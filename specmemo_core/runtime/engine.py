@@ -15,9 +15,9 @@ from specmemo_core.runtime.decoding import Decoder
 from specmemo_core.errors import OffloadError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
-from specmemo_core.runtime.model import CausalLM
+from specmemo_core.runtime.model import CausalLM, ModelSpec
 from specmemo_core.runtime.offload import offload_layers
-from specmemo_core.storage.sources import ModelIdentity, load_model
+from specmemo_core.storage.sources import LoadedModel, ModelIdentity, load_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
@@ -77,10 +77,9 @@ def shipped_heads_dir(identity: ModelIdentity) -> Path | None:
     return folder if (folder / "heads.safetensors").exists() else None
 
 
-def _load_heads(source: HeadsSource, lm: CausalLM, identity: ModelIdentity, dtype: torch.dtype,
-                device: str | torch.device) -> tuple[DraftHeads | None, Path | None]:
-    """The draft heads ``source`` names for this model, and the folder they came from."""
-    spec = lm.spec
+def load_draft_heads(source: HeadsSource, spec: ModelSpec, identity: ModelIdentity, dtype: torch.dtype,
+                     device: str | torch.device) -> tuple[DraftHeads | None, Path | None]:
+    """The draft heads ``source`` names for the model of ``spec``, and the folder they came from."""
     if source is HeadsChoice.NONE:
         return None, None
     if source is HeadsChoice.RANDOM:
@@ -110,7 +109,7 @@ class Engine:
     @classmethod
     def load(
         cls,
-        model: str | Path = "default",
+        model: str | Path | LoadedModel = "default",
         *,
         heads: "HeadsSource | str | None" = HeadsChoice.SHIPPED,
         tree: str | Path | None = None,
@@ -120,7 +119,8 @@ class Engine:
         precision: str | None = None,
         resident_layers: int | None = None,
     ) -> "Engine":
-        """``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
+        """``model``: a source (``storage.sources.load_model``) or weights already read from one.
+        ``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
         ``tree``: None (plain decoding) or a tree name/file, applied with ``with_tree``; the
         planner's choice comes from ``planning.entry``. ``precision`` "int8" or "int4":
         weight-only quantization of the decoder layers (``quantize.py``). On CPU the fp32
@@ -128,7 +128,8 @@ class Engine:
         inference and can no longer be cast, quantized or trained. ``resident_layers``: keep
         only that many decoder layers on ``device`` and stream the others from host memory
         (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``."""
-        loaded = load_model(model, dtype=torch.float32, progress=progress)
+        loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=torch.float32,
+                                                                          progress=progress)
         streaming = resident_layers is not None
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
@@ -142,7 +143,7 @@ class Engine:
             quantize_model(lm, QuantSpec(precision))
         if streaming:
             offload_layers(lm, resident_layers=resident_layers, device=device)
-        draft, folder = _load_heads(heads_source(heads), lm, loaded.identity, dtype, device)
+        draft, folder = load_draft_heads(heads_source(heads), lm.spec, loaded.identity, dtype, device)
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":

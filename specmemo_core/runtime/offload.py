@@ -34,7 +34,7 @@ streamed step waits on the link, not on kernel launches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -203,22 +203,28 @@ class LayerStreamer:
 
 
 def offload_layers(model: CausalLM, *, resident_layers: int, device: torch.device | str, buffers: int = 2,
-                   copy: Copy | None = None) -> LayerStreamer:
+                   copy: Copy | None = None, prepare: Callable[[nn.Module], None] | None = None) -> LayerStreamer:
     """Keep the first ``resident_layers`` decoder layers and the rest of ``model`` on
     ``device``; move the other layers into one host block each (pinned for a GPU) and
     stream them through ``buffers`` staging slots (``copy``: the link's copy function,
-    see ``host_link.link_for``). Call with the weights in host memory and in their final
-    dtype; the streamed layers' own tensors are dropped (a state dict the caller still
-    holds keeps its copy). Returns the streamer, which the model's forward now uses."""
+    see ``host_link.link_for``). Call with the weights in their final dtype, in host
+    memory, or made one streamed layer at a time by ``prepare(layer)`` just before it is
+    packed (a random-weight model built on the GPU: ``plan_check.random_model``); the
+    streamed layers' own tensors are dropped (a state dict the caller still holds keeps
+    its copy). Returns the streamer, which the model's forward now uses."""
     device = torch.device(device)
     layers = model.model.layers
     if not 0 <= resident_layers < len(layers):
         raise OffloadError(f"resident layers must be between 0 and {len(layers) - 1} for a model of "
                            f"{len(layers)} layers, got {resident_layers}; with all resident, do not offload")
     streamed = list(layers[resident_layers:])
+    if prepare is not None:
+        prepare(streamed[0])
     layout = LayerLayout.of(streamed[0])
     host = host_buffer((len(streamed), layout.nbytes), device)
     for j, layer in enumerate(streamed):
+        if prepare is not None and j:
+            prepare(layer)
         layout.pack(layer, host[j])
         layer.to("meta")  # frees the layer's own copy
     model.model.layers = nn.ModuleList(layers[:resident_layers])

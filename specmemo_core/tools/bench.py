@@ -144,15 +144,18 @@ class _StepClock:
 
 
 def hf_runner(hf: Any, tokenizer: Any, stop_ids: frozenset[int], conversations: Sequence[Sequence[str]],
-              max_new_tokens: int, prompt_lookup: int | None = None) -> Callable[[], Pass]:
+              max_new_tokens: int, prompt_lookup: int | None = None, *,
+              input_device: torch.device | None = None) -> Callable[[], Pass]:
     """transformers' greedy ``generate``; each turn re-sends the conversation so far, the
-    model's earlier replies given as the token ids it produced (as our sessions do)."""
+    model's earlier replies given as the token ids it produced (as our sessions do).
+    ``input_device``: where the prompt goes (default ``hf.device``; a model dispatched by
+    accelerate takes it on its main device)."""
     from transformers.generation.streamers import BaseStreamer
 
     clock_type = type("StepClock", (_StepClock, BaseStreamer), {})
     stops = sorted(stop_ids)
     extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
-    device = hf.device
+    device = input_device if input_device is not None else hf.device
 
     def run() -> Pass:
         replies: list[list[int]] = []
@@ -320,12 +323,13 @@ def planner_choice(engine: Any, precision: str, reply_tokens: int, *, timing: St
     (else SpecMemo's prior), and the device timing (``timing``, else the cached one in
     ``data_folder``, else measured now); for ``batch`` conversations decoded together."""
     from specmemo_core.planning.entry import PlanChoices, find_device, make_plan, plan_inputs
+    from specmemo_core.planning.host import host_link_for
     from specmemo_core.planning.timing import timing_for
 
     info = find_device(engine.model.device.type)  # the device the engine runs on, as every entry point finds it
     timing = timing or timing_for(engine, info.name, data_folder, precision)
-    return make_plan(plan_inputs(engine, info, timing),
-                     PlanChoices(reply_tokens=reply_tokens, precision=precision, batch=batch))
+    inputs = plan_inputs(engine, info, timing, link=host_link_for(info, data_folder))
+    return make_plan(inputs, PlanChoices(reply_tokens=reply_tokens, precision=precision, batch=batch))
 
 
 def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Sequence[Sequence[str]], *,

@@ -107,3 +107,45 @@ def test_every_non_zero_memory_term_stays_visible_in_the_bar():
     assert abs(widths[0] / widths[2] - 2.0) < 1e-9 and abs(widths[4] - widths[5]) < 1e-9
     assert slice_widths([0, 0], 400.0) == [0.0, 0.0]
     assert gib(2 * 2**20) == "2 MiB" and gib(300 * 2**10) == "300 KiB" and gib(0) == "0 MiB"
+
+
+def _offload_inputs():
+    from specmemo_core.planning.entry import PlanInputs
+    from specmemo_core.planning.memory import HeadsShape, known_shape
+    from specmemo_core.planning.offload import HostLink
+    from specmemo_core.planning.planner import Budget, specmemo_prior_options
+
+    gib = 2**30
+    return PlanInputs(Budget("cuda", 8 * gib, 8 * gib, "Test GPU"), known_shape("llama-3-8b"),
+                      HeadsShape("hydra", 4, 1), tuple(specmemo_prior_options()), link=HostLink(64 * gib, 25e9))
+
+
+def test_a_streamed_plan_shows_its_layers_and_the_slider_trades_turns_for_resident_layers(qtbot):
+    dialog = SettingsDialog(ChatSettings(prefer=1.0, turns=4, precision="bf16"), _offload_inputs())
+    qtbot.addWidget(dialog)
+    speed = dialog.plan
+    assert speed.fits and speed.streamed_layers > 0
+    text = dialog.plan_label.text()
+    assert f"{speed.resident_layers} of 32 layers on the GPU, {speed.streamed_layers} streamed from RAM" in text
+    assert "GiB pinned" in text and f"{speed.predicted_tokens_per_s:.1f} tokens/s predicted" in text
+    dialog.slider.setValue(0)  # more turns: the KV cache takes memory from the layers
+    turns = dialog.plan
+    assert turns.resident_layers < speed.resident_layers and turns.kv_tokens > speed.kv_tokens
+    assert turns.turns > speed.turns and f"{turns.resident_layers} of 32 layers" in dialog.plan_label.text()
+    dialog.slider.setValue(100)
+    dialog.turns.setValue(12)  # more turns asked for: fewer resident layers at the same slider
+    assert dialog.plan.resident_layers < speed.resident_layers
+
+
+def test_settings_that_move_layers_reload_the_model():
+    from dataclasses import replace
+
+    from app.planning import make_plan
+
+    runtime = fake_runtime()
+    settings = ChatSettings(prefer=1.0, turns=4, precision="bf16")
+    inputs = _offload_inputs()
+    streamed = replace(runtime, inputs=inputs, plan=make_plan(inputs, settings), settings=settings)
+    assert not streamed.needs_reload(settings)
+    assert streamed.needs_reload(settings.with_(prefer=0.0))  # fewer resident layers
+    assert not runtime.needs_reload(runtime.settings.with_(prefer=0.0))  # all resident: a replan will do

@@ -15,6 +15,7 @@ from specmemo_core.runtime.host_link import SyncLink, host_buffer, host_to_devic
 from specmemo_core.runtime.offload import LayerLayout, LayerStreamer, offload_layers
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
+from specmemo_core.planning.memory import ModelShape
 from tests.tiny import tiny_model, tiny_tokenizer
 
 LAYERS, VOCAB = 5, 16  # an odd count of streamed layers makes a slot serve two layers in a row
@@ -51,6 +52,17 @@ def test_streamed_greedy_equals_plain_greedy(resident, tree_name, kind):
     assert out == plain
     if tree is not None:
         assert most > 1  # accepted paths were committed through the streamed layers, not only roots
+
+
+@pytest.mark.parametrize("tree_name, kind", [("chain-3", "medusa"), ("1-10-7-1", "hydra")])
+def test_streamed_greedy_equals_plain_greedy_on_the_offload_plans_trees(tree_name, kind):
+    """The trees offload plans pick from shapes alone (SpecMemo's prior, a chain)."""
+    torch.set_num_threads(1)
+    plain, _ = _tokens(Decoder(_model(), _model().new_cache(300)))
+    model = _model(2)
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind=kind)
+    out, most = _tokens(Decoder(model, model.new_cache(300), heads, load_tree(tree_name)))
+    assert out == plain and most > 1
 
 
 CUDA = ["cuda"] if torch.cuda.is_available() else []
@@ -270,3 +282,107 @@ def test_the_probe_command_loads_streams_and_prints_json(tiny_model_folder, caps
           "--sizes", "1,2", "--repeats", "1"])
     out = json.loads(capsys.readouterr().out)
     assert out["resident_layers"] == 1 and out["streamed_layers"] == LAYERS - 1 and out["bandwidth_gb_s"] is None
+
+
+TINY_SHAPE = ModelShape(VOCAB * 4, 64, 128, LAYERS, 4, 2, 16, False, name="tiny", max_context=512)
+
+
+def test_a_random_model_built_streamed_equals_the_one_built_resident():
+    """plan --verify's random weights for a streamed plan: each streamed layer is made and
+    packed at once, from the same random stream, so the model computes the same."""
+    from specmemo_core.planning.plan_check import random_model
+
+    torch.set_num_threads(1)
+    whole = random_model(TINY_SHAPE, "fp32", "cpu")
+    streamed = random_model(TINY_SHAPE, "fp32", "cpu", resident_layers=2)
+    assert whole.streamed is None and len(streamed.model.layers) == 2 and len(streamed.streamed.shells) == 3
+    plain, _ = _tokens(Decoder(whole, whole.new_cache(300)), n=30)
+    assert _tokens(Decoder(streamed, streamed.new_cache(300)), n=30)[0] == plain
+
+
+def test_verify_runs_a_streamed_plan_and_measures_its_staging_slots():
+    from specmemo_core.cli.plan import _stream_check
+    from specmemo_core.planning.plan_check import random_model, verify
+    from specmemo_core.planning.planner import Plan
+
+    model = random_model(TINY_SHAPE, "fp32", "cpu", resident_layers=1)
+    plan = Plan(True, "cpu", "fp32", 0, None, 1, 200, 4, {"weights": 1, "overhead": 1}, 2**40,
+                resident_layers=1, streamed_layers=LAYERS - 1, pinned_host_bytes=model.streamed.pinned_bytes)
+    check = verify(plan, model, None, None, prompt_tokens=10, reply_tokens=6, turns=3)
+    assert check.turns_run == 3 and check.measured_terms["staging"] == model.streamed.staging_bytes
+    found = _stream_check(model, "fp32")
+    assert found["streamed_layers"] == LAYERS - 1 and found["link_fraction"] is None  # no link on CPU
+    assert found["tree64_vs_plain_step"] > 0 and set(found["step_s"]) == {1, 64}
+
+
+def test_a_plan_before_loading_sees_the_loaded_engines_shapes(tiny_model_folder):
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import inputs_before_load, plan_inputs
+    from specmemo_core.storage.sources import load_model
+
+    device = cpu_device()
+    before = inputs_before_load(load_model(tiny_model_folder), "random", device, link=None)
+    engine = Engine.load(str(tiny_model_folder), heads="random")
+    after = plan_inputs(engine, device, None)
+    assert before.model == after.model and before.heads == after.heads and before.trees == after.trees
+
+
+def test_a_plan_that_moves_layers_needs_the_model_loaded_again(tiny_model_folder):
+    from dataclasses import replace
+
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import PlanChoices, PlannedEngine, apply_plan, make_plan, plan_inputs
+
+    engine = Engine.load(str(tiny_model_folder), heads="none", resident_layers=2)
+    inputs = plan_inputs(engine, cpu_device(), None)
+    resident = make_plan(inputs, PlanChoices(turns=2))  # a CPU plan: every layer resident
+    planned = PlannedEngine(engine, cpu_device(), inputs, resident, PlanChoices(turns=2))
+    with pytest.raises(OffloadError, match="load the model again"):
+        apply_plan(planned, resident)
+    applied = apply_plan(planned, replace(resident, resident_layers=2, streamed_layers=3))
+    assert applied.engine.model is engine.model  # the same weights: no reload
+
+
+def test_load_planned_streams_a_model_larger_than_the_gpu_as_planned_before_loading(tiny_model_folder, tmp_path,
+                                                                                    monkeypatch):
+    """The app's and chat's path on a GPU, played on the CPU: a made-up 'cuda' device whose
+    memory holds half the layers. The weights are read into host memory and planned first;
+    the engine loads with the plan's resident layers and precision, and the plan made after
+    loading (with the timing) keeps them; a device too small is refused before loading."""
+    from dataclasses import replace
+
+    from specmemo_core.planning import host
+    from specmemo_core.planning.device import DeviceInfo
+    from specmemo_core.planning.entry import (PlanChoices, PlanDoesNotFitError, inputs_before_load, load_planned,
+                                              resident_layers_of)
+    from specmemo_core.planning.offload import HostLink
+    from specmemo_core.storage.sources import load_model
+    from specmemo_core.tools.bench_offload import half_layers_cap
+
+    big = DeviceInfo("cuda", 0, "Fake GPU", 2**40, 2**40, "", "cpu")  # runs on the CPU, plans as a GPU
+    host.store_bandwidth(tmp_path, big.name, 25e9)  # the start-up reading, cached: nothing to measure here
+    monkeypatch.setattr(host, "free_host_ram", lambda: 64 * 2**30)
+    choices = PlanChoices(turns=2, reply_tokens=32, prompt_tokens=32)
+    before = inputs_before_load(load_model(tiny_model_folder), "random", big, link=HostLink(64 * 2**30, 25e9))
+    cap = half_layers_cap(before, choices, step=4096)  # a tiny model: layers of ~50 KB
+    planned = load_planned(tiny_model_folder, heads="random", choices=choices,
+                           device=replace(big, total_bytes=cap, free_bytes=cap), data_folder=tmp_path,
+                           wait_for_timing=False)
+    assert planned.plan.streamed_layers > 0 and planned.plan.precision == planned.engine.precision == "bf16"
+    assert resident_layers_of(planned.engine) == planned.plan.resident_layers <= LAYERS // 2
+    session = planned.new_session()
+    assert "".join(p.text for p in session.send("Hello, how are you?", GenerationConfig(max_new_tokens=12)))
+
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: pytest.fail("a refused plan must not load"))
+    with pytest.raises(PlanDoesNotFitError, match="smaller model"):
+        load_planned(tiny_model_folder, heads="random", choices=choices,
+                     device=replace(big, total_bytes=2**20, free_bytes=2**20), data_folder=tmp_path)
+
+
+def test_a_streamed_engine_is_timed_apart_for_its_resident_layers(tiny_model_folder):
+    """Its steps wait on the link: a timing cached for the resident model must not price them."""
+    from specmemo_core.planning.timing import engine_timing_key
+
+    whole = Engine.load(str(tiny_model_folder), heads="none")
+    streamed = Engine.load(str(tiny_model_folder), heads="none", resident_layers=2)
+    assert engine_timing_key(streamed, "GPU", "bf16") == engine_timing_key(whole, "GPU", "bf16") + "|resident-2"

@@ -2,8 +2,10 @@
 
 import pytest
 
+from specmemo_core.errors import SpecMemoError
+
 from specmemo_core.planning.memory import PLAIN, HeadsShape, known_shape
-from specmemo_core.planning.offload import HostLink, choose_offload, layer_bytes, resident_layers_that_fit
+from specmemo_core.planning.offload import HostLink, KvRange, choose_offload, layer_bytes, resident_layers_that_fit
 from specmemo_core.planning.planner import Budget, PlanRequest, TreeOption, linear_step_time, memory_terms, plan
 
 GIB = 2**30
@@ -15,6 +17,7 @@ TREES = [TreeOption(f"t{n}", n, min(n - 1, 4), accepted) for n, accepted in
          ((4, 1.6), (8, 1.9), (16, 2.1), (32, 2.25), (64, 2.35))]
 HEADS = HeadsShape("medusa", 5, 1)
 ROOMY_RAM = HostLink(free_ram_bytes=64 * GIB, bandwidth=25e9)
+KV_1024 = KvRange(1024, 1024)
 
 
 def _gpu(gib):
@@ -93,20 +96,20 @@ def test_when_the_link_dominates_a_bigger_tree_is_chosen():
 
 def test_step_time_per_tree_is_the_larger_of_transfer_and_compute():
     compute = linear_step_time(0.004, 0.030, 64)
-    terms_for = lambda tree: memory_terms(VICUNA_7B, HEADS, precision="bf16", kind="cuda", kv_tokens=1024, tree=tree)
+    terms_for = lambda tree, kv: memory_terms(VICUNA_7B, HEADS, precision="bf16", kind="cuda", kv_tokens=kv, tree=tree)
     fast_link = HostLink(free_ram_bytes=64 * GIB, bandwidth=1e15)  # transfer ≈ 0: the compute decides
     choice = choose_offload(VICUNA_7B, "bf16", usable_bytes=8 * GIB, link=fast_link, terms_for=terms_for,
-                            compute=compute, trees=TREES)
+                            compute=compute, trees=TREES, kv=KV_1024)
     assert choice.step_s["plain"] == pytest.approx(compute(1, 0), rel=1e-3)
     assert choice.step_s["t64"] == pytest.approx(compute(64, 4), rel=1e-3)
     assert choice.tree.nodes < 64
     slow = choose_offload(VICUNA_7B, "bf16", usable_bytes=8 * GIB, link=ROOMY_RAM, terms_for=terms_for,
-                          compute=compute, trees=TREES)
+                          compute=compute, trees=TREES, kv=KV_1024)
     transfer = slow.layout.pinned_bytes / ROOMY_RAM.bandwidth
     assert all(s == pytest.approx(transfer) for s in slow.step_s.values())  # the link bounds every tree
     assert slow.tree.nodes == 64
     assert choose_offload(VICUNA_7B, "bf16", usable_bytes=8 * GIB, link=HostLink(GIB, 25e9), terms_for=terms_for,
-                          compute=compute, trees=TREES) is None  # 1 GiB of RAM holds too few layers
+                          compute=compute, trees=TREES, kv=KV_1024) is None  # 1 GiB of RAM holds too few layers
 
 
 def test_offload_is_never_planned_on_cpu_or_without_a_link():
@@ -124,7 +127,7 @@ def test_specmemo_plan_streams_layers_into_the_ram_it_is_given(capsys):
     from specmemo_core.cli.main import main
 
     args = ["plan", "--model", "shape:vicuna-7b", "--vram", "8GB", "--precision", "bf16", "--turns", "4"]
-    assert main(args + ["--json"]) == 3  # without --ram: refused, as before
+    assert main(args + ["--ram", "0", "--json"]) == 3  # no RAM to stream into: refused
     assert main(args + ["--ram", "64GB", "--link-gbps", "25", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["fits"] and out["resident_layers"] + out["streamed_layers"] == 32
@@ -132,3 +135,78 @@ def test_specmemo_plan_streams_layers_into_the_ram_it_is_given(capsys):
     assert main(args + ["--ram", "64GB"]) == 0
     text = capsys.readouterr().out
     assert f"{out['resident_layers']} on the device, {out['streamed_layers']} streamed from host RAM" in text
+
+
+def test_the_turns_speed_trade_gives_kv_cache_for_resident_layers():
+    """llama-3-8b (8192-token context) at bf16 on 8 GiB: more turns, or the slider toward
+    turns, keep fewer layers on the GPU and a longer KV cache; speed keeps the most layers."""
+    llama = known_shape("llama-3-8b")
+    at = lambda **kw: plan(_gpu(8), llama, None, PlanRequest(precision="bf16", **kw), TREES, link=ROOMY_RAM)
+    speed, balanced, turns = at(turns=4, prefer=1.0), at(turns=4, prefer=0.5), at(turns=4, prefer=0.0)
+    assert speed.resident_layers > balanced.resident_layers > turns.resident_layers >= 0
+    assert speed.kv_tokens < balanced.kv_tokens < turns.kv_tokens == llama.max_context
+    assert speed.turns >= 4 and speed.kv_tokens >= 40 + 4 * 468
+    fewer, more = at(turns=2, prefer=1.0), at(turns=12, prefer=1.0)
+    assert fewer.resident_layers > more.resident_layers and fewer.kv_tokens < more.kv_tokens
+    for p in (speed, balanced, turns, more):  # the KV cache takes what the layers leave
+        assert p.total_bytes <= p.budget_bytes and p.total_bytes + LAYER_7B_BF16 // 2 > p.budget_bytes \
+            or p.kv_tokens == llama.max_context
+
+
+@pytest.mark.parametrize("prefer", [0.0, 0.5])
+def test_more_gpu_memory_never_gives_fewer_resident_layers_at_any_preference(prefer):
+    llama, last = known_shape("llama-3-8b"), -1
+    for quarter in range(12, 72):  # 3 … 18 GiB
+        p = plan(_gpu(quarter / 4), llama, HEADS, PlanRequest(turns=4, precision="bf16", prefer=prefer), TREES,
+                 link=ROOMY_RAM)
+        resident = 32 if p.fits and p.resident_layers is None else (p.resident_layers if p.fits else -1)
+        assert resident >= last, f"{quarter / 4} GiB gave {resident} resident layers after {last}"
+        last = resident
+
+
+def test_streaming_never_pins_more_than_the_free_ram_whatever_the_preference():
+    llama = known_shape("llama-3-8b")
+    tight = HostLink(free_ram_bytes=12 * GIB, bandwidth=25e9, ram_margin=0.0)
+    p = plan(_gpu(8), llama, None, PlanRequest(turns=4, precision="bf16", prefer=0.0), TREES, link=tight)
+    assert p.fits and p.pinned_host_bytes <= 12 * GIB
+
+
+def test_the_refusal_is_a_typed_error_that_names_what_would_fit():
+    from specmemo_core.planning.entry import PlanDoesNotFitError
+
+    thirteen = known_shape("vicuna-13b")
+    small_ram = HostLink(free_ram_bytes=8 * GIB, bandwidth=25e9, ram_margin=0.0)
+    for gpu, link in ((6, small_ram), (0.5, ROOMY_RAM)):  # RAM too small; GPU too small for even 0 layers
+        refused = plan(_gpu(gpu), thirteen, None, PlanRequest(turns=4, precision="bf16"), TREES, link=link)
+        error = PlanDoesNotFitError(refused)
+        assert isinstance(error, SpecMemoError)
+        text = str(error)
+        assert "lower precision" in text and "fewer turns" in text and "smaller model" in text
+
+
+def test_plan_for_a_model_larger_than_the_gpu_from_its_shape_alone(monkeypatch, capsys):
+    """shape:NAME plans read no weights and place nothing: vicuna-13b int8 under 12 GB and
+    llama-3-8b bf16 under 8 GB stream layers; --ram auto reads the free RAM now."""
+    import json
+
+    from specmemo_core.cli.main import main
+    from specmemo_core.planning import host
+    from specmemo_core.runtime import engine
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a shape plan must not load weights")
+
+    monkeypatch.setattr(engine.Engine, "load", no_loading)
+    monkeypatch.setattr("specmemo_core.storage.sources.load_model", no_loading)
+    monkeypatch.setattr(host, "free_host_ram", lambda: 64 * GIB)
+    for model, dtype, vram, layers in (("vicuna-13b", "int8", "12", 40), ("llama-3-8b", "bf16", "8", 32)):
+        args = ["plan", "--model", f"shape:{model}", "--dtype", dtype, "--vram", vram, "--device", "cuda",
+                "--reply-tokens", "16", "--json"]
+        assert main(args) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["fits"] and out["precision"] == dtype and 0 < out["resident_layers"] < layers
+        assert out["resident_layers"] + out["streamed_layers"] == layers and out["pinned_host_bytes"] > 0
+        assert any(f"taken as {host.ASSUMED_GB_S:g} GB/s" in n for n in out["notes"])
+    monkeypatch.setattr(host, "free_host_ram", lambda: GIB)  # the RAM free now is too little
+    assert main(["plan", "--model", "shape:llama-3-8b", "--dtype", "bf16", "--vram", "8", "--device", "cuda"]) == 3
+    assert "pinned RAM" in capsys.readouterr().out

@@ -128,8 +128,10 @@ def test_plan_command_for_a_known_shape():
     result = json.loads(ok.stdout)
     assert result["fits"] and result["precision"] in ("int8", "int4")
     assert sum(result["predicted_bytes"].values()) <= result["budget_bytes"]
-    refused = _cli("--model", "shape:vicuna-7b", "--vram", "3GB")
+    refused = _cli("--model", "shape:vicuna-7b", "--vram", "3GB", "--ram", "0")  # no RAM to stream layers into
     assert refused.returncode == 3 and "does not fit" in refused.stdout and "smaller model" in refused.stdout
+    streamed = _cli("--model", "shape:vicuna-7b", "--vram", "3GB", "--ram", "64", "--json")
+    assert streamed.returncode == 0 and json.loads(streamed.stdout)["streamed_layers"] > 0
     bad = _cli("--vram", "banana")
     assert bad.returncode == 2 and "could not read size 'banana'" in bad.stderr
 

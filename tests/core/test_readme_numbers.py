@@ -16,3 +16,68 @@ def test_start_up_times_in_the_readme_are_the_measured_ones():
         figure = f"**{s['median_s']:.1f} s** median ({s['min_s']:.1f}–{s['max_s']:.1f})" if start == "first_start" \
             else f"**{s['median_s']:.1f} s** ({s['min_s']:.1f}–{s['max_s']:.1f})"
         assert figure in readme, f"README's {start} figure is not {figure}"
+
+
+OFFLOAD_SECTION = "## Models larger than the GPU"
+OFFLOAD_METHODS = ("accelerate-offload", "stream-plain", "stream-tree", "stream-random-heads")
+OFFLOAD_VERIFIES = ("vicuna-7b-bf16-8gb", "vicuna-13b-int8-12gb", "llama-3-8b-bf16-8gb")
+
+
+def _offload_rows(results: dict | None) -> list[str]:
+    """The rows README's offload tables must hold: the measured figures of
+    docs/results/offload_h200.json, or "pending GPU run" until the GPU script has run."""
+    gib = 2**30
+    bench, verify = (results["bench"], results["verify"]) if results else (None, {})
+    rows = []
+    for name in OFFLOAD_METHODS:
+        if bench is None or name not in bench:
+            rows.append(f"| `{name}` | pending GPU run | | |")
+            continue
+        s = bench[name]["tokens_per_s"]
+        vs = s["median"] / bench["accelerate-offload"]["tokens_per_s"]["median"]
+        rows.append(f"| `{name}` | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | "
+                    f"{bench[name]['mean_accepted']:.2f} | {vs:.2f}× |")
+    for name in OFFLOAD_VERIFIES:
+        v = verify.get(name)
+        if v is None:
+            rows.append(f"| {name} | pending GPU run | | | | |")
+            continue
+        c = v["stream_check"]
+        link = f"{c['link_fraction']:.0%}" if c["link_fraction"] is not None else "n/a"
+        rows.append(f"| {name} | {v['resident_layers']} / {v['streamed_layers']} | {v['pinned_host_bytes'] / gib:.2f} | "
+                    f"{v['predicted_bytes_total'] / gib:.2f} / {v['measured_peak_bytes'] / gib:.2f} | "
+                    f"{c['tree64_vs_plain_step']:.2f}× | {link} |")
+    return rows
+
+
+def test_the_offload_tables_hold_the_measured_figures_or_say_they_are_pending():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split(OFFLOAD_SECTION + "\n", 1)[1].split("\n## ", 1)[0]
+    path = REPO / "docs/results/offload_h200.json"
+    results = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    lines = section.splitlines()
+    for row in _offload_rows(results):
+        assert row in lines, f"README's offload table lacks the row {row!r}"
+    assert "bash docs/results/offload_gpu.sh call1" in section and "collect_offload_results.py" in section
+    assert (REPO / "docs/results/offload_gpu.sh").exists()
+
+
+def test_the_collect_script_writes_the_rows_the_readme_test_expects(tmp_path):
+    """The GPU script's files → offload_h200.json → README rows, on made-up figures."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("collect", REPO / "scripts/collect_offload_results.py")
+    collect = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect)
+    speeds = {"accelerate-offload": 10.0, "stream-plain": 20.0, "stream-tree": 41.0, "stream-random-heads": 19.5}
+    bench = {m: {"tokens_per_s": {"median": v, "min": v - 1, "max": v + 1}, "mean_accepted": 2.0 if "tree" in m
+                 else 1.0} for m, v in speeds.items()}
+    (tmp_path / "bench_offload.json").write_text(json.dumps(bench), encoding="utf-8")
+    verify = {"resident_layers": 9, "streamed_layers": 23, "pinned_host_bytes": 9 * 2**30,
+              "predicted_bytes_total": 6 * 2**30, "measured_peak_bytes": 5 * 2**30,
+              "stream_check": {"tree64_vs_plain_step": 1.04, "link_fraction": 0.83}}
+    (tmp_path / "verify_vicuna-7b-bf16-8gb.json").write_text("noise\n" + json.dumps(verify), encoding="utf-8")
+    results = collect.collect([tmp_path])
+    assert collect.rows(results) == _offload_rows(results) and collect.rows(None) == _offload_rows(None)
+    assert "| `stream-tree` | 41.0 (40.0–42.0) | 2.00 | 4.10× |" in collect.rows(results)
+    assert "| vicuna-7b-bf16-8gb | 9 / 23 | 9.00 | 6.00 / 5.00 | 1.04× | 83% |" in collect.rows(results)

@@ -40,13 +40,11 @@ def loaded():
 
 
 def test_forward_matches_transformers_on_the_default_model(loaded):
-    from transformers import AutoModelForCausalLM
+    from specmemo_core.tools.train.pipeline import hf_model_from
 
     src, ours, _ = loaded
-    hf = AutoModelForCausalLM.from_config(src.config, dtype=torch.float32).eval()
-    hf.load_state_dict(src.state_dict, strict=False)
-    hf.tie_weights()
-    ids = src.tokenizer("Speculative decoding keeps the output exact.", return_tensors="pt").input_ids
+    hf = hf_model_from(src, "cpu", torch.float32)
+    ids = torch.tensor([src.tokenizer("Speculative decoding keeps the output exact.").input_ids])
     with torch.no_grad():
         ref = hf(ids).logits[0]
     got = ours.logits(ours(ids[0], torch.arange(ids.shape[1]), causal_mask(0, ids.shape[1]), ours.new_cache(64)))

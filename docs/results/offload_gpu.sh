@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 19 (models larger than the GPU) on one H200, in two device calls of under 9 minutes:
+#
+#   call1  specmemo bench's offload methods on the default model, in one process, with the
+#          GPU capped so that at most half its decoder layers fit (--cap-gib half):
+#          20 MT-Bench queries, 128 new tokens, 3 timed rounds (saved after each round).
+#          Estimated 7-9 min (eager steps of a 135M model: accelerate ~70 s a pass, ours
+#          25-55 s a pass; 3 rounds of 4 methods). A run cut by the timeout keeps its
+#          finished rounds (bench_offload.json's _run.rounds_done).
+#   call2  specmemo plan --verify for three plans that stream layers (random weights of the
+#          real shapes), 20 turns of 16 reply tokens each, then the layer-streaming probe.
+#          Estimated 5 min (~350 streamed forwards per plan at 0.13-0.24 s each at ~50 GB/s,
+#          plus building the random weights); the timeouts add up to 8.5 min.
+#
+# Run from the repository root with $OUT set:  bash docs/results/offload_gpu.sh call1
+# then:                                        bash docs/results/offload_gpu.sh call2
+# and here, with both calls' files:  python3 scripts/collect_offload_results.py OUT1 OUT2 --readme
+set -x
+source .gpu/setup.sh
+export PYTHONPATH=/tmp/site:.
+# accelerate (the baseline) and psutil (free RAM) are dependencies; wheels in .whl/ if the box lacks them
+python3 -c "import accelerate, psutil" 2>/dev/null || python3 -m pip install -q --no-index --no-deps \
+  --target /tmp/site .whl/accelerate-*.whl .whl/psutil-*.whl
+GGUF=/tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -s "$GGUF" ] && [ -f .gguf1/part_aa ]; then cat .gguf1/part_aa .gguf2/part_ab > "$GGUF"; fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu_$1.txt"
+free -g >> "$OUT/gpu_$1.txt"
+python3 -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> "$OUT/gpu_$1.txt"
+
+case "$1" in
+call1)
+  timeout 530 python3 -m specmemo_core.cli bench --device cuda --dtype bf16 \
+    --methods accelerate-offload,stream-plain,stream-tree,stream-random-heads --cap-gib half \
+    --queries 20 --max-new-tokens 128 --repeats 3 --warmup 0 --json --save "$OUT/bench_offload.json" \
+    > "$OUT/bench_offload_stdout.json" 2> "$OUT/bench_offload.err"
+  echo "bench rc=$?"; tail -c 1500 "$OUT/bench_offload.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['_offload'], indent=1)); print(d['_run']['rounds_done'])" "$OUT/bench_offload.json"
+  ;;
+call2)
+  verify() {  # name timeout_s plan-args...
+    local name=$1 limit=$2; shift 2
+    timeout "$limit" python3 -m specmemo_core.cli plan --device cuda --turns 20 --reply-tokens 16 --prefer speed \
+      --verify --json "$@" > "$OUT/verify_$name.json" 2> "$OUT/verify_$name.err"
+    echo "$name rc=$?"; tail -c 800 "$OUT/verify_$name.json"; tail -3 "$OUT/verify_$name.err"
+  }
+  verify vicuna-7b-bf16-8gb 130 --model shape:vicuna-7b --dtype bf16 --vram 8
+  verify vicuna-13b-int8-12gb 150 --model shape:vicuna-13b --dtype int8 --vram 12
+  verify llama-3-8b-bf16-8gb 170 --model shape:llama-3-8b --dtype bf16 --vram 8
+  timeout 60 python3 -m specmemo_core.tools.offload_probe --model default --dtype bf16 --resident 15 \
+    --sizes 1,16,64 --repeats 5 > "$OUT/probe_default_r15.json" 2> "$OUT/probe.err"
+  echo "probe rc=$?"; cat "$OUT/probe_default_r15.json"
+  ;;
+*)
+  echo "usage: bash docs/results/offload_gpu.sh call1|call2"; exit 2 ;;
+esac
