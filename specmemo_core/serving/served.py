@@ -26,6 +26,7 @@ class Defaults:
 
     max_tokens: int = 256
     temperature: float = 0.0
+    system_prompt: str | None = None  # for chat requests that bring no system message
 
 
 @dataclass
@@ -57,6 +58,8 @@ class ServedModel:
         self.check_model(request.model)
         self._check_length(sum(len(m["content"]) for m in request.messages))
         messages = [{"role": m["role"], "content": encodable(m["content"])} for m in request.messages]
+        if self.defaults.system_prompt and all(m["role"] != "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.defaults.system_prompt})
         return self._job(encode_conversation(self.tokenizer, messages), request.sampling)
 
     def completion_job(self, request: CompletionRequest) -> Job:
