@@ -120,11 +120,13 @@ class Scheduler:
         self._waiting: deque[Ticket] = deque()
         self._active: dict[int, Ticket] = {}  # touched by the decoding thread only
         self._stopping = False
+        self._free = 0  # the decoder's free slots, as of its thread's last change
         self._thread: threading.Thread | None = None
 
     # -- any thread --------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            self._free = self.decoder.free_slots
             self._thread = threading.Thread(target=self._run, name="specmemo-serve-decoder", daemon=True)
             self._thread.start()
 
@@ -145,9 +147,10 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise SpecMemoError("the server is stopping")
-            if len(self._waiting) >= self.limits.max_waiting:
+            waiting = sum(not t.cancelled.is_set() for t in self._waiting)
+            if waiting >= self.limits.max_waiting + self._free:
                 raise ServerBusyError(
-                    f"the server is busy: every decoding slot is in use and {len(self._waiting)} requests are "
+                    f"the server is busy: every decoding slot is in use and {waiting} requests are "
                     "waiting; try again shortly", code="server_busy")
             self._waiting.append(ticket)
             self._cond.notify_all()
@@ -197,7 +200,7 @@ class Scheduler:
         while self.decoder.free_slots > 0:
             with self._cond:
                 if not self._waiting:
-                    return
+                    break
                 ticket = self._waiting.popleft()
             ticket.started = time.perf_counter()
             config = ticket.job.config
@@ -209,6 +212,11 @@ class Scheduler:
                                           SpecMemoError(f"the decoder refused the request ({exc})")))
                 continue
             self._active[ticket.seq_id] = ticket
+        self._count_free()
+
+    def _count_free(self) -> None:
+        with self._cond:
+            self._free = self.decoder.free_slots
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -257,8 +265,10 @@ class Scheduler:
         self._send(ticket, Finished(reason, usage, ticket.stats, ticket.started - ticket.submitted))
 
     def _end(self, ticket: Ticket) -> None:
-        self._active.pop(ticket.seq_id, None)
-        self.decoder.remove(ticket.seq_id)
+        """Free the slot of an active sequence (a waiting one holds none)."""
+        if self._active.pop(ticket.seq_id, None) is not None:
+            self.decoder.remove(ticket.seq_id)
+            self._count_free()
 
     def _fail_all(self, error: SpecMemoError) -> None:
         with self._cond:
