@@ -343,14 +343,19 @@ class MainWindow(QMainWindow):
     def apply_runtime(self, runtime: Runtime) -> None:
         runtime = replace(runtime, settings=runtime.settings.with_(theme=self.settings.theme))
         self.runtime, self.settings = runtime, runtime.settings
-        self.chat.configure(runtime.backend, runtime.capacity, runtime.speculative)
+        self.chat.configure(self.serving.backend_for(runtime, runtime.settings), runtime.capacity,
+                            runtime.speculative)
         self.status.show_runtime(runtime)
         self.chip.setText(chip_text(runtime))
         self._save_settings(runtime.settings)
         self.serving.update(runtime, runtime.settings)  # starts, restarts or stops off the GUI thread
 
     def _on_serving(self, url: str) -> None:
+        """The server started or stopped: the chat decodes through it, or on its own again."""
         self.status.show_serving(url)
+        if self.runtime is not None:
+            self.chat.configure(self.serving.backend_for(self.runtime, self.settings), self.runtime.capacity,
+                                self.runtime.speculative)
         if url:
             self.say(f"Serving {self.runtime.backend.name if self.runtime else 'the model'} on {url} "
                      "(OpenAI API, this computer only).", "success")

@@ -1,28 +1,30 @@
 """"Serve on localhost": the window's loaded model through the OpenAI API on 127.0.0.1.
 
-The server shares the engine the window already loaded (weights, heads, the plan's tree):
-nothing is loaded twice. Its requests are decoded on the core scheduler's one thread
-(``specmemo_core.serving``), with a KV cache of the plan's size of its own, and its HTTP on
-uvicorn's thread; starting and stopping run on one background thread of this object's, so
-the GUI never waits on either. ``update`` is called whenever the runtime or the settings
-change; ``serving(url)`` and ``failed(message)`` say what happened.
+The server shares what the window already loaded: the engine (weights, heads, the plan's
+tree) is not loaded again, and while it serves, the window's own chat is decoded by the
+server's scheduler too (``ServedBackend``: ``serving.session.ScheduledSession``), so the
+chat and the served requests share one decoder, one KV cache of the plan's size and one
+decoding thread, taking turns in its queue. HTTP runs on uvicorn's thread; starting and
+stopping run on one background thread of this object's, so the GUI never waits on
+either. ``update`` is called whenever the runtime or the settings change;
+``serving(url)`` and ``failed(message)`` say what happened.
 
-NOTE: a reply in the window and a served request decode at the same time on separate
-threads over the same weights (each with its own KV cache), so each runs slower while the
-other does; routing the window's chat through the same scheduler is the next step once
-``runtime.batch.BatchDecoder`` serves several sequences at once.
+NOTE: with the interim single-sequence decoder a long served request holds the window's
+reply in the queue until it ends (and the other way round); ``runtime.batch.BatchDecoder``
+will decode them side by side.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
 from specmemo_core.errors import SpecMemoError
 
-from .runtime import EngineBackend, Runtime
+from .runtime import ChatBackend, EngineBackend, Messages, Runtime, Session
 from .settings import ChatSettings
 
 
@@ -35,6 +37,33 @@ def served_key(runtime: Runtime | None, settings: ChatSettings) -> tuple | None:
             settings.serve_port, settings.max_reply_tokens, settings.temperature, settings.system_prompt)
 
 
+@dataclass(frozen=True)
+class ServedBackend:
+    """The window's backend while it serves: its sessions are decoded by the server's scheduler."""
+
+    backend: EngineBackend
+    served: Any  # specmemo_core.serving.served.ServedModel
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def new_session(self, capacity: int, system_prompt: str | None, speculate: bool) -> Session:
+        """``capacity`` and ``speculate`` are the server's already (its key holds the runtime's)."""
+        from specmemo_core.serving.session import ScheduledSession
+
+        return ScheduledSession(self.served, system_prompt or None)
+
+    def count_tokens(self, messages: Messages) -> int:
+        return self.backend.count_tokens(messages)
+
+    def fewest_tokens(self, text: str) -> int:
+        return self.backend.fewest_tokens(text)
+
+    def with_tree(self, tree: str | None) -> EngineBackend:
+        return self.backend.with_tree(tree)
+
+
 class LocalServing(QObject):
     """At most one local server, matching the window's runtime and settings."""
 
@@ -45,8 +74,17 @@ class LocalServing(QObject):
         super().__init__(parent)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specmemo-serve-switch")
         self._key: tuple | None = None  # what the last update asked for
-        self._server: Any = None  # specmemo_core.serving.server.LocalServer; touched on the pool's thread only
+        self._server: Any = None  # specmemo_core.serving.server.LocalServer; set on the pool's thread only
+        self._running: tuple[Any, tuple | None] = (None, None)  # the server and its key, swapped at once
         self.url = ""
+
+    def backend_for(self, runtime: Runtime, settings: ChatSettings) -> ChatBackend:
+        """What the window's chat should decode with: the server's scheduler while a server of
+        this very runtime and settings is up, else the runtime's own backend."""
+        server, key = self._running
+        if server is not None and key is not None and key == served_key(runtime, settings):
+            return ServedBackend(runtime.backend, server.served)
+        return runtime.backend
 
     def update(self, runtime: Runtime | None, settings: ChatSettings) -> None:
         """Start, stop or restart the server to match; returns at once."""
@@ -60,6 +98,7 @@ class LocalServing(QObject):
         """On the pool's thread: the old server stops, then the new one starts (unless a later
         update already asked for something else)."""
         if self._server is not None:
+            self._running = (None, None)
             self._server.stop()
             self._server = None
             self.url = ""
@@ -77,6 +116,7 @@ class LocalServing(QObject):
         except (SpecMemoError, MemoryError) as exc:
             self.failed.emit(f"Could not serve on localhost: {exc}")
             return
+        self._running = (self._server, key)
         self.url = self._server.url
         self.serving.emit(self.url)
 

@@ -143,8 +143,9 @@ class Routes:
             while True:
                 event = await inbox.next()
                 if isinstance(event, Delta):
-                    text.append(event.text)
-                    yield _sse(_with_usage(fmt.chunk_json(header, event.text), include_usage))
+                    if event.text:
+                        text.append(event.text)
+                        yield _sse(_with_usage(fmt.chunk_json(header, event.text), include_usage))
                     continue
                 if isinstance(event, Finished):
                     self._log_end(ticket, event, "".join(text))

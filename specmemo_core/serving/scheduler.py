@@ -23,7 +23,7 @@ from typing import Any, Callable, Union
 import torch
 
 from specmemo_core.errors import OutOfMemoryError, RequestError, ServerBusyError, SpecMemoError
-from specmemo_core.runtime.chat import TextStream
+from specmemo_core.runtime.chat import FLUSH, TextStream
 from specmemo_core.runtime.decoding import GenerationConfig, ReplyStats, Step
 from specmemo_core.serving.slots import SlotDecoder
 
@@ -63,9 +63,11 @@ class Usage:
 
 @dataclass(frozen=True)
 class Delta:
-    """Text of the reply that became final."""
+    """One step of the reply: its tokens (``step``; none in the last, held-back tail) and the
+    text that became final with them (may be empty: a character or a stop string incomplete)."""
 
     text: str
+    step: Step
 
 
 @dataclass(frozen=True)
@@ -248,15 +250,14 @@ class Scheduler:
         first = ticket.stats.steps == 0 and ticket.stats.prefill_s == 0.0
         step = Step(tuple(tokens), len(tokens), dt, 0, prefill=first)
         ticket.stats.add(step, text, max(time.perf_counter() - ticket.started, 1e-9))
-        if text:
-            self._send(ticket, Delta(text))
+        self._send(ticket, Delta(text, step))
         if ticket.stream.stopped:
             self._finish(ticket, "stop")
         elif ticket.stats.tokens >= budget or self.decoder.finished(ticket.seq_id):
             tail = ticket.stream.push((), final=True)
             if tail:
                 ticket.stats.text += tail
-                self._send(ticket, Delta(tail))
+                self._send(ticket, Delta(tail, FLUSH))
             self._finish(ticket, "length" if ticket.stats.tokens >= budget else "stop")
 
     def _finish(self, ticket: Ticket, reason: str) -> None:

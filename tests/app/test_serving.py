@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from app.runtime import EngineBackend, Runtime
+from app.serving import ServedBackend
 from app.settings import ChatSettings
 from app.settings_panel import SettingsDialog
 from specmemo_core.planning.device import cpu_device
@@ -76,6 +77,16 @@ def test_the_window_serves_its_loaded_engine_and_stops_when_switched_off(qtbot, 
     client = openai.OpenAI(base_url=url, api_key="any", max_retries=0, timeout=30)
     reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hello"}])
     assert reply.usage.completion_tokens <= 6  # the app's reply length is the served default
+
+    # the window's own chat now takes turns on the server's scheduler: one decoder, one KV cache
+    qtbot.waitUntil(lambda: isinstance(window.chat.worker._backend, ServedBackend), timeout=10_000)
+    submitted = next(served.scheduler._ids)
+    window.input.setPlainText("Hello")
+    window.send()
+    qtbot.waitUntil(lambda: not window.generating, timeout=30_000)
+    assert next(served.scheduler._ids) == submitted + 2  # the window's reply was one more request
+    assert window.history[-1][1] == "assistant"
+    assert window.history[-1][2] == reply.choices[0].message.content  # greedy: the same reply to "Hello"
 
     window.apply_settings(window.settings.with_(serve_on_localhost=False))
     qtbot.waitUntil(lambda: window.status.serving.isHidden(), timeout=30_000)

@@ -195,3 +195,42 @@ def test_chat_requests_read_as_openai_sends_them() -> None:
     assert parsed.sampling == fmt.Sampling(max_tokens=5, stop=("\n",), seed=3, stream=True, include_usage=True)
     assert fmt.read_completion({"prompt": ["once"]}).prompt == "once"
     assert fmt.read_completion({"prompt": [5, 6]}).prompt == (5, 6)
+
+
+def test_a_scheduled_session_answers_as_a_chat_session_does_turn_after_turn() -> None:
+    """The app's chat while it serves: same replies and messages as ChatSession over the same
+    model, a message too long for the context refused with the conversation unchanged, and a
+    cancelled reply kept as far as it got."""
+    from specmemo_core.errors import ContextFullError
+    from specmemo_core.runtime.chat import ChatSession
+    from specmemo_core.serving.served import ServedModel
+    from specmemo_core.serving.session import ScheduledSession
+
+    model = tiny_model(seed=5)
+    config = GenerationConfig(max_new_tokens=12)
+    chat = ChatSession(Decoder(model, model.new_cache(300), None, None), TOK, frozenset({1}), "be brief")
+    scheduler = Scheduler(InterimSingleSlotDecoder(Decoder(model, model.new_cache(300), None, None)), TOK,
+                          ServeLimits(context_tokens=300))
+    scheduler.start()
+    try:
+        session = ScheduledSession(ServedModel("tiny", TOK, scheduler, frozenset({1})), "be brief")
+        for text in ("Hello, how are you?", "The quick brown fox"):
+            expected = "".join(p.text for p in chat.send(text, config))
+            pieces = list(session.send(text, config))
+            assert "".join(p.text for p in pieces) == expected
+        assert session.messages == chat.messages
+        with pytest.raises(ContextFullError):
+            session.send("lazy dog " * 200, config)
+        assert session.messages == chat.messages
+        cancel = threading.Event()
+        reply = session.send("Memory budgets", GenerationConfig(max_new_tokens=150), cancel)
+        next(reply)
+        cancel.set()
+        list(reply)
+        assert session.messages[-1]["role"] == "assistant" and len(session.messages) == len(chat.messages) + 2
+        deadline = time.monotonic() + 10
+        while scheduler.decoder.free_slots == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scheduler.decoder.free_slots == 1  # the cancelled reply's sequence was removed
+    finally:
+        scheduler.stop()
