@@ -7,6 +7,7 @@ import logging
 import sys
 
 from specmemo_core.cli.common import add_model_args, generation_config
+from specmemo_core.errors import SpecMemoError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -35,8 +36,6 @@ def run(args: argparse.Namespace) -> int:
     generation_config(args)  # checked before the model loads
     address = ServerAddress(args.host, args.port)
     if args.max_queued < 0:
-        from specmemo_core.errors import SpecMemoError
-
         raise SpecMemoError(f"--max-queued must be 0 or more, got {args.max_queued}")
     if args.host not in LOOPBACK:
         print(f"warning: --host {args.host} lets other computers reach the model; anyone who can reach it can use "

@@ -100,14 +100,13 @@ class Ticket:
     submitted: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     stats: ReplyStats = field(default_factory=ReplyStats)
+    wake: Callable[[], None] = field(default=lambda: None, repr=False)  # the scheduler's: look again
     cancelled: threading.Event = field(default_factory=threading.Event)
-    _wake: Callable[[], None] | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
         """Safe from any thread: the sequence is removed before the next step."""
         self.cancelled.set()
-        if self._wake is not None:
-            self._wake()
+        self.wake()
 
 
 class Scheduler:
@@ -144,8 +143,8 @@ class Scheduler:
         """Queue ``job``; raises ``RequestError`` (400) when it cannot fit one sequence's KV
         budget, ``ServerBusyError`` (429) when the queue is full."""
         self.check_fits(len(job.prompt_ids), job.config.max_new_tokens)
-        ticket = Ticket(next(self._ids), job, deliver, TextStream(self.tokenizer, job.config.stop_strings))
-        ticket._wake = self._notify
+        ticket = Ticket(next(self._ids), job, deliver, TextStream(self.tokenizer, job.config.stop_strings),
+                        wake=self._notify)
         with self._cond:
             if self._stopping:
                 raise SpecMemoError("the server is stopping")

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from specmemo_core.errors import ServeError
 from specmemo_core.serving.api import ApiOptions, build_app
@@ -55,7 +56,7 @@ def _cannot_listen(address: ServerAddress) -> ServeError:
 
 
 def serve_blocking(served: ServedModel, address: ServerAddress, options: ApiOptions,
-                   on_ready=None) -> None:
+                   on_ready: Callable[[str], None] | None = None) -> None:
     """Serve until Ctrl-C (or SIGTERM). ``on_ready(url)`` is called once it listens."""
     server = _uvicorn_server(served, address, options)
     served.scheduler.start()
@@ -71,7 +72,7 @@ def serve_blocking(served: ServedModel, address: ServerAddress, options: ApiOpti
         raise _cannot_listen(address)
 
 
-def _announce(server, address: ServerAddress, on_ready) -> None:
+def _announce(server, address: ServerAddress, on_ready: Callable[[str], None] | None) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not server.started and not server.should_exit and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -189,6 +189,17 @@ def test_an_api_key_is_required_when_set_and_a_full_queue_gets_429(engine: Engin
         keyed.stop()
 
 
+def test_a_taken_port_or_a_bad_one_is_one_clear_error(server: LocalServer, engine: Engine, capsys) -> None:
+    from specmemo_core import cli
+    from specmemo_core.errors import ServeError
+
+    with pytest.raises(ServeError, match=f"cannot listen on 127.0.0.1:{server.port}"):
+        LocalServer(serve_engine(engine, capacity=64), ServerAddress(port=server.port)).start()
+    assert client_of(server).models.list().data  # the first server is unharmed
+    assert cli.main(["serve", "--port", "70000"]) == 2  # refused before any model loads
+    assert "--port must be from 0 to 65535" in capsys.readouterr().err
+
+
 def test_request_text_is_logged_only_when_asked(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="specmemo.serve")
     for log_text in (False, True):
