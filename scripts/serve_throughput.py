@@ -5,6 +5,8 @@ model planned as the command plans it (the planner's tree, greedy), or measures 
 running (``--base-url``). Each client is a thread with its own ``openai`` client sending its
 share of the prompts one after another; throughput = completion tokens of all replies /
 wall time from the first request to the last reply. One warm-up request is not counted.
+In-process, the same prompts are also decoded without the server (``direct``), back to back
+with the runs, so the server's own cost can be read under the same load.
 
     python scripts/serve_throughput.py --clients 1 4 --out docs/results/serve_throughput_cpu.json
 """
@@ -62,6 +64,23 @@ def measure(base_url: str, clients: int, requests: int, max_tokens: int) -> dict
             "mean_queued_s": round(statistics.mean(r["queued_s"] for r in results), 2)}
 
 
+def measure_direct(planned, capacity: int, requests: int, max_tokens: int) -> dict:
+    """The same prompts decoded without the server (a fresh chat session each, as ``generate``
+    does): what the server's own overhead is measured against, under the same load."""
+    from specmemo_core.cli.replies import stream_reply
+    from specmemo_core.runtime.decoding import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=max_tokens)
+    start = time.perf_counter()
+    stats = [stream_reply(planned.new_session(capacity=capacity), PROMPTS[i % len(PROMPTS)], config)
+             for i in range(requests)]
+    wall = time.perf_counter() - start
+    tokens = sum(s.tokens for s in stats)
+    return {"requests": requests, "completion_tokens": tokens, "wall_s": round(wall, 2),
+            "total_tokens_per_s": round(tokens / wall, 2),
+            "mean_accepted": round(statistics.mean(s.mean_accepted for s in stats), 3)}
+
+
 def start_server(threads: int):
     """The default model served as ``specmemo serve`` serves it, on a free port."""
     from specmemo_core.planning.device import cpu_device
@@ -76,7 +95,7 @@ def start_server(threads: int):
                            wait_for_timing=False)
     server = LocalServer(serve_engine(planned.engine, capacity=max(planned.plan.kv_tokens, 256)),
                          ServerAddress(port=0)).start()
-    return server, {"model": planned.engine.identity.name, "tree": planned.tree, "precision": planned.engine.precision,
+    return server, planned, {"model": planned.engine.identity.name, "tree": planned.tree, "precision": planned.engine.precision,
                     "torch_threads": used, "decoder": "InterimSingleSlotDecoder (B=1)"}
 
 
@@ -89,10 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-url", default=None, help="measure this running server instead of starting one")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    server, setup = (None, {"server": args.base_url}) if args.base_url else start_server(args.threads)
+    load_before = os.getloadavg()[0]
+    server, planned, setup = (None, None, {"server": args.base_url}) if args.base_url else start_server(args.threads)
     base_url = args.base_url or server.url
+    direct = None
     try:
         one_client(base_url, PROMPTS[:1], 8)  # warm-up: first-call allocations
+        if planned is not None:
+            direct = measure_direct(planned, server.served.context_tokens, args.requests, args.max_tokens)
+            print(json.dumps({"direct": direct}), file=sys.stderr)
         runs = []
         for clients in args.clients:
             runs.append(measure(base_url, clients, max(args.requests // clients, 1), args.max_tokens))
@@ -100,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-    report = {"setup": {**setup, "max_tokens": args.max_tokens, "temperature": 0}, "runs": runs,
+    report = {"setup": {**setup, "max_tokens": args.max_tokens, "temperature": 0}, "runs": runs, "direct": direct,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                          "load_average_1min_after": os.getloadavg()[0]}}
+                          "load_average_1min_before": load_before, "load_average_1min_after": os.getloadavg()[0]}}
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")

@@ -224,15 +224,15 @@ class Scheduler:
         try:
             emitted = self.decoder.step()
         except (torch.OutOfMemoryError, MemoryError) as exc:
-            self._fail_all(OutOfMemoryError(f"the device ran out of memory during the reply ({exc}); "
+            self._fail_active(OutOfMemoryError(f"the device ran out of memory during the reply ({exc}); "
                                             "ask for fewer tokens or restart the server with a smaller --context"))
             return
         except SpecMemoError as exc:
-            self._fail_all(exc)
+            self._fail_active(exc)
             return
         except Exception as exc:  # noqa: BLE001 - a bug in a step fails its requests, not the server
             log.exception("a decoding step failed")
-            self._fail_all(SpecMemoError(f"the decoder failed ({type(exc).__name__}: {exc}); please report it"))
+            self._fail_active(SpecMemoError(f"the decoder failed ({type(exc).__name__}: {exc}); please report it"))
             return
         dt = time.perf_counter() - t0
         for seq_id, tokens in emitted.items():
@@ -270,11 +270,17 @@ class Scheduler:
             self.decoder.remove(ticket.seq_id)
             self._count_free()
 
+    def _fail_active(self, error: SpecMemoError) -> None:
+        """A step failed: its sequences fail; the waiting requests are served after them."""
+        for ticket in list(self._active.values()):
+            self._end(ticket)
+            self._send(ticket, Failed(error))
+
     def _fail_all(self, error: SpecMemoError) -> None:
+        self._fail_active(error)
         with self._cond:
             waiting, self._waiting = list(self._waiting), deque()
-        for ticket in list(self._active.values()) + waiting:
-            self._end(ticket)
+        for ticket in waiting:
             self._send(ticket, Failed(error))
 
     def _send(self, ticket: Ticket, event: Event) -> None:

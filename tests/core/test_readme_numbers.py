@@ -24,3 +24,5 @@ def test_serve_throughput_in_the_readme_is_the_measured_one():
     for run in measured["runs"]:
         figure = f"**{run['total_tokens_per_s']:.1f} tok/s** with {run['clients']} client"
         assert figure in readme, f"README's serve throughput is not {figure}"
+    direct = f"{measured['direct']['total_tokens_per_s']:.1f} tok/s for the same"
+    assert direct in readme, f"README's decoding without the server is not {direct}"
