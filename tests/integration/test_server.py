@@ -58,7 +58,7 @@ def client(server: LocalServer) -> openai.OpenAI:
 
 def ask(client: openai.OpenAI, prompt: str, **kw):
     return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
-                                          temperature=0, **{"max_tokens": 24, **kw})
+                                          **{"max_tokens": 24, "temperature": 0, **kw})
 
 
 def streamed(client: openai.OpenAI, prompt: str, **kw) -> tuple[str, list]:
@@ -93,6 +93,15 @@ def test_stop_strings_cut_the_reply(client: openai.OpenAI) -> None:
     cut = ask(client, PROMPTS[0], max_tokens=40, stop=[stop, "never appears"])
     assert cut.choices[0].message.content == expected and cut.choices[0].finish_reason == "stop"
     assert streamed(client, PROMPTS[0], max_tokens=40, stop=stop)[0] == expected
+
+
+def test_sampling_follows_the_seed_and_top_p(client: openai.OpenAI) -> None:
+    """Sampled replies repeat with their seed; a nucleus of one token is the greedy reply."""
+    first, again, other = (ask(client, PROMPTS[4], temperature=1.0, seed=s).choices[0].message.content
+                           for s in (11, 11, 12))
+    assert first == again and first != other
+    narrow = ask(client, PROMPTS[4], temperature=1.0, top_p=1e-9, seed=3).choices[0].message.content
+    assert narrow == ask(client, PROMPTS[4]).choices[0].message.content
 
 
 @pytest.mark.parametrize("clients", [2, 8])
