@@ -1,5 +1,5 @@
-"""The HTTP routes of ``specmemo serve``: OpenAI's ``/v1/models``, ``/v1/chat/completions``
-and ``/v1/completions`` on Starlette.
+"""The HTTP routes of ``specmemo serve``: OpenAI's ``/v1/models`` (and ``/v1/models/{id}``),
+``/v1/chat/completions`` and ``/v1/completions`` on Starlette.
 
 The event loop only reads requests and writes replies: prompts are tokenized in a worker
 thread and decoded on the scheduler's thread, whose events come back through
@@ -88,10 +88,17 @@ class Routes:
             raise InvalidApiKeyError("the API key is missing or wrong: send the key the server was started "
                                      "with as `Authorization: Bearer KEY`", code="invalid_api_key")
 
+    def _card(self) -> dict:
+        return {"id": self.served.name, "object": "model", "created": 0, "owned_by": "specmemo"}
+
     async def models(self, request: Request) -> Response:
         self.check_key(request)
-        card = {"id": self.served.name, "object": "model", "created": 0, "owned_by": "specmemo"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: Request) -> Response:
+        self.check_key(request)
+        self.served.check_model(request.path_params["model"])
+        return JSONResponse(self._card())
 
     async def chat(self, request: Request) -> Response:
         self.check_key(request)
@@ -219,6 +226,7 @@ def build_app(served: ServedModel, options: ApiOptions = ApiOptions()) -> Starle
     routes = Routes(served, options)
     return Starlette(
         routes=[Route("/v1/models", routes.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", routes.model, methods=["GET"]),
                 Route("/v1/chat/completions", routes.chat, methods=["POST"]),
                 Route("/v1/completions", routes.completions, methods=["POST"])],
         exception_handlers={HTTPException: _http_error, SpecMemoError: _known_error, Exception: _unexpected},

@@ -88,6 +88,11 @@ def _refuse_unsupported(body: dict) -> None:
         raise _bad("this server does not call tools or functions", "tools", "unsupported_parameter")
     if body.get("logprobs") not in (None, False, 0):
         raise _bad("this server does not return log probabilities", "logprobs", "unsupported_parameter")
+    if body.get("best_of") not in (None, 1):
+        raise _bad("this server makes one choice per request: leave best_of out or set it to 1", "best_of",
+                   "unsupported_value")
+    if body.get("echo") or body.get("suffix"):
+        raise _bad("this server neither echoes the prompt nor fills in a suffix", "echo", "unsupported_parameter")
 
 
 def read_sampling(body: dict) -> Sampling:

@@ -68,6 +68,9 @@ def streamed(client: openai.OpenAI, prompt: str, **kw) -> tuple[str, list]:
 
 def test_models_and_a_chat_completion(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("llama-70b")
     reply = ask(client, PROMPTS[0])
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
