@@ -147,25 +147,58 @@ def test_a_failing_step_fails_its_requests_and_the_next_one_is_served() -> None:
         scheduler.stop()
 
 
-def test_the_interim_single_slot_decoder_gives_greedy_output_request_after_request() -> None:
-    """Spec == greedy through the scheduler, and a later request re-using the cache's prefix
-    (or not) gets exactly what it gets alone."""
+def interim_slots(model, heads, tree, capacity: int):
+    return InterimSingleSlotDecoder(Decoder(model, model.new_cache(capacity + tree.num_nodes), heads, tree))
+
+
+# Every SlotDecoder the scheduler may drive: the batched one (runtime/batch.py) joins this list.
+SLOT_DECODERS = {"interim": interim_slots}
+
+
+@pytest.fixture(scope="module")
+def greedy_case():
+    """A tiny model with random heads, prompts sharing openings, and each prompt's plain greedy reply."""
     torch.manual_seed(0)
     model = tiny_model()
-    heads = random_heads(5, 64, 300, seed=7)
-    tree = load_tree("medusa-64")
     plain = Decoder(model, model.new_cache(400), None, None)
-    prompts = [tuple(TOK(t).input_ids) for t in ("Hello, how are", "Hello, how are you today?", "Memory")]
+    prompts = [tuple(TOK(t).input_ids) for t in ("Hello, how are", "Hello, how are you today?", "Memory",
+                                                 "The quick brown fox")]
     config = GenerationConfig(max_new_tokens=24)
     expected = [[t for s in plain.generate(list(p), config) for t in s.token_ids] for p in prompts]
-    scheduler = Scheduler(InterimSingleSlotDecoder(Decoder(model, model.new_cache(400 + tree.num_nodes), heads, tree)),
-                          TOK, ServeLimits(context_tokens=400))
+    return model, random_heads(5, 64, 300, seed=7), load_tree("medusa-64"), prompts, config, expected
+
+
+@pytest.mark.parametrize("kind", SLOT_DECODERS)
+def test_requests_one_after_another_get_greedy_output(kind: str, greedy_case) -> None:
+    """Spec == greedy through the scheduler, and a later request re-using the cache's prefix
+    (or not) gets exactly what it gets alone."""
+    model, heads, tree, prompts, config, expected = greedy_case
+    scheduler = Scheduler(SLOT_DECODERS[kind](model, heads, tree, 400), TOK, ServeLimits(context_tokens=400))
     scheduler.start()
     try:
         for prompt, ids in zip(prompts + prompts[:1], expected + expected[:1]):
             text, end = run_job(scheduler, Job(prompt, config))
             assert text == TOK.decode(ids, skip_special_tokens=True) and end.usage.completion_tokens == len(ids)
             assert end.stats.mean_accepted >= 1.0
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.parametrize("kind", SLOT_DECODERS)
+def test_requests_submitted_together_get_what_they_get_alone(kind: str, greedy_case) -> None:
+    model, heads, tree, prompts, config, expected = greedy_case
+    scheduler = Scheduler(SLOT_DECODERS[kind](model, heads, tree, 400), TOK, ServeLimits(context_tokens=400))
+    inboxes = [queue.Queue() for _ in prompts]
+    for prompt, inbox in zip(prompts, inboxes):  # all queued before the thread starts
+        scheduler.submit(Job(prompt, config), inbox.put)
+    scheduler.start()
+    try:
+        for inbox, ids in zip(inboxes, expected):
+            events = []
+            while not events or isinstance(events[-1], Delta):
+                events.append(inbox.get(timeout=30))
+            assert "".join(e.text for e in events[:-1]) == TOK.decode(ids, skip_special_tokens=True)
+            assert isinstance(events[-1], Finished) and events[-1].usage.completion_tokens == len(ids)
     finally:
         scheduler.stop()
 
