@@ -235,10 +235,10 @@ class Scheduler:
             self._fail_active(SpecMemoError(f"the decoder failed ({type(exc).__name__}: {exc}); please report it"))
             return
         dt = time.perf_counter() - t0
-        for seq_id, tokens in emitted.items():
-            ticket = self._active.get(seq_id)
-            if ticket is not None:
-                self._advance(ticket, tokens, dt)
+        for seq_id, ticket in list(self._active.items()):
+            tokens = emitted.get(seq_id)
+            if tokens is not None or self.decoder.finished(seq_id):  # a sequence may end with no step of its own
+                self._advance(ticket, tokens or [], dt)
 
     def _advance(self, ticket: Ticket, tokens: list[int], dt: float) -> None:
         """Count and cut one step's tokens; end the sequence at a stop string, at the

@@ -10,6 +10,15 @@ client that left).
 ``SlotDecoder`` is the seam: the batched ``runtime/batch.py`` ``BatchDecoder`` is meant
 to be one; until it lands, ``InterimSingleSlotDecoder`` is one with a single slot over
 the existing ``runtime.decoding.Decoder``.
+
+Swapping in ``BatchDecoder``: build it in ``serving.served.serve_engine`` instead of the
+interim one (``ServeLimits.context_tokens`` stays what one sequence may hold, prompt plus
+reply) and add it to ``SLOT_DECODERS`` in ``tests/core/test_serving.py``. What the
+scheduler relies on: ``add`` is called only while ``free_slots`` > 0, and may raise a
+``SpecMemoError`` to refuse one sequence alone; ``step`` leaves stop tokens out, gives a
+sequence at most its ``max_new_tokens`` in all (the scheduler cuts anyway), may leave out
+a sequence that made no token; ``finished(seq_id)`` turns True in the step that ends it;
+``remove`` is called exactly once for every sequence added, finished or not.
 """
 
 from __future__ import annotations
