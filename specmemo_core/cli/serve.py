@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
 
     def ready(url: str) -> None:
-        print(f"serving {setup.describe}\n  at {url} (OpenAI API: model {served.name!r}, any API key"
-              f"{' but --api-key' if args.api_key else ''}); Ctrl-C stops", file=sys.stderr, flush=True)
+        key = "the --api-key given" if args.api_key else "any"
+        print(f"serving {setup.describe}\n  at {url} (OpenAI API: model {served.name!r}, API key: {key}); "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
 
     serve_blocking(served, address, ApiOptions(api_key=args.api_key, log_text=args.log_text), on_ready=ready)
     return 0
