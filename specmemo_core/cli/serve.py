@@ -52,5 +52,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"serving {setup.describe}\n  at {url} (OpenAI API: model {served.name!r}, API key: {key}); "
               "Ctrl-C stops", file=sys.stderr, flush=True)
 
-    serve_blocking(served, address, ApiOptions(api_key=args.api_key, log_text=args.log_text), on_ready=ready)
+    try:
+        serve_blocking(served, address, ApiOptions(api_key=args.api_key, log_text=args.log_text), on_ready=ready)
+    except KeyboardInterrupt:  # uvicorn passes Ctrl-C on once it has shut down: how a server is stopped
+        pass
+    print("stopped", file=sys.stderr)
     return 0

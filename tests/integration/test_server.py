@@ -224,6 +224,43 @@ def test_request_text_is_logged_only_when_asked(engine: Engine, caplog: pytest.L
         assert "prompt tokens" in caplog.text
 
 
+def test_the_specmemo_serve_command_serves_until_ctrl_c(tmp_path) -> None:
+    """``specmemo serve`` as a user runs it, on a tiny model folder: the banner gives the URL,
+    a request is answered with the heads' tree, Ctrl-C (SIGINT) ends it with exit code 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.tiny import tiny_hf_model
+
+    folder = tmp_path / "tiny-model"
+    tiny_hf_model(seed=4).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, SPECMEMO_DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(repo))
+    command = [sys.executable, "-m", "specmemo_core.cli", "serve", "--model", str(folder), "--heads", "random",
+               "--tree", "medusa-64", "--port", "0", "--threads", "1", "--max-new-tokens", "5"]
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
+    try:
+        lines = []
+        while not any("Ctrl-C stops" in line for line in lines):
+            line = child.stderr.readline()
+            assert line, "".join(lines[-20:])  # it exited before it served
+            lines.append(line)
+        url = next(word for line in lines for word in line.split() if word.startswith("http://127.0.0.1:"))
+        reply = openai.OpenAI(base_url=url, api_key="any", max_retries=0, timeout=60).chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Hello"}])
+        assert reply.usage.completion_tokens <= 5 and reply.specmemo["tree"] == "medusa-64"
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.stderr.close()
+
+
 @pytest.mark.integration
 def test_the_default_model_served_with_the_planners_tree_answers_as_the_chat_does(shared_data_dir) -> None:
     """The real default model, planned as ``specmemo serve`` plans it: the tree in force is the
