@@ -37,6 +37,7 @@ from .model_manager import Loader, ModelManager
 from .planning import smaller_settings
 from .runtime import EngineBackend, LoadCancelled, Runtime, load_runtime, memory_in_use
 from .settings import ChatSettings, model_path_problem, save_settings
+from .serving import LocalServing
 from .settings_panel import SettingsDialog
 from .status_bar import ChatStatusBar
 from .welcome import WelcomePanel
@@ -101,6 +102,9 @@ class MainWindow(QMainWindow):
         self.timer.ended.connect(lambda: self.status.show_timing(None))
         self.timer.measured.connect(self._on_timed)
         self._timed: tuple[object, object] | None = None  # a timing that came while a reply streamed
+        self.serving = LocalServing(self)
+        self.serving.serving.connect(self._on_serving)
+        self.serving.failed.connect(lambda message: self.say(message, "warning"))
         self._memory_timer = QTimer(self)
         self._memory_timer.timeout.connect(self._show_memory)
         self._memory_timer.start(2000)
@@ -339,10 +343,22 @@ class MainWindow(QMainWindow):
     def apply_runtime(self, runtime: Runtime) -> None:
         runtime = replace(runtime, settings=runtime.settings.with_(theme=self.settings.theme))
         self.runtime, self.settings = runtime, runtime.settings
-        self.chat.configure(runtime.backend, runtime.capacity, runtime.speculative)
+        self.chat.configure(self.serving.backend_for(runtime, runtime.settings), runtime.capacity,
+                            runtime.speculative)
         self.status.show_runtime(runtime)
         self.chip.setText(chip_text(runtime))
         self._save_settings(runtime.settings)
+        self.serving.update(runtime, runtime.settings)  # starts, restarts or stops off the GUI thread
+
+    def _on_serving(self, url: str) -> None:
+        """The server started or stopped: the chat decodes through it, or on its own again."""
+        self.status.show_serving(url)
+        if self.runtime is not None:
+            self.chat.configure(self.serving.backend_for(self.runtime, self.settings), self.runtime.capacity,
+                                self.runtime.speculative)
+        if url:
+            self.say(f"Serving {self.runtime.backend.name if self.runtime else 'the model'} on {url} "
+                     "(OpenAI API, this computer only).", "success")
 
     def _save_settings(self, settings: ChatSettings) -> None:
         try:
@@ -665,6 +681,7 @@ class MainWindow(QMainWindow):
             return
         self._memory_timer.stop()
         self.timer.shutdown()
+        self.serving.shutdown()
         self.chat.shutdown()
         self.models.shutdown()
         super().closeEvent(event)

@@ -33,6 +33,8 @@ class ChatSettings:
     heads: str = "auto"
     precision: str | None = None
     theme: str = "system"
+    serve_on_localhost: bool = False  # the loaded model through the OpenAI API on 127.0.0.1 (app/serving.py)
+    serve_port: int = 8000
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.prefer <= 1.0:
@@ -43,6 +45,8 @@ class ChatSettings:
             raise SpecMemoError(f"temperature must be ≥ 0, got {self.temperature}")
         if self.precision not in PRECISION_CHOICES:
             raise SpecMemoError(f"unknown precision {self.precision!r}")
+        if not 1 <= self.serve_port <= 65535:
+            raise SpecMemoError(f"the server's port must be from 1 to 65535, got {self.serve_port}")
         if self.theme not in THEME_CHOICES:
             raise SpecMemoError(f"unknown theme {self.theme!r}: choose one of {', '.join(THEME_CHOICES)}")
 

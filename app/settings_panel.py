@@ -20,6 +20,13 @@ from .settings import PRECISION_CHOICES, ChatSettings, heads_path_problem, model
 AUTO = "auto (planner)"
 
 
+def serve_url(port: int) -> str:
+    """The base_url an OpenAI client uses for "Serve on localhost" on ``port``."""
+    from specmemo_core.serving.server import DEFAULT_HOST, url_of
+
+    return url_of(DEFAULT_HOST, port)
+
+
 def describe_plan(plan: Plan, settings: ChatSettings, max_context: int) -> str:
     if not plan.fits:
         return "Does not fit: " + "; ".join(plan.suggestions)
@@ -65,6 +72,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._reply_group(settings))
         layout.addWidget(self._model_group(settings))
         layout.addWidget(self._advanced_group(settings))
+        layout.addWidget(self._server_group(settings))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -162,6 +170,28 @@ class SettingsDialog(QDialog):
         form.addRow("Precision", self.precision)
         return box
 
+    def _server_group(self, s: ChatSettings) -> QGroupBox:
+        box = QGroupBox("Local server (OpenAI API)")
+        form = QFormLayout(box)
+        self.serve = QCheckBox("Serve on localhost")
+        self.serve.setToolTip("Other programs on this computer (editor plugins, scripts) can use the loaded model "
+                              "through the OpenAI API; nothing is reachable from other computers.")
+        self.serve.setChecked(s.serve_on_localhost)
+        self.serve.toggled.connect(self._show_url)
+        form.addRow(self.serve)
+        self.serve_port = _spin(QSpinBox(), 1, 65535, s.serve_port, self._show_url)
+        form.addRow("Port", self.serve_port)
+        self.serve_url = QLabel()
+        self.serve_url.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        form.addRow("URL", self.serve_url)
+        self._show_url()
+        return box
+
+    def _show_url(self) -> None:
+        on = self.serve.isChecked()
+        self.serve_url.setText(serve_url(self.serve_port.value()) if on else "off")
+        self.serve_port.setEnabled(on)
+
     # -- behaviour -------------------------------------------------------------
     def choose_model(self, path: str) -> bool:
         """Take ``path`` as the model if it can be one; else say why and keep the previous choice."""
@@ -208,7 +238,8 @@ class SettingsDialog(QDialog):
             max_reply_tokens=self.max_reply.value(), system_prompt=self.system_prompt.toPlainText().strip(),
             model=self.model.text(), speculate=self.speculate.isChecked(),
             tree=None if tree == AUTO else tree, heads=heads if heads_path_problem(heads) is None else
-            self.original.heads, precision=None if precision == AUTO else precision)
+            self.original.heads, precision=None if precision == AUTO else precision,
+            serve_on_localhost=self.serve.isChecked(), serve_port=self.serve_port.value())
 
     def replan(self) -> None:
         """Re-run the (pure, fast) planner for the settings on screen."""

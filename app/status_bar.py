@@ -6,6 +6,7 @@ the background device timing while it runs.
 from __future__ import annotations
 
 import torch
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QStatusBar, QWidget
 
 from specmemo_core.planning.device import DeviceInfo
@@ -34,8 +35,11 @@ class ChatStatusBar(QStatusBar):
         self.speed = QLabel("")
         self.memory = QLabel("")
         self.timing = QLabel("")
+        self.serving = QLabel("")
+        self.serving.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # the URL can be copied
         self._separators: dict[QLabel, QFrame] = {}
-        for i, label in enumerate((self.device, self.threads, self.plan, self.speed, self.memory, self.timing)):
+        for i, label in enumerate((self.device, self.threads, self.plan, self.speed, self.memory, self.timing,
+                                   self.serving)):
             if i:
                 self._separators[label] = _separator()
                 self.addPermanentWidget(self._separators[label])
@@ -44,6 +48,7 @@ class ChatStatusBar(QStatusBar):
         self._set(self.speed, "")
         self._set(self.memory, "")
         self._set(self.timing, "")
+        self._set(self.serving, "")
 
     def _set(self, label: QLabel, text: str) -> None:
         label.setText(text)
@@ -77,3 +82,8 @@ class ChatStatusBar(QStatusBar):
     def show_timing(self, fraction: float | None) -> None:
         """The background device timing's progress; None: not running."""
         self._set(self.timing, "" if fraction is None else f"timing the device … {round(100 * fraction)}%")
+
+    def show_serving(self, url: str) -> None:
+        """The local server's URL while it serves ("" : not serving)."""
+        self._set(self.serving, f"serving {url}" if url else "")
+        self.serving.setToolTip("OpenAI API on this computer: base_url=" + url if url else "")

@@ -60,3 +60,46 @@ class BatchFullError(BatchError):
 
 class PromptTooLongError(BatchError):
     """A prompt does not fit one batch slot's KV capacity."""
+
+
+class RequestError(SpecMemoError):
+    """A request to the local server (``specmemo serve``) that is refused: the HTTP ``status``, and
+    OpenAI's error ``kind`` (its JSON ``type``) and ``code``, so any OpenAI client shows the message."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        self.code = code
+        self.param = param
+        super().__init__(message)
+
+
+class ServerBusyError(RequestError):
+    """Every decoding slot is busy and the queue of waiting requests is full: try again shortly."""
+
+    status = 429
+    kind = "rate_limit_error"
+
+
+class InvalidApiKeyError(RequestError):
+    """The server was started with ``--api-key`` and the request's key is missing or another."""
+
+    status = 401
+    kind = "authentication_error"
+
+
+class UnknownModelError(RequestError):
+    """The request names a model this server does not serve."""
+
+    status = 404
+
+
+class RequestTooLargeError(RequestError):
+    """The request body is larger than the server reads."""
+
+    status = 413
+
+
+class ServeError(SpecMemoError):
+    """The local server cannot start (its port is taken, its address cannot be bound)."""

@@ -16,10 +16,10 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from specmemo_core.cli import bench, chat, devices, generate, plan, train
+from specmemo_core.cli import bench, chat, devices, generate, plan, serve, train
 from specmemo_core.errors import SpecMemoError
 
-COMMANDS = (chat, generate, plan, bench, devices, train)  # each has add_parser(subparsers) and run(args)
+COMMANDS = (chat, generate, serve, plan, bench, devices, train)  # each has add_parser(subparsers) and run(args)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -35,12 +35,15 @@ class GenerationConfig:
     # probability exceeds min(epsilon, delta * exp(-entropy)).
     typical_epsilon: float = 0.09
     typical_delta: float = 0.3
+    top_p: float = 1.0  # sampling only: the nucleus each distribution is cut to
 
     def __post_init__(self) -> None:
         if not self.max_new_tokens >= 1:
             raise SpecMemoError(f"max new tokens must be at least 1, got {self.max_new_tokens}")
         if not (self.temperature >= 0.0 and self.temperature < float("inf")):
             raise SpecMemoError(f"temperature must be a number ≥ 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SpecMemoError(f"top_p must be above 0 and at most 1, got {self.top_p}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def acceptance_for(config: GenerationConfig) -> Acceptance:
     if config.temperature == 0.0:
         return GreedyAcceptance()
     return TypicalAcceptance(config.temperature, config.typical_epsilon, config.typical_delta,
-                             torch.Generator(device="cpu").manual_seed(config.seed))
+                             torch.Generator(device="cpu").manual_seed(config.seed), top_p=config.top_p)
 
 
 @dataclass

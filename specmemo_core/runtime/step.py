@@ -159,12 +159,15 @@ class TypicalAcceptance:
     epsilon: float
     delta: float
     generator: torch.Generator
+    top_p: float = 1.0  # nucleus: each distribution keeps its most likely tokens up to this mass
 
     graph_safe: ClassVar[bool] = False
 
     def probs(self, model: CausalLM, hidden: torch.Tensor) -> torch.Tensor:
-        """The base model's distribution [T, V] after each hidden state, at the temperature."""
-        return torch.softmax(model.logits(hidden).float() / self.temperature, dim=-1)
+        """The base model's distribution [T, V] after each hidden state, at the temperature
+        (and within the top-p nucleus: the rest is 0, so a draft outside it is rejected)."""
+        probs = torch.softmax(model.logits(hidden).float() / self.temperature, dim=-1)  # [T, V]
+        return probs if self.top_p >= 1.0 else nucleus(probs, self.top_p)
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
         """One token [T] from each row of ``probs``, on ``probs``' device."""
@@ -201,6 +204,15 @@ class RowAcceptance:
                 for b, rule in enumerate(self.rules)]
         return Accepted(torch.stack([r.nodes for r in rows]), torch.stack([r.count for r in rows]),
                         torch.stack([r.picks for r in rows]))  # [B, W], [B], [B, N]
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` [T, V] with each row cut to its most likely tokens whose mass reaches
+    ``top_p`` (the most likely one always kept), renormalized."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)  # [T, V]
+    drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # [T, V] the mass before a token already reaches top_p
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))  # [T, V]
+    return kept / kept.sum(-1, keepdim=True)
 
 
 # -- prefill and commit -------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 
 from specmemo_core.runtime.chat import ChatSession, encode_conversation
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
-from specmemo_core.runtime.step import GreedyAcceptance, TypicalAcceptance, Verified, longest_accepted
+from specmemo_core.runtime.step import GreedyAcceptance, TypicalAcceptance, Verified, longest_accepted, nucleus
 from specmemo_core.errors import ContextFullError, SpecMemoError
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.runtime.tree import Tree, load_tree
@@ -121,6 +121,28 @@ def test_typical_acceptance_on_fixed_logits():
     strict = TypicalAcceptance(1.0, 0.09, 1.6, torch.Generator().manual_seed(0))
     assert strict.accept(model, Verified(ACCEPT_TOKENS, hidden), buf).nodes[:2].tolist() == [0, 1]
     assert int(strict.accept(model, Verified(ACCEPT_TOKENS, hidden), buf).count) == 2
+
+
+def test_top_p_keeps_the_nucleus_worked_by_hand():
+    """Rows [.5 .1 .3 .1] and [.97 .01 .01 .01]: top_p .75 keeps .5 and .3 (mass .8 reaches
+    .75), renormalized to .625/.375, and the second row's .97 alone; top_p .95 keeps all of
+    the first row (.9 < .95 before its last token)."""
+    probs = torch.tensor([[0.5, 0.1, 0.3, 0.1], [0.97, 0.01, 0.01, 0.01]])
+    assert torch.allclose(nucleus(probs, 0.75), torch.tensor([[0.625, 0.0, 0.375, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+    assert torch.allclose(nucleus(probs, 0.95)[0], probs[0])
+    with pytest.raises(SpecMemoError, match="top_p"):
+        GenerationConfig(top_p=0.0)
+
+
+def test_sampling_with_a_small_top_p_is_greedy():
+    """A nucleus of one token is the argmax: sampled output at top_p 1e-6 equals greedy output."""
+    model = tiny_model(seed=3)
+    prompt = list(range(5, 20))
+    greedy = _greedy_tokens(_decoder(model), prompt, 12)
+    config = GenerationConfig(max_new_tokens=12, temperature=1.0, top_p=1e-6, seed=5)
+    sampled = [t for s in _decoder(model, load_tree("medusa-64"), random_heads(5, 64, 300)).generate(prompt, config)
+               for t in s.token_ids]
+    assert sampled == greedy
 
 
 def test_multi_turn_prefills_only_new_tokens():

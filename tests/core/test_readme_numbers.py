@@ -81,3 +81,13 @@ def test_the_collect_script_writes_the_rows_the_readme_test_expects(tmp_path):
     assert collect.rows(results) == _offload_rows(results) and collect.rows(None) == _offload_rows(None)
     assert "| `stream-tree` | 41.0 (40.0–42.0) | 2.00 | 4.10× |" in collect.rows(results)
     assert "| vicuna-7b-bf16-8gb | 9 / 23 | 9.00 | 6.00 / 5.00 | 1.04× | 83% |" in collect.rows(results)
+
+
+def test_serve_throughput_in_the_readme_is_the_measured_one():
+    measured = json.loads((REPO / "docs/results/serve_throughput_cpu.json").read_text(encoding="utf-8"))
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for run in measured["runs"]:
+        figure = f"**{run['total_tokens_per_s']:.1f} tok/s** with {run['clients']} client"
+        assert figure in readme, f"README's serve throughput is not {figure}"
+    direct = f"{measured['direct']['total_tokens_per_s']:.1f} tok/s for the same"
+    assert direct in readme, f"README's decoding without the server is not {direct}"

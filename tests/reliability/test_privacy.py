@@ -23,20 +23,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class NetworkGuard:
+    """``allow(host, port)``: connections to that one address (a test's own local server) go
+    through; every other is refused and recorded."""
+
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.attempts: list[str] = []
         self.children: list[str] = []
+        self.allowed: tuple[str, int] | None = None
 
-        def refuse(what: str):
+        def refuse(what: str, real):
             def blocked(*args, **kwargs):
+                if self._allows(what, args):
+                    return real(*args, **kwargs)
                 self.attempts.append(f"{what}{args[1:] if what.startswith('socket.') else args}")
                 raise OSError(f"network blocked by the privacy test ({what})")
             return blocked
 
         for name in ("connect", "connect_ex", "sendto"):
-            monkeypatch.setattr(socket.socket, name, refuse(f"socket.{name}"))
+            monkeypatch.setattr(socket.socket, name, refuse(f"socket.{name}", getattr(socket.socket, name)))
         for name in ("create_connection", "getaddrinfo", "gethostbyname"):
-            monkeypatch.setattr(socket, name, refuse(name))
+            monkeypatch.setattr(socket, name, refuse(name, getattr(socket, name)))
         real_init = subprocess.Popen.__init__
 
         def record(popen, args, *rest, **kw):
@@ -44,6 +50,21 @@ class NetworkGuard:
             real_init(popen, args, *rest, **kw)
 
         monkeypatch.setattr(subprocess.Popen, "__init__", record)
+
+    def allow(self, host: str, port: int) -> None:
+        self.allowed = (host, port)
+
+    def _allows(self, what: str, args: tuple) -> bool:
+        if self.allowed is None:
+            return False
+        host, port = self.allowed
+        if what in ("socket.connect", "socket.connect_ex"):
+            return tuple(args[1][:2]) == (host, port)
+        if what == "create_connection":
+            return tuple(args[0][:2]) == (host, port)
+        if what == "getaddrinfo":
+            return args[0] == host and args[1] in (port, str(port))
+        return False
 
     @property
     def fetches(self) -> list[str]:
@@ -97,6 +118,33 @@ def test_chat_plan_and_restart_make_no_connection(guard: NetworkGuard, shared_da
     assert guard.fetches == [], guard.children  # the model fetch (pip) was not needed, so not run
 
 
+def test_serve_listens_on_this_computer_only_and_connects_nowhere(guard: NetworkGuard) -> None:
+    """``specmemo serve`` binds 127.0.0.1 unless told otherwise; starting it and answering a chat
+    request through the openai client opens no connection but the client's own to it."""
+    import openai
+
+    from specmemo_core.cli.main import build_parser
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.serving.served import serve_engine
+    from specmemo_core.serving.server import DEFAULT_HOST, LocalServer, ServerAddress
+    from specmemo_core.storage.sources import ModelIdentity
+    from tests.tiny import tiny_config, tiny_model, tiny_tokenizer
+
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1" == DEFAULT_HOST == ServerAddress().host
+    engine = Engine(tiny_model(), tiny_tokenizer(), tiny_config(), ModelIdentity("tiny", "0" * 16), None, None)
+    server = LocalServer(serve_engine(engine, capacity=256), ServerAddress(port=0)).start()
+    try:
+        assert server.server.servers[0].sockets[0].getsockname()[0] == "127.0.0.1"
+        guard.allow("127.0.0.1", server.port)
+        client = openai.OpenAI(base_url=server.url, api_key="any", max_retries=0)
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=3)
+        assert reply.usage.completion_tokens >= 1
+    finally:
+        server.stop()
+    assert guard.attempts == [] and guard.fetches == []  # (the openai client runs `uname -p` for its headers)
+
+
 def test_history_is_owner_only(data_dir: Path) -> None:
     """History folder 0o700, database and its -wal/-shm 0o600, even with a permissive umask (0o000)."""
     old = os.umask(0)
@@ -121,6 +169,8 @@ TELEMETRY_MODULES = {"sentry_sdk", "posthog", "mixpanel", "analytics", "segment"
                      "datadog", "ddtrace", "bugsnag", "rollbar", "wandb", "mlflow", "statsd", "prometheus_client",
                      "newrelic", "honeybadger", "logfire"}
 FETCH_MODULES = {"specmemo_core/storage/wheel_fetch.py"}  # the explicit model fetch of the frozen app
+SERVER_MODULES = {"specmemo_core/serving/api.py", "specmemo_core/serving/server.py"}  # listens (specmemo serve)
+LISTEN_MODULES = {"starlette", "uvicorn"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -138,7 +188,8 @@ def _matches(name: str, modules: set[str]) -> bool:
 
 
 def test_no_telemetry_and_network_code_only_in_the_model_fetch() -> None:
-    """No telemetry/analytics library is imported anywhere; network modules only in the model fetch."""
+    """No telemetry/analytics library is imported anywhere; network modules only in the model fetch,
+    and the web server's only in the server's two modules (which listen, never connect)."""
     files = sorted((REPO / "specmemo_core").rglob("*.py")) + sorted((REPO / "app").rglob("*.py"))
     assert len(files) > 30
     telemetry, network = {}, {}
@@ -148,6 +199,8 @@ def test_no_telemetry_and_network_code_only_in_the_model_fetch() -> None:
         if hit := {n for n in names if _matches(n, TELEMETRY_MODULES)}:
             telemetry[rel] = hit
         if (hit := {n for n in names if _matches(n, NETWORK_MODULES)}) and rel not in FETCH_MODULES:
+            network[rel] = hit
+        if (hit := {n for n in names if _matches(n, LISTEN_MODULES)}) and rel not in SERVER_MODULES:
             network[rel] = hit
     assert telemetry == {}
     assert network == {}

@@ -1,0 +1,1 @@
+"""``specmemo serve``: the loaded model on localhost through the OpenAI API (scheduler, formats, routes)."""
