@@ -9,9 +9,10 @@ stopping run on one background thread of this object's, so the GUI never waits o
 either. ``update`` is called whenever the runtime or the settings change;
 ``serving(url)`` and ``failed(message)`` say what happened.
 
-NOTE: with the interim single-sequence decoder a long served request holds the window's
-reply in the queue until it ends (and the other way round); ``runtime.batch.BatchDecoder``
-will decode them side by side.
+NOTE: the window plans memory for one conversation, so its server has one slot of the
+batched decoder (``runtime.batch.BatchDecoder``): a long served request holds the window's
+reply in the queue until it ends (and the other way round). ``specmemo serve --slots N``
+plans for N and decodes them side by side.
 """
 
 from __future__ import annotations

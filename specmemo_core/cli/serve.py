@@ -21,6 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="refuse requests without `Authorization: Bearer KEY` (default: any key is accepted)")
     p.add_argument("--log-text", action="store_true",
                    help="log prompts and replies (default: only their sizes and speeds)")
+    p.add_argument("--slots", type=int, default=4,
+                   help="requests decoded together in one batch (each with its own KV cache, planned for; "
+                        "default 4); more wait in the queue")
     p.add_argument("--max-queued", type=int, default=32,
                    help="requests that may wait for a decoding slot; more get HTTP 429")
     add_model_args(p)  # --max-new-tokens / --temperature: what a request that leaves them out gets
@@ -35,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     generation_config(args)  # checked before the model loads
     address = ServerAddress(args.host, args.port)
+    if args.slots < 1:
+        raise SpecMemoError(f"--slots must be 1 or more, got {args.slots}")
     if args.max_queued < 0:
         raise SpecMemoError(f"--max-queued must be 0 or more, got {args.max_queued}")
     if args.host not in LOOPBACK:
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
               "it" + ("" if args.api_key else " (add --api-key)"), file=sys.stderr)
     setup = load_for_chat(args)
     planned = setup.planned
-    served = serve_engine(planned.engine, capacity=setup.capacity, max_waiting=args.max_queued,
+    served = serve_engine(planned.engine, capacity=setup.capacity, slots=args.slots, max_waiting=args.max_queued,
                           defaults=Defaults(args.max_new_tokens, args.temperature, args.system),
                           speculate=planned.choices.speculate, graphs=args.graphs)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)

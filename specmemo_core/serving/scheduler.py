@@ -167,6 +167,12 @@ class Scheduler:
                 code="context_length_exceeded", param="messages")
 
     @property
+    def free_slots(self) -> int:
+        """Decoding slots free as the scheduler counts them (what ``submit`` admits against)."""
+        with self._cond:
+            return self._free
+
+    @property
     def waiting(self) -> int:
         with self._cond:
             return len(self._waiting)
@@ -203,6 +209,7 @@ class Scheduler:
                 if not self._waiting:
                     break
                 ticket = self._waiting.popleft()
+                self._free -= 1  # its slot is taken now, not once its prompt is read (``add`` prefills)
             ticket.started = time.perf_counter()
             config = ticket.job.config
             try:
@@ -237,7 +244,7 @@ class Scheduler:
         dt = time.perf_counter() - t0
         for seq_id, ticket in list(self._active.items()):
             tokens = emitted.get(seq_id)
-            if tokens is not None or self.decoder.finished(seq_id):  # a sequence may end with no step of its own
+            if tokens is not None or seq_id in self.decoder.finished:  # a sequence may end with no step of its own
                 self._advance(ticket, tokens or [], dt)
 
     def _advance(self, ticket: Ticket, tokens: list[int], dt: float) -> None:
@@ -252,7 +259,7 @@ class Scheduler:
         self._send(ticket, Delta(text, step))
         if ticket.stream.stopped:
             self._finish(ticket, "stop")
-        elif ticket.stats.tokens >= budget or self.decoder.finished(ticket.seq_id):
+        elif ticket.stats.tokens >= budget or ticket.seq_id in self.decoder.finished:
             tail = ticket.stream.push((), final=True)
             if tail:
                 ticket.stats.text += tail

@@ -5,6 +5,7 @@ config, checked against the KV budget before anything is queued).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,6 @@ from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.runtime.token_bound import longest_token_chars
 from specmemo_core.serving.openai_format import ChatRequest, CompletionRequest, Sampling
 from specmemo_core.serving.scheduler import Job, Scheduler, ServeLimits
-from specmemo_core.serving.slots import InterimSingleSlotDecoder
 from specmemo_core.text import encodable
 
 ALIASES = ("default",)  # model names any request may use besides the served model's own
@@ -39,9 +39,23 @@ class ServedModel:
     stop_token_ids: frozenset[int]
     tree: str | None = None  # the speculation tree in force (None: plain decoding)
     defaults: Defaults = field(default_factory=Defaults)
+    # one encoding at a time: a tokenizer reads text that holds its markers as plain text by
+    # flipping a flag on the one shared tokenizer (``split_special_tokens``), so two request
+    # threads encoding at once could each read the other's flag: the template's own markers
+    # split into plain text, another prompt, another reply (seen with 8 concurrent clients)
+    _encoding: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._longest = longest_token_chars(self.tokenizer)
+
+    def encode_messages(self, messages: list[dict[str, str]], known_ids: dict[int, list[int]] | None = None) -> list[int]:
+        """``runtime.chat.encode_conversation``, one request thread at a time."""
+        with self._encoding:
+            return encode_conversation(self.tokenizer, messages, known_ids)
+
+    def encode_text(self, text: str) -> list[int]:
+        with self._encoding:
+            return self.tokenizer(text).input_ids
 
     @property
     def context_tokens(self) -> int:
@@ -60,7 +74,7 @@ class ServedModel:
         messages = [{"role": m["role"], "content": encodable(m["content"])} for m in request.messages]
         if self.defaults.system_prompt and all(m["role"] != "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.defaults.system_prompt})
-        return self._job(encode_conversation(self.tokenizer, messages), request.sampling)
+        return self._job(self.encode_messages(messages), request.sampling)
 
     def completion_job(self, request: CompletionRequest) -> Job:
         """The prompt as it is (no chat template); token ids are taken as given."""
@@ -72,7 +86,7 @@ class ServedModel:
                                    param="prompt")
             return self._job(list(request.prompt), request.sampling)
         self._check_length(len(request.prompt))
-        return self._job(self.tokenizer(encodable(request.prompt)).input_ids, request.sampling)
+        return self._job(self.encode_text(encodable(request.prompt)), request.sampling)
 
     def _check_length(self, chars: int) -> None:
         """A text far beyond the context (a 1 MB message) is refused before it is tokenized."""
@@ -95,15 +109,22 @@ class ServedModel:
         return Job(tuple(prompt_ids), config)
 
 
-def serve_engine(engine: Any, *, capacity: int, defaults: Defaults = Defaults(), max_waiting: int = 32,
-                 speculate: bool = True, graphs: bool | None = None) -> ServedModel:
-    """A ``runtime.engine.Engine`` served through a decoder of its own (``Engine.new_session``'s:
-    the engine's tree, a KV cache of ``capacity`` tokens allocated here once, CUDA graphs on
-    CUDA) and a scheduler (not started) over the interim single-slot decoder.
-    NOTE: swap ``InterimSingleSlotDecoder`` for ``runtime.batch.BatchDecoder`` here when it lands."""
-    session = engine.new_session(capacity, None, speculate=speculate, graphs=graphs)
-    scheduler = Scheduler(InterimSingleSlotDecoder(session.decoder), engine.tokenizer,
-                          ServeLimits(context_tokens=capacity, max_waiting=max_waiting))
-    tree = engine.tree.name if speculate and engine.speculative else None
+def serve_engine(engine: Any, *, capacity: int, slots: int = 1, defaults: Defaults = Defaults(),
+                 max_waiting: int = 32, speculate: bool = True, graphs: bool | None = None) -> ServedModel:
+    """A ``runtime.engine.Engine`` served through a ``runtime.batch.BatchDecoder`` of its own:
+    ``slots`` sequences decoded together on the engine's tree, each with a KV cache of
+    ``capacity`` tokens (allocated here once), CUDA graphs on CUDA; and a scheduler (not
+    started) that queues requests into its free slots."""
+    from specmemo_core.runtime.batch import BatchDecoder
+
+    use_tree = speculate and engine.speculative
+    tree = engine.tree if use_tree else None
+    scratch = tree.num_nodes if tree is not None else 1
+    on_cuda = engine.model.device.type == "cuda"
+    decoder = BatchDecoder(engine.model, slots=slots, capacity=capacity + scratch,
+                           heads=engine.heads if use_tree else None, tree=tree,
+                           graphs=on_cuda if graphs is None else graphs and on_cuda)
+    scheduler = Scheduler(decoder, engine.tokenizer, ServeLimits(context_tokens=capacity, max_waiting=max_waiting))
+    tree_name = tree.name if tree is not None else None
     return ServedModel(engine.identity.name, engine.tokenizer, scheduler,
-                       end_of_turn_ids(engine.tokenizer, engine.config), tree, defaults)
+                       end_of_turn_ids(engine.tokenizer, engine.config), tree_name, defaults)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from specmemo_core.errors import ContextFullError, RequestError, SpecMemoError
-from specmemo_core.runtime.chat import TextPiece, encode_conversation
+from specmemo_core.runtime.chat import TextPiece
 from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.serving.scheduler import Delta, Failed, Job
 from specmemo_core.serving.served import ServedModel
@@ -45,7 +45,7 @@ class ScheduledSession:
         self.messages.append({"role": "user", "content": encodable(user_text)})
         events: queue.Queue = queue.Queue()
         try:
-            prompt = encode_conversation(self.served.tokenizer, self.messages, self.reply_ids)
+            prompt = self.served.encode_messages(self.messages, self.reply_ids)
             stops = config.stop_token_ids | self.served.stop_token_ids
             ticket = self.served.scheduler.submit(Job(tuple(prompt), replace(config, stop_token_ids=stops)),
                                                   events.put)

@@ -19,6 +19,7 @@ calling it (``.input_ids``), ``decode``, ``apply_chat_template``, ``get_vocab``,
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -106,6 +107,7 @@ class ChatTokenizer:
         self.chat_template: str | None = template if isinstance(template, str) else None
         self.special_tokens = {n: _token_text(settings.get(n)) for n in SPECIAL_TOKEN_NAMES}
         self.clean_up_spaces = bool(settings.get("clean_up_tokenization_spaces", False))
+        self._encoding = threading.Lock()  # ``split_special_tokens`` flips a flag of the one tokenizer
         eos = self.special_tokens.get("eos_token")
         self.eos_token = eos
         self.eos_token_id = self._tok.token_to_id(eos) if eos else None
@@ -115,11 +117,12 @@ class ChatTokenizer:
         return _compile(self.chat_template) if self.chat_template is not None else None
 
     def __call__(self, text: str, *, add_special_tokens: bool = False, split_special_tokens: bool = False) -> Encoding:
-        self._tok.encode_special_tokens = split_special_tokens  # special-token text read as plain text
-        try:
-            return Encoding(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
-        finally:
-            self._tok.encode_special_tokens = False
+        with self._encoding:
+            self._tok.encode_special_tokens = split_special_tokens  # special-token text read as plain text
+            try:
+                return Encoding(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+            finally:
+                self._tok.encode_special_tokens = False
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self(text, add_special_tokens=add_special_tokens).input_ids

@@ -72,7 +72,7 @@ def test_the_window_serves_its_loaded_engine_and_stops_when_switched_off(qtbot, 
     url = f"http://127.0.0.1:{port}/v1"
     qtbot.waitUntil(lambda: window.status.serving.text() == f"serving {url}", timeout=60_000)
     served = window.serving._server.served
-    assert served.scheduler.decoder.decoder.model is engine.model  # the window's weights, not a second copy
+    assert served.scheduler.decoder.model is engine.model  # the window's weights, not a second copy
     assert served.tree == window.runtime.tree
     client = openai.OpenAI(base_url=url, api_key="any", max_retries=0, timeout=30)
     reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hello"}])

@@ -1,5 +1,5 @@
 """The server's parts without HTTP: the scheduler over a scripted SlotDecoder and over the
-interim single-slot adapter on a tiny model, and OpenAI request parsing."""
+batched decoder (one slot and three) on a tiny model, and OpenAI request parsing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from specmemo_core.runtime.heads import random_heads
 from specmemo_core.runtime.tree import load_tree
 from specmemo_core.serving import openai_format as fmt
 from specmemo_core.serving.scheduler import Delta, Failed, Finished, Job, Scheduler, ServeLimits
-from specmemo_core.serving.slots import InterimSingleSlotDecoder
+from specmemo_core.runtime.batch import BatchDecoder
 from tests.tiny import tiny_model, tiny_tokenizer
 
 TOK = tiny_tokenizer()
@@ -57,8 +57,9 @@ class ScriptedSlots:
         self.removed.append(seq_id)
         self.sent.pop(seq_id, None)
 
-    def finished(self, seq_id) -> bool:
-        return self.sent.get(seq_id, 0) >= len(self.script)
+    @property
+    def finished(self) -> set:
+        return {seq for seq, n in self.sent.items() if n >= len(self.script)}
 
 
 def run_job(scheduler: Scheduler, job: Job, timeout: float = 20.0) -> tuple[str, Finished | Failed]:
@@ -147,12 +148,14 @@ def test_a_failing_step_fails_its_requests_and_the_next_one_is_served() -> None:
         scheduler.stop()
 
 
-def interim_slots(model, heads, tree, capacity: int):
-    return InterimSingleSlotDecoder(Decoder(model, model.new_cache(capacity + tree.num_nodes), heads, tree))
+def batch_slots(slots: int):
+    def make(model, heads, tree, capacity: int):
+        return BatchDecoder(model, slots=slots, capacity=capacity + tree.num_nodes, heads=heads, tree=tree)
+    return make
 
 
-# Every SlotDecoder the scheduler may drive: the batched one (runtime/batch.py) joins this list.
-SLOT_DECODERS = {"interim": interim_slots}
+# The scheduler over the batched decoder with one slot (requests one after another) and three.
+SLOT_DECODERS = {"one-slot": batch_slots(1), "three-slots": batch_slots(3)}
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +245,7 @@ def test_a_scheduled_session_answers_as_a_chat_session_does_turn_after_turn() ->
     model = tiny_model(seed=5)
     config = GenerationConfig(max_new_tokens=12)
     chat = ChatSession(Decoder(model, model.new_cache(300), None, None), TOK, frozenset({1}), "be brief")
-    scheduler = Scheduler(InterimSingleSlotDecoder(Decoder(model, model.new_cache(300), None, None)), TOK,
+    scheduler = Scheduler(BatchDecoder(model, slots=2, capacity=300), TOK,
                           ServeLimits(context_tokens=300))
     scheduler.start()
     try:
