@@ -81,7 +81,7 @@ def measure_direct(planned, capacity: int, requests: int, max_tokens: int) -> di
             "mean_accepted": round(statistics.mean(s.mean_accepted for s in stats), 3)}
 
 
-def start_server(threads: int):
+def start_server(threads: int, slots: int):
     """The default model served as ``specmemo serve`` serves it, on a free port."""
     from specmemo_core.planning.device import cpu_device
     from specmemo_core.planning.entry import PlanChoices, load_planned
@@ -91,12 +91,12 @@ def start_server(threads: int):
     from specmemo_core.storage.data_folder import data_dir
 
     used = apply_threads(threads)
-    planned = load_planned("default", choices=PlanChoices(), device=cpu_device(), data_folder=data_dir(),
+    planned = load_planned("default", choices=PlanChoices(batch=slots), device=cpu_device(), data_folder=data_dir(),
                            wait_for_timing=False)
-    server = LocalServer(serve_engine(planned.engine, capacity=max(planned.plan.kv_tokens, 256)),
+    server = LocalServer(serve_engine(planned.engine, capacity=max(planned.plan.kv_tokens, 256), slots=slots),
                          ServerAddress(port=0)).start()
     return server, planned, {"model": planned.engine.identity.name, "tree": planned.tree, "precision": planned.engine.precision,
-                    "torch_threads": used, "decoder": "InterimSingleSlotDecoder (B=1)"}
+                    "torch_threads": used, "decoder": f"BatchDecoder ({slots} slots)"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--requests", type=int, default=8, help="requests in all, per measurement")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--slots", type=int, default=4, help="the in-process server's batch slots (serve --slots)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads of the in-process server (0: chosen)")
     parser.add_argument("--base-url", default=None, help="measure this running server instead of starting one")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
-    server, planned, setup = (None, None, {"server": args.base_url}) if args.base_url else start_server(args.threads)
+    server, planned, setup = (None, None, {"server": args.base_url}) if args.base_url else start_server(args.threads, args.slots)
     base_url = args.base_url or server.url
     direct = None
     try:

@@ -40,6 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save", default=None, metavar="FILE",
                    help="also write the JSON report to FILE after every timed round (a run cut short "
                         "keeps its finished rounds; _run.rounds_done says how many)")
+    p.add_argument("--batch-tree", default=None, metavar="TREE",
+                   help="with --batch: speculate on this tree at every batch size instead of the planner's")
     p.add_argument("--batch", default=None, metavar="B,B,…",
                    help="batched decoding instead of --methods: the queries as concurrent requests through "
                         "batch decoders of these sizes (e.g. 1,2,4,8,16), batched plain and batched speculation "
@@ -211,6 +213,9 @@ def _measure_batches(args: argparse.Namespace, batches: list[int], progress: Sta
     trees = {}
 
     def tree_for(b: int):
+        if args.batch_tree:  # the user's tree at every size
+            trees[b] = args.batch_tree
+            return resolve_tree(args.batch_tree, engine.heads_folder)
         chosen = planner_choice(engine, args.dtype, args.max_new_tokens, data_folder=data_dir(), batch=b)
         trees[b] = chosen.tree
         return resolve_tree(chosen.tree, engine.heads_folder) if chosen.tree else None

@@ -159,16 +159,16 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 def read_tensor(data: np.ndarray, entry: TensorEntry, index: GGUFIndex) -> np.ndarray:
     """One tensor de-quantized to float32 in our layout; ``data`` is the file, memory-mapped."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quant_shape_to_byte_shape
-
-    kind = GGMLQuantizationType(entry.kind)
     raw = data[entry.offset: entry.offset + entry.nbytes].view(np.ndarray)  # a plain view: numpy's memmap
-    raw = raw.reshape(quant_shape_to_byte_shape(entry.shape, kind))  # subclass costs per operation
-    if dequant.supported(kind.name):  # the simple block formats, whole-tensor in torch (twice as fast)
-        weight = dequant.dequantize_blocks(raw, kind.name, tuple(entry.shape))
-    else:
-        weight = dequantize(raw, kind)  # float32 [rows, cols]; a view of the file for F32
+    if dequant.supported(entry.kind):  # F32 and the simple block formats, whole-tensor in torch
+        weight = dequant.dequantize_blocks(raw, entry.kind, tuple(entry.shape))
+    else:  # every other format (K-quants, Q5, I-quants) through gguf
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize, quant_shape_to_byte_shape
+
+        kind = GGMLQuantizationType(entry.kind)
+        raw = raw.reshape(quant_shape_to_byte_shape(entry.shape, kind))  # subclass costs per operation
+        weight = dequantize(raw, kind)  # float32 [rows, cols]
     if index.architecture in _ROTARY_PERMUTED and (".attn_q." in entry.name or ".attn_k." in entry.name):
         weight = _unpermute(weight, index.num_heads if ".attn_q." in entry.name else index.num_kv_heads)
     return weight

@@ -86,7 +86,7 @@ def test_a_later_start_imports_no_transformers(loaded):
     """The whole later-start load (cache → planned engine) without importing transformers."""
     code = ("import sys; from specmemo_core.planning.entry import load_planned; "
             "load_planned('default', wait_for_timing=False); "
-            "print(sorted(m for m in ('transformers', 'torch._dynamo') if m in sys.modules))")
+            "print(sorted(m for m in ('transformers', 'torch._dynamo', 'gguf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SPECMEMO_DATA_DIR": ROOT},
                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr[-2000:]
