@@ -14,22 +14,30 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class StageProgress:
-    """A tqdm bar per named stage on stderr, so a slow load never looks like a hang."""
+    """A tqdm bar per named stage on stderr, so a slow load never looks like a hang. Where
+    stderr is not a terminal (a log file, a pipe, a script's capture) a bar's redraws would
+    pile up as hundreds of carriage returns on one line: there each stage is one line."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stream=None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
         self.stage: str | None = None
         self.bar = None
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
 
     def __call__(self, stage: str, fraction: float) -> None:
-        from tqdm import tqdm
-
         if stage != self.stage:
             self.close()
             self.stage = stage
-            self.bar = tqdm(total=100, desc=stage, file=sys.stderr, leave=False,
+            if not self.terminal:
+                print(stage, file=self.stream, flush=True)
+                return
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=100, desc=stage, file=self.stream, leave=False,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
-        self.bar.n = int(round(100 * min(max(fraction, 0.0), 1.0)))
-        self.bar.refresh()
+        if self.bar is not None:
+            self.bar.n = int(round(100 * min(max(fraction, 0.0), 1.0)))
+            self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:

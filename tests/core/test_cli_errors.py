@@ -86,3 +86,34 @@ def test_a_bare_vram_number_is_gigabytes(tmp_path: Path):
     assert json.loads(bare.stdout) == json.loads(unit.stdout)
     assert json.loads(bare.stdout)["budget_bytes"] > 6 * 10**9  # not 8 bytes
     assert "a bare number is GB" in " ".join(specmemo("plan", "--help", data=tmp_path).stdout.split())
+
+
+def test_progress_is_one_line_per_stage_where_stderr_is_not_a_terminal() -> None:
+    """A log or a pipe gets each stage once, not hundreds of bar redraws on one line."""
+    import io
+
+    from specmemo_core.cli.common import StageProgress
+
+    out = io.StringIO()  # not a terminal
+    progress = StageProgress(stream=out)
+    for stage in ("checking file", "loading weights", "planning"):
+        for i in range(101):
+            progress(stage, i / 100)
+    progress.close()
+    assert out.getvalue() == "checking file\nloading weights\nplanning\n"
+
+
+def test_progress_draws_a_bar_on_a_terminal() -> None:
+    import io
+
+    from specmemo_core.cli.common import StageProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    progress = StageProgress(stream=out)
+    progress("loading weights", 0.5)
+    progress.close()
+    assert "loading weights:  50%|" in out.getvalue()
