@@ -164,17 +164,9 @@ class PlannedEngine:
 
     def new_batch_decoder(self, *, graphs: bool | None = None):
         """A ``runtime.batch.BatchDecoder`` with the plan's ``batch`` slots of ``kv_tokens``
-        each (plus the tree's scratch), on the plan's tree. ``graphs``: capture its greedy
-        steps as CUDA graphs (None: on CUDA)."""
-        from specmemo_core.runtime.batch import BatchDecoder
-
-        e = self.engine
-        use_tree = self.choices.speculate and e.speculative
-        tree = e.tree if use_tree else None
-        scratch = tree.num_nodes if tree is not None else 1
-        return BatchDecoder(e.model, slots=self.plan.batch, capacity=max(self.plan.kv_tokens, 256) + scratch,
-                            heads=e.heads if use_tree else None, tree=tree,
-                            graphs=e.model.device.type == "cuda" if graphs is None else graphs)
+        each (plus the tree's scratch), on the plan's tree (``Engine.new_batch_decoder``)."""
+        return self.engine.new_batch_decoder(max(self.plan.kv_tokens, 256), slots=self.plan.batch,
+                                             speculate=self.choices.speculate, graphs=graphs)
 
 
 def apply_plan(planned: PlannedEngine, new_plan: Plan) -> PlannedEngine:

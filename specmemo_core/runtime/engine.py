@@ -204,3 +204,18 @@ class Engine:
         else:
             decoder = Decoder(self.model, self.model.new_cache(capacity + scratch), heads, tree)
         return ChatSession(decoder, self.tokenizer, end_of_turn_ids(self.tokenizer, self.config), system_prompt)
+
+    def new_batch_decoder(self, capacity: int, *, slots: int, speculate: bool = True, graphs: bool | None = None):
+        """``slots`` conversations decoded together (``runtime.batch.BatchDecoder``), each with
+        its own KV cache of ``capacity`` committed tokens plus the tree's scratch slots, on the
+        engine's tree. ``graphs``: capture its greedy steps as CUDA graphs (None: on CUDA, for
+        a model whose layers are all resident, as ``new_session``); never off CUDA."""
+        from specmemo_core.runtime.batch import BatchDecoder
+
+        on_cuda = self.model.device.type == "cuda"
+        graphs = on_cuda and (self.model.streamed is None if graphs is None else graphs)
+        use_tree = speculate and self.speculative
+        tree = self.tree if use_tree else None
+        scratch = tree.num_nodes if tree is not None else 1
+        return BatchDecoder(self.model, slots=slots, capacity=capacity + scratch,
+                            heads=self.heads if use_tree else None, tree=tree, graphs=graphs)

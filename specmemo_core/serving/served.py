@@ -115,16 +115,8 @@ def serve_engine(engine: Any, *, capacity: int, slots: int = 1, defaults: Defaul
     ``slots`` sequences decoded together on the engine's tree, each with a KV cache of
     ``capacity`` tokens (allocated here once), CUDA graphs on CUDA; and a scheduler (not
     started) that queues requests into its free slots."""
-    from specmemo_core.runtime.batch import BatchDecoder
-
-    use_tree = speculate and engine.speculative
-    tree = engine.tree if use_tree else None
-    scratch = tree.num_nodes if tree is not None else 1
-    on_cuda = engine.model.device.type == "cuda"
-    decoder = BatchDecoder(engine.model, slots=slots, capacity=capacity + scratch,
-                           heads=engine.heads if use_tree else None, tree=tree,
-                           graphs=on_cuda if graphs is None else graphs and on_cuda)
+    decoder = engine.new_batch_decoder(capacity, slots=slots, speculate=speculate, graphs=graphs)
     scheduler = Scheduler(decoder, engine.tokenizer, ServeLimits(context_tokens=capacity, max_waiting=max_waiting))
-    tree_name = tree.name if tree is not None else None
+    tree_name = decoder.tree.name if decoder.tree is not None else None
     return ServedModel(engine.identity.name, engine.tokenizer, scheduler,
                        end_of_turn_ids(engine.tokenizer, engine.config), tree_name, defaults)
