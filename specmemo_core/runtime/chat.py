@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -119,8 +119,36 @@ def _too_long(needed: str, capacity: int) -> str:
             "so far is unchanged.")
 
 
+class Transcript:
+    """A conversation's messages as the chat template reads them, kept the same way by every
+    session (``ChatSession`` here, ``serving.session.ScheduledSession`` on a server's
+    scheduler): the system prompt first, each user message as plain text, each reply as
+    far as it got and, where re-encoding its text would split it otherwise, the ids the
+    model wrote (``reply_ids``, so the next prompt repeats them and no re-prefill is needed).
+    The sessions declare ``system_prompt``, ``messages`` and ``reply_ids``."""
+
+    system_prompt: str | None
+    messages: list[dict[str, str]]
+    reply_ids: dict[int, list[int]]
+
+    def __post_init__(self) -> None:
+        if self.system_prompt:
+            self.messages.append({"role": "system", "content": self.system_prompt})
+
+    def _add_user(self, user_text: str) -> None:
+        if not user_text or not user_text.strip():
+            raise SpecMemoError("the message is empty: type something first")
+        self.messages.append({"role": "user", "content": encodable(user_text)})
+
+    def _add_reply(self, tokenizer: Any, reply: str, ids: Sequence[int] | None) -> None:
+        """Append the reply; keep ``ids`` (None: not the whole reply) when they decode to it."""
+        self.messages.append({"role": "assistant", "content": reply})
+        if ids is not None and tokenizer.decode(ids, skip_special_tokens=True) == reply:
+            self.reply_ids[len(self.messages) - 1] = list(ids)
+
+
 @dataclass
-class ChatSession:
+class ChatSession(Transcript):
     """One conversation: its messages and its decoder (whose KV cache spans the turns)."""
 
     decoder: Decoder
@@ -130,25 +158,19 @@ class ChatSession:
     messages: list[dict[str, str]] = field(default_factory=list)
     reply_ids: dict[int, list[int]] = field(default_factory=dict)  # message index → generated ids
 
-    def __post_init__(self) -> None:
-        if self.system_prompt:
-            self.messages.append({"role": "system", "content": self.system_prompt})
-
     def send(
         self, user_text: str, config: GenerationConfig | None = None, cancel: threading.Event | None = None
     ) -> Iterator[TextPiece]:
         """Add the user's message and stream the reply. The reply (complete, or as far as
         it got when cancelled) is appended to ``messages`` when the generator ends."""
-        if not user_text or not user_text.strip():
-            raise SpecMemoError("the message is empty: type something first")
         config = config or GenerationConfig()
         config = GenerationConfig(**{**config.__dict__, "stop_token_ids": config.stop_token_ids | self.stop_token_ids})
         capacity = self.decoder.cache.capacity
-        if len(user_text) >= capacity:  # only then can the text alone outgrow the context: bound it before tokenizing
+        if user_text and len(user_text) >= capacity:  # only then can the text alone outgrow the context: bound it before tokenizing
             fewest = fewest_tokens(user_text, longest_token_chars(self.tokenizer))
             if fewest >= capacity:
                 raise ContextFullError(_too_long(f"at least {fewest}", capacity))
-        self.messages.append({"role": "user", "content": encodable(user_text)})
+        self._add_user(user_text)
         prompt = encode_conversation(self.tokenizer, self.messages, self.reply_ids)
         if len(prompt) >= capacity:  # refused before the cache is touched: the conversation stays usable
             self.messages.pop()
@@ -175,6 +197,4 @@ class ChatSession:
                 "with a smaller context or tree (Settings), then answer it again."
             ) from exc
         finally:
-            self.messages.append({"role": "assistant", "content": reply})
-            if not stream.stopped and self.tokenizer.decode(stream.ids, skip_special_tokens=True) == reply:
-                self.reply_ids[len(self.messages) - 1] = list(stream.ids)
+            self._add_reply(self.tokenizer, reply, None if stream.stopped else stream.ids)

@@ -16,33 +16,26 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-from specmemo_core.errors import ContextFullError, RequestError, SpecMemoError
-from specmemo_core.runtime.chat import TextPiece
+from specmemo_core.errors import ContextFullError, RequestError
+from specmemo_core.runtime.chat import TextPiece, Transcript
 from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.serving.scheduler import Delta, Failed, Job
 from specmemo_core.serving.served import ServedModel
-from specmemo_core.text import encodable
 
 CANCEL_POLL_S = 0.05  # how often a reply waiting on the scheduler looks at its cancel flag
 
 
 @dataclass
-class ScheduledSession:
+class ScheduledSession(Transcript):
     served: ServedModel
     system_prompt: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     reply_ids: dict[int, list[int]] = field(default_factory=dict)  # message index → generated ids
 
-    def __post_init__(self) -> None:
-        if self.system_prompt:
-            self.messages.append({"role": "system", "content": self.system_prompt})
-
     def send(self, user_text: str, config: GenerationConfig | None = None,
              cancel: threading.Event | None = None) -> Iterator[TextPiece]:
-        if not user_text or not user_text.strip():
-            raise SpecMemoError("the message is empty: type something first")
         config = config or GenerationConfig()
-        self.messages.append({"role": "user", "content": encodable(user_text)})
+        self._add_user(user_text)
         events: queue.Queue = queue.Queue()
         try:
             prompt = self.served.encode_messages(self.messages, self.reply_ids)
@@ -77,6 +70,4 @@ class ScheduledSession:
                     return
         finally:
             ticket.cancel()  # a no-op once finished; else the sequence is freed before the next step
-            self.messages.append({"role": "assistant", "content": reply})
-            if self.served.tokenizer.decode(ids, skip_special_tokens=True) == reply:  # as the model wrote it
-                self.reply_ids[len(self.messages) - 1] = ids
+            self._add_reply(self.served.tokenizer, reply, ids)
