@@ -239,11 +239,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch is not None:
         return _run_batches(args)
     names = _method_names(args)
-    progress = StageProgress()
-    try:
+    with StageProgress() as progress:
         result = _measure(args, names, progress)
-    finally:
-        progress.close()
     if args.json:
         print(json.dumps(result))
     else:
@@ -259,11 +256,8 @@ def _run_batches(args: argparse.Namespace) -> int:
     batches = parse_batches(args.batch)  # refused before anything loads
     if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
         raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
-    progress = StageProgress()
-    try:
+    with StageProgress() as progress:
         result = _measure_batches(args, batches, progress)
-    finally:
-        progress.close()
     if args.save:
         Path(args.save).write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(json.dumps(result) if args.json else format_batch_table(result))

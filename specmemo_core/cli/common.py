@@ -44,6 +44,12 @@ class StageProgress:
             self.bar.close()
             self.bar = None
 
+    def __enter__(self) -> "StageProgress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def device_default() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -34,12 +34,9 @@ def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     from specmemo_core.storage.data_folder import data_dir
 
     device = find_device(args.device)  # before loading: a wrong --device costs no loading time
-    progress = StageProgress()
-    try:
+    with StageProgress() as progress:
         return load_planned(args.model, heads=args.heads, choices=plan_choices(args), device=device,
                             data_folder=data_dir(), progress=progress, wait_for_timing=False)
-    finally:
-        progress.close()
 
 
 def kv_room_tokens(planned: PlannedEngine) -> int:

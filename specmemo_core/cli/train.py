@@ -86,11 +86,8 @@ def run_train_heads(args: argparse.Namespace) -> int:
         gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),
     )
-    progress = StageProgress()
-    try:
+    with StageProgress() as progress:
         card = run_training(cfg, Path(args.out), args.device, progress, log=lambda m: print(m, file=sys.stderr))
-    finally:
-        progress.close()
     print(json.dumps(card, indent=1))
     return 0
 
@@ -100,11 +97,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     cfg = PipelineConfig(model=args.model, heldout_prompts=args.heldout_prompts, heldout_file=args.heldout_file,
                          max_new_tokens=args.reply_tokens, gen_batch=args.gen_batch)
-    progress = StageProgress()
-    try:
+    with StageProgress() as progress:
         record = calibrate_folder(Path(args.heads), cfg, args.device, progress)
-    finally:
-        progress.close()
     print(json.dumps({"topk_accuracy": record["topk_accuracy"], "expected_accepted": record["expected_accepted"]},
                      indent=1))
     return 0
@@ -130,11 +124,8 @@ def _evaluate(args: argparse.Namespace, progress: StageProgress) -> dict:
 
 
 def run_eval_acceptance(args: argparse.Namespace) -> int:
-    progress = StageProgress()
-    try:
+    with StageProgress() as progress:
         report = _evaluate(args, progress)
-    finally:
-        progress.close()
     if args.json:
         print(json.dumps(report))
         return 0
