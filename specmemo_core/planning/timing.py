@@ -115,6 +115,34 @@ def cached_timing(folder: Path, key: str) -> StepTiming | None:
         return None
 
 
+def nearest_timing(folder: Path, key: str) -> StepTiming | None:
+    """The timing of ``key``, else the one taken on the same model, device and precision with
+    the nearest thread count (fewer threads first on a tie), else None.
+
+    Why: the thread count follows how busy the cores are, so ``chat`` or ``generate`` may
+    run with another count than the app's start-up timing; that timing still gives the
+    shape the tree choice depends on (a node's and a level's cost against a plain step)
+    far better than the prior. Only an exact key counts as measured for ``needs_refresh``."""
+    exact = cached_timing(folder, key)
+    if exact is not None:
+        return exact
+    try:
+        fingerprint, device, threads, precision = key.split("|", 3)
+        keys = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8")).keys()
+    except (OSError, ValueError, AttributeError):
+        return None
+    candidates = []
+    for other in keys:
+        parts = other.split("|", 3)
+        if len(parts) == 4 and parts[:2] == [fingerprint, device] and parts[3] == precision and parts[2].isdigit():
+            candidates.append((abs(int(parts[2]) - int(threads)), int(parts[2]), other))
+    for _distance, _threads, other in sorted(candidates):
+        found = cached_timing(folder, other)
+        if found is not None:
+            return found
+    return None
+
+
 def store_timing(folder: Path, key: str, timing: StepTiming) -> None:
     """Remember the timing so later starts skip it."""
     path = folder / TIMING_FILE
@@ -169,10 +197,11 @@ def timing_for(engine: Any, device_name: str, folder: Path | None, precision: st
 
 def timing_without_waiting(engine: Any, device_name: str, folder: Path | None,
                            precision: str | None) -> StepTiming | None:
-    """The cached timing (even a stale one), else ``prior_timing``: never measures."""
+    """The cached timing (even a stale one; another thread count's: ``nearest_timing``), else
+    ``prior_timing``: never measures."""
     from specmemo_core.runtime.quantize import held_bytes
 
-    cached = cached_timing(folder, engine_timing_key(engine, device_name, precision)) if folder is not None else None
+    cached = nearest_timing(folder, engine_timing_key(engine, device_name, precision)) if folder is not None else None
     return cached if cached is not None else prior_timing(held_bytes(engine.model), engine.model.device.type)
 
 

@@ -153,3 +153,20 @@ def test_load_planned_without_waiting_never_measures(tiny_model_folder: Path, tm
                           device=cpu_device(), data_folder=tmp_path)  # the default waits: measured and cached
     assert waited.inputs.timing is not None and not waited.inputs.timing.is_prior
     assert (tmp_path / timing.TIMING_FILE).exists()
+
+
+def test_another_thread_counts_timing_stands_in_until_this_one_is_measured(engine: Engine, tmp_path: Path) -> None:
+    """``generate`` may run with 1 thread where the app timed 2: the app's timing, not the
+    prior, plans it; the nearest count wins, and only the exact key stops a refresh."""
+    key = engine_timing_key(engine, "test-cpu", None)
+    fingerprint, device, threads, precision = key.split("|")
+    two = StepTiming(0.05, 0.11, 32, 0.001).measured(time.time())
+    eight = StepTiming(0.02, 0.09, 32, 0.002).measured(time.time())
+    store_timing(tmp_path, f"{fingerprint}|{device}|{int(threads) + 1}|{precision}", two)
+    store_timing(tmp_path, f"{fingerprint}|{device}|{int(threads) + 7}|{precision}", eight)
+    store_timing(tmp_path, f"{fingerprint}|other-device|{threads}|{precision}", eight)
+    store_timing(tmp_path, f"{fingerprint}|{device}|{threads}|int8", eight)
+    assert timing.nearest_timing(tmp_path, key) == two
+    assert timing_without_waiting(engine, "test-cpu", tmp_path, None) == two
+    assert timing.needs_refresh(engine, "test-cpu", tmp_path, None)
+    assert timing_without_waiting(engine, "elsewhere", tmp_path, None).is_prior  # no timing of that device
