@@ -3,9 +3,10 @@
 Why a mix: calibrating on held-out ShareGPT first turns alone over-predicted tokens per
 step on MT-Bench-style questions (the first 20 MT-Bench queries: calibrated-6 predicted
 2.17, measured 1.63), and the planner's tree choice follows the calibration's curve.
-The mix: MT-Bench questions 11–80 (every category; the benches use questions 1–10, the
-first 20 queries, so these stay out of them) and held-out ShareGPT first turns (never
-trained on), cut to ``--sharegpt`` prompts of at most ``--max-chars`` characters.
+The mix: MT-Bench questions 11–80 with both turns (every category; the benches use
+questions 1–10, the first 20 queries, so these stay out of them; second turns rework the
+first reply, where lookup chains pay) and held-out ShareGPT first turns (never trained
+on), cut to ``--sharegpt`` prompts of at most ``--max-chars`` characters.
 
     python scripts/make_calibration_prompts.py --out /tmp/calibration_prompts.jsonl
     specmemo calibrate --heads assets/heads/SmolLM2-135M-Instruct \
@@ -24,9 +25,10 @@ from specmemo_core.tools.train.distill import user_turns
 BENCH_QUESTIONS = 10  # MT-Bench questions the benches run (their first 20 queries)
 
 
-def calibration_prompts(*, sharegpt: int, max_chars: int) -> list[str]:
-    mtbench = [q["turns"][0] for q in mtbench_questions()[BENCH_QUESTIONS:]]
-    held_out = [t[0] for t in user_turns(sharegpt_conversations(), held_out=True) if len(t[0]) <= max_chars]
+def calibration_prompts(*, sharegpt: int, max_chars: int) -> list[list[str]]:
+    """Conversations (lists of user turns)."""
+    mtbench = [list(q["turns"]) for q in mtbench_questions()[BENCH_QUESTIONS:]]
+    held_out = [t[:1] for t in user_turns(sharegpt_conversations(), held_out=True) if len(t[0]) <= max_chars]
     return mtbench + held_out[:sharegpt]
 
 
@@ -37,8 +39,8 @@ def main() -> None:
     p.add_argument("--max-chars", type=int, default=2000)
     args = p.parse_args()
     prompts = calibration_prompts(sharegpt=args.sharegpt, max_chars=args.max_chars)
-    Path(args.out).write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in prompts), encoding="utf-8")
-    print(f"{len(prompts)} prompts → {args.out}")
+    Path(args.out).write_text("".join(json.dumps({"turns": t}) + "\n" for t in prompts), encoding="utf-8")
+    print(f"{len(prompts)} conversations, {sum(map(len, prompts))} turns → {args.out}")
 
 
 if __name__ == "__main__":

@@ -380,14 +380,21 @@ def prior_expected_accepted(tree) -> float:
 
 def tree_options(record: dict | None) -> list[TreeOption]:
     """The candidate trees: the heads' calibrated ones (else SpecMemo's prior), each also
-    with a lookup chain (``lookup.py``) of every length in ``LOOKUP_GAIN``, and the chains
+    with a lookup chain (``lookup.py``) of every length in ``LOOKUP_GAIN`` (the gain the
+    calibration measured on its own text where it has ``lookup``, else the constant), and the chains
     alone (the only speculation for a model without heads). A chain's nodes are charged
     by the step time like any others, so the chain is taken where nodes are nearly free
     (a GPU replaying graphs) and left where they cost more than its extra tokens bring."""
     base = calibrated_options(record) if record else specmemo_prior_options()
-    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, t.expected_accepted + gain, t.widest)
-               for t in base for n, gain in LOOKUP_GAIN.items()]
-    alone = [TreeOption(f"lookup-{n}", n + 1, 0, accepted, 1) for n, accepted in LOOKUP_ALONE.items()]
+    measured = (record or {}).get("lookup", {})  # the calibration's own chains, where it measured them
+
+    def with_chain(t: TreeOption, n: int) -> float:
+        return measured.get(str(n), {}).get(t.name, t.expected_accepted + LOOKUP_GAIN[n])
+
+    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, with_chain(t, n), t.widest)
+               for t in base for n in LOOKUP_GAIN]
+    alone = [TreeOption(f"lookup-{n}", n + 1, 0, measured.get(str(n), {}).get("alone", accepted), 1)
+             for n, accepted in LOOKUP_ALONE.items()]
     return base + chained + alone
 
 

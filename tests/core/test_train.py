@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from specmemo_core.runtime.heads import HeadsSpec, load_heads, random_heads, save_heads
-from specmemo_core.tools.train.calibrate import calibrate, head_ranks, path_rates, tree_from_calibration
+from specmemo_core.tools.train.calibrate import (
+    calibrate, head_ranks, lookup_lengths, path_rates, tree_depths, tree_from_calibration,
+)
 from specmemo_core.tools.train.distill import Sequences, is_held_out
 from specmemo_core.tools.train.features import IGNORE, build_features
 from specmemo_core.tools.train.pipeline import frozen_io
@@ -113,6 +115,47 @@ def test_calibration_paths_and_trees():
     tree = tree_from_calibration(record, 4)
     assert tree.paths == ((0,), (1,), (0, 0)) or tree.paths == ((0,), (0, 0), (0, 0, 1))
     assert tree.num_nodes == 4
+
+
+def test_lookup_lengths_copy_what_followed_the_last_match_as_decoding_does():
+    """Prompt 1 2 3 4, reply 1 2 3 9. The match ends with the root (the token about to
+    be committed), and the chain guesses what comes after it."""
+    seqs = Sequences.from_pairs([([1, 2, 3, 4], [1, 2, 3, 9])])
+    two = lookup_lengths(seqs, 2)
+    assert two.shape[0] == 5  # positions g = 3 (last prompt token) … 7
+    assert two.tolist()[0] == 2  # g = 3, root 1: "1" was followed by 2 3, and the reply goes on 2 3
+    assert two.tolist()[1] == 1  # g = 4, root 2: "1 2" was followed by 3 4; the reply says 3 9
+    assert two.tolist()[3] == 0  # g = 6, root 9: never seen, nothing copied right
+    assert two.tolist()[-1] == 0  # the last token: nothing left to guess
+
+
+def test_a_chain_beside_the_tree_adds_only_where_it_reaches_further():
+    ranks = torch.tensor([[0, 0, -1], [1, 0, 0], [0, 1, 0], [10, 0, 0]])
+    record = calibrate(ranks, "medusa", trees=())
+    assert tree_depths(ranks, [(0,), (0, 0)]).tolist() == [2, 0, 1, 0]
+    lengths = torch.tensor([1, 3, 0, 0])
+    record = calibrate(ranks, "medusa", trees=(), lookup={3: lengths}, sizes=(3,))
+    tree = tree_from_calibration(record, 3)
+    depths = tree_depths(ranks, tree.paths)
+    expected = 1 + torch.maximum(depths, lengths).float().mean().item()
+    assert record["lookup"]["3"]["alone"] == pytest.approx(1 + 4 / 4)
+    assert record["lookup"]["3"][tree.name] == pytest.approx(expected, abs=1e-4)
+    assert record["lookup"]["3"][tree.name] >= max(record["lookup"]["3"]["alone"], 1 + depths.float().mean().item())
+
+
+def test_the_planner_takes_the_measured_chain_gain_over_the_constant():
+    from specmemo_core.planning.planner import LOOKUP_GAIN, tree_options
+
+    ranks = torch.tensor([[0, 0, 1], [0, 1, -1], [0, 0, 0], [1, 0, 10], [10, 0, 0], [0, 0, 1]])
+    plain = calibrate(ranks, "medusa", trees=())
+    measured = calibrate(ranks, "medusa", trees=(), lookup={n: torch.zeros(6, dtype=torch.long) for n in LOOKUP_GAIN},
+                         sizes=(4,))
+    by_name = {o.name: o.expected_accepted for o in tree_options(measured)}
+    assumed = {o.name: o.expected_accepted for o in tree_options(plain)}
+    assert by_name["calibrated-4+lookup-3"] == pytest.approx(by_name["calibrated-4"], abs=1e-4)  # the chain never hit
+    assert assumed["calibrated-4+lookup-3"] == pytest.approx(assumed["calibrated-4"] + LOOKUP_GAIN[3])
+    assert by_name["lookup-3"] == 1.0
+    assert by_name["calibrated-8+lookup-3"] == pytest.approx(by_name["calibrated-8"] + LOOKUP_GAIN[3])  # not measured
 
 
 def test_held_out_split_is_fixed_and_small():

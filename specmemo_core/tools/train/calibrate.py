@@ -9,6 +9,13 @@ measured jointly, without Medusa's independence assumption. The expected tokens 
 verify step of a tree is then 1 + Σ over its nodes of their paths' acceptance rates,
 and the best tree of N nodes is simply the N − 1 most frequent paths (a path is never
 more frequent than its prefix, so that set is always a valid tree).
+
+A lookup chain (``runtime/lookup.py``) hangs off the root beside the heads' paths, so a
+step with both accepts 1 + max(heads' accepted depth, chain's matched length). Both are
+measured per held-out position on the same text (``lookup_lengths``), so the record also
+gives each calibrated tree's tokens per step with a chain of each planned length, and the
+chain's alone: a property of the workload the calibration ran on (copying chats gain
+more), measured rather than assumed.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from specmemo_core.runtime.calibration import (  # noqa: F401  (re-exported for 
     CALIBRATION_NAME, expected_accepted, load_calibration, tree_from_calibration,
 )
 from specmemo_core.runtime.heads import DraftHeads
+from specmemo_core.runtime.lookup import lookup_draft
 from specmemo_core.runtime.tree import MAX_ARITY, load_tree
+from specmemo_core.tools.train.distill import Sequences
 from specmemo_core.tools.train.features import IGNORE, Features
 from specmemo_core.tools.train.trainer import Rope, context_hidden, head_lm, head_states
 
@@ -73,8 +82,56 @@ def path_rates(ranks: torch.Tensor, max_paths: int = 512) -> list[tuple[tuple[in
     return [(p, c / m) for p, c in ordered]
 
 
-def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("medusa-64", "1-10-16-17")) -> dict[str, Any]:
-    """The calibration record written beside the heads (small JSON)."""
+def lookup_lengths(seqs: Sequences, count: int) -> torch.Tensor:
+    """[M] how many leading tokens of a ``count``-token lookup chain are right at each
+    training position, in ``features.training_positions``' order. At position g the
+    committed tokens are the sequence's up to g, the root is token g + 1 and chain node i
+    guesses token g + 2 + i, as at decode time (``lookup_draft`` never reads past the root)."""
+    out = []
+    for s, r, e in zip(seqs.starts.tolist(), seqs.reply_starts.tolist(), seqs.ends.tolist()):
+        seq = seqs.tokens[s:e]
+        n = e - s
+        g = torch.arange(r - 1 - s, n)  # [P] the sequence's training positions
+        room = torch.cat((seq, seq.new_zeros(1)))  # the root's slot after the last token, as a cache has
+        chain = lookup_draft(room.expand(len(g), n + 1), g + 1, room[g + 1], count)  # [P, count]
+        idx = g[:, None] + 2 + torch.arange(count)  # [P, count] the tokens the chain guesses
+        ok = (chain == seq[idx.clamp(max=n - 1)]) & (idx < n)
+        out.append(ok.long().cumprod(dim=1).sum(dim=1))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def tree_depths(ranks: torch.Tensor, paths: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    """[M] the heads' accepted depth at each position on a tree of these paths: the longest
+    prefix of the position's rank row that is one of them."""
+    have = set(paths)
+    depths = []
+    for row in ranks.tolist():
+        d = 0
+        while d < len(row) and 0 <= row[d] < MISS and tuple(row[: d + 1]) in have:
+            d += 1
+        depths.append(d)
+    return torch.tensor(depths, dtype=torch.long)
+
+
+def with_lookup(ranks: torch.Tensor, lengths: dict[int, torch.Tensor], record: dict[str, Any],
+                sizes: Sequence[int]) -> dict[str, dict[str, float]]:
+    """{chain length: {"alone": tokens/step, "calibrated-N": tokens/step with the chain}}."""
+    out: dict[str, dict[str, float]] = {}
+    trees = {n: tree_from_calibration(record, n) for n in sizes if n > 1}
+    depths = {n: tree_depths(ranks, t.paths) for n, t in trees.items()}
+    for count, matched in lengths.items():
+        entry = {"alone": round(1.0 + float(matched.float().mean()), 4)}
+        for n, t in trees.items():
+            entry[t.name] = round(1.0 + float(torch.maximum(depths[n], matched).float().mean()), 4)
+        out[str(count)] = entry
+    return out
+
+
+def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("medusa-64", "1-10-16-17"), *,
+              lookup: dict[int, torch.Tensor] | None = None, sizes: Sequence[int] = ()) -> dict[str, Any]:
+    """The calibration record written beside the heads (small JSON). ``lookup``: each
+    chain length's ``lookup_lengths`` on the same positions, recorded against the
+    calibrated trees of ``sizes`` nodes (``record["lookup"]``)."""
     m, k = ranks.shape
     topk = []
     for j in range(k):
@@ -92,6 +149,8 @@ def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("med
     }
     for n in (8, 16, 32, 64):
         record["expected_accepted"][f"calibrated-{n}"] = round(expected_accepted(tree_from_calibration(record, n), rates), 4)
+    if lookup:
+        record["lookup"] = with_lookup(ranks, lookup, record, sizes)
     return record
 
 

@@ -22,7 +22,8 @@ from specmemo_core.storage.datasets import load_prompt_file, sharegpt_conversati
 from specmemo_core.runtime.heads import HeadsSpec, load_heads, save_heads
 from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
 from specmemo_core.storage.sources import LoadedModel, load_model
-from specmemo_core.tools.train.calibrate import calibrate, head_ranks, save_calibration
+from specmemo_core.planning.planner import LOOKUP_GAIN, TREE_SIZES
+from specmemo_core.tools.train.calibrate import calibrate, head_ranks, lookup_lengths, save_calibration
 from specmemo_core.tools.train.distill import Sequences, generate_replies, user_turns
 from specmemo_core.tools.train.features import build_features
 from specmemo_core.tools.train.trainer import TrainConfig, train_heads
@@ -71,12 +72,13 @@ def frozen_io(hf: Any) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
 
 def _conversations(cfg: PipelineConfig, held_out: bool) -> list[list[str]]:
     """User turns of the training (or held-out) conversations: ``cfg.turns`` per
-    conversation for training; held-out calibration stays on first turns."""
+    conversation for training; held-out ShareGPT stays on first turns, a held-out file
+    keeps every turn it gives (second turns are where lookup chains pay)."""
     file = cfg.heldout_file if held_out else cfg.prompts_file
     limit = cfg.heldout_prompts if held_out else cfg.train_prompts
     turns = 1 if held_out else cfg.turns
-    if file:
-        return [t[:turns] for t in load_prompt_file(file)][:limit]
+    if file:  # a held-out file's conversations are answered turn by turn, as written
+        return [t if held_out else t[:turns] for t in load_prompt_file(file)][:limit]
     return user_turns(sharegpt_conversations(), held_out, turns)[:limit]
 
 
@@ -179,7 +181,8 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
     feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
     ranks = head_ranks(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config))
-    record = calibrate(ranks, heads.spec.kind)
+    record = calibrate(ranks, heads.spec.kind, lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN},
+                       sizes=TREE_SIZES)
     save_calibration(record, folder)
     return record
 
