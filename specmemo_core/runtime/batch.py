@@ -52,6 +52,7 @@ from specmemo_core.errors import BatchError, BatchFullError, PromptTooLongError
 from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.decoding import PREFILL_CHUNK, GenerationConfig, acceptance_for, take_tokens
 from specmemo_core.runtime.heads import DraftHeads
+from specmemo_core.runtime.staged_prefill import StagedPrefill
 from specmemo_core.runtime.model import CausalLM
 from specmemo_core.runtime.step import Acceptance, GreedyAcceptance, RowAcceptance, StepParts, StepUnit, prefill
 from specmemo_core.runtime.tree import Tree, TreeBuffers, load_tree
@@ -83,7 +84,10 @@ class BatchDecoder:
     """Up to ``slots`` sequences over one model, optional heads and one tree (module doc)."""
 
     def __init__(self, model: CausalLM, *, slots: int, capacity: int, heads: DraftHeads | None = None,
-                 tree: Tree | None = None, graphs: bool = False) -> None:
+                 tree: Tree | None = None, graphs: bool = False, staged_prefill: bool | None = None) -> None:
+        """``staged_prefill``: prefill joining prompts of up to ``PREFILL_CHUNK`` tokens through
+        ``staged_prefill.StagedPrefill`` (None: where steps replay CUDA graphs, so prompts do
+        too); longer prompts, and False, prefill eagerly into their row."""
         if tree is not None:
             if not tree.paths:
                 heads = None  # a lookup chain alone: the heads would draft nothing
@@ -112,6 +116,9 @@ class BatchDecoder:
         cuda = graphs and device.type == "cuda"
         self._pool = torch.cuda.graph_pool_handle() if cuda else None
         self._capture_stream = torch.cuda.Stream(device) if cuda else None
+        staged = cuda if staged_prefill is None else staged_prefill
+        self._staged = (StagedPrefill(model, self.heads, max_tokens=min(PREFILL_CHUNK, capacity), graphs=cuda,
+                                      pool=self._pool, stream=self._capture_stream) if staged else None)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._order: list[Hashable] = []  # ids by row
         self.finished: set[Hashable] = set()
@@ -144,10 +151,13 @@ class BatchDecoder:
         seq = _Sequence(seq_id, row, config, acceptance_for(config))
         for cache in self._caches():
             cache.open_row(row)
-        parts = self._rows(row, row + 1)
         try:
             with torch.inference_mode():
-                hidden = prefill(parts, list(prompt_ids), chunk=PREFILL_CHUNK)  # [1, 1, D]
+                if self._staged is not None and self._staged.fits(len(prompt_ids)):
+                    hidden = self._staged(list(prompt_ids), cache=self.cache, context_cache=self.context_cache,
+                                          row=row, state=self.states)  # [1, 1, D]
+                else:
+                    hidden = prefill(self._rows(row, row + 1), list(prompt_ids), chunk=PREFILL_CHUNK)
                 root = seq.acceptance.first(self.model, hidden[0])
         except BaseException:
             for cache in self._caches():

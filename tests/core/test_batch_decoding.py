@@ -168,3 +168,33 @@ def test_a_planned_engine_makes_a_batch_decoder_with_the_plans_slots_and_tree(mo
     assert (dec.slots, dec.capacity, dec.tree, dec.speculative) == (3, 300 + tree.num_nodes, tree, True)
     plain = PlannedEngine(engine, None, None, plan, PlanChoices(batch=3, speculate=False)).new_batch_decoder()
     assert plain.tree is None and not plain.speculative
+
+
+@pytest.mark.parametrize("tree_name, kind", [(None, None), ("1-3-2+lookup-4", "hydra"), ("1-3-2", "context")])
+def test_staged_prefill_joins_sequences_exactly_as_the_eager_prefill(model, prompts, alone, tree_name, kind):
+    """Prompts padded to a bucket in a staging row and copied into their batch row (what
+    a GPU replays as graphs) decode as the sequences alone; the staging row is reused."""
+    tree = load_tree(tree_name) if tree_name else None
+    context = (64, 4, 2, 16) if kind == "context" else None
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=context) if kind else None
+    runs = []
+    for staged in (True, False):
+        dec = BatchDecoder(model, slots=2, capacity=CAPACITY, heads=heads, tree=tree, staged_prefill=staged)
+        assert (dec._staged is not None) == staged
+        steps = []
+        original = dec.step
+        dec.step = lambda: steps.append(original()) or steps[-1]  # noqa: B023 (every step's emissions, in order)
+        outs, _ = _drive(dec, prompts)
+        runs.append(steps)
+        for i, reference in enumerate(alone):
+            if i != REMOVED:
+                assert outs[i] == reference, f"sequence {i}"
+    assert runs[0] == runs[1]  # the same drafts accepted step by step: the staged draft state is the eager one
+
+
+def test_prefill_buckets_double_up_to_the_largest():
+    from specmemo_core.runtime.staged_prefill import prefill_buckets
+
+    assert prefill_buckets(128) == (16, 32, 64, 128)
+    assert prefill_buckets(40) == (16, 32, 40)
+    assert prefill_buckets(16) == (16,)
