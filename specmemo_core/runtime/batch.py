@@ -96,8 +96,8 @@ class BatchDecoder:
             raise BatchError(f"a batch needs at least one slot and more than {nodes} tokens of capacity per slot "
                              f"(the tree's scratch), got {slots} slots of {capacity}")
         s, device = model.spec, model.device
-        self.cache = BatchKVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, rows=slots,
-                                  dtype=model.dtype, device=device)
+        self.cache = model.layer_cache(lambda layers, at: BatchKVCache(
+            layers, s.num_kv_heads, s.head_dim, capacity, rows=slots, dtype=model.dtype, device=at))
         self.context = self.heads.context if self.heads is not None else None
         m = self.context.mspec if self.context is not None else None
         self.context_cache = (BatchKVCache(1, m.num_kv_heads, m.head_dim, capacity, rows=slots, dtype=model.dtype,
