@@ -3,7 +3,8 @@
 Vocabulary
 ----------
 segment  a run of consecutive decoder layers on one device, with its layers' KV cache
-         (``split_cache.SplitCache``) and its own copy of the rope frequencies.
+         (``split_cache.SplitCache``) and its own copy of the rope frequencies; a first or
+         last segment may hold no layer (a card with only the embedding or the LM head).
 home     the last segment's device: the final norm, the LM head, the draft heads, the tree
          buffers and the decoding step's own tensors (root, draft state, the cache's token
          ids and lengths) live there; ``CausalLM.device`` of a split model is its home.
@@ -57,9 +58,8 @@ class LayerSplit:
         if not self.devices or len(self.devices) != len(self.layers):
             raise SplitError(f"a layer split needs one layer count per device, got {len(self.devices)} devices "
                              f"and {len(self.layers)} counts")
-        if any(n < 1 for n in self.layers):
-            raise SplitError(f"every device of a split needs at least one decoder layer, got {list(self.layers)}; "
-                             "leave out the devices that hold none")
+        if any(n < 0 for n in self.layers):
+            raise SplitError(f"layer counts of a split cannot be negative, got {list(self.layers)}")
 
     @classmethod
     def of(cls, devices: Sequence[torch.device | str], layers: Sequence[int]) -> "LayerSplit":

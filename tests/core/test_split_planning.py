@@ -1,0 +1,107 @@
+"""Layer split as a plan choice (planning/split.py): accelerate's device map over the memory
+tree divides the layers by each card's memory, more memory never gives a card fewer layers,
+and a model the cards do not hold is refused saying what would fit."""
+
+from dataclasses import replace
+
+import pytest
+
+from specmemo_core.planning.memory import known_shape
+from specmemo_core.planning.planner import Budget, PlanRequest, memory_terms
+from specmemo_core.planning.split import Card, SplitDoesNotFitError, plan_over_devices, split_layers
+
+GIB = 2**30
+VICUNA = known_shape("vicuna-13b")  # 40 layers, ~26 GB in bf16: no 16 GB card holds it
+REQUEST = PlanRequest(turns=4, precision="bf16")
+
+
+def _card(index: int, free_gib: float, total_gib: float = 80) -> Card:
+    return Card(f"cuda:{index}", Budget("cuda", int(total_gib * GIB), int(free_gib * GIB), f"GPU {index}"))
+
+
+def _terms(kv_tokens: int = 2048) -> dict[str, int]:
+    return memory_terms(VICUNA, None, precision="bf16", kind="cuda", kv_tokens=kv_tokens)
+
+
+def test_two_small_cards_divide_the_layers_in_order():
+    shares = split_layers(VICUNA, "bf16", [_card(0, 16), _card(1, 16)], _terms(), safety_margin=0.1)
+    assert [s.device for s in shares] == ["cuda:0", "cuda:1"]
+    assert sum(s.layers for s in shares) == VICUNA.num_layers and all(s.layers > 0 for s in shares)
+    assert shares[0].first_layer == 0 and shares[1].first_layer == shares[0].layers
+    assert all(s.predicted_bytes <= s.usable_bytes for s in shares)
+    # the last card holds the LM head and the draft heads beside its layers: fewer layers fit it per byte
+    assert shares[1].predicted_bytes > 0
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_more_memory_on_a_card_never_gives_it_fewer_layers(which):
+    """Cards fill in order: the first takes what its memory holds, the last the rest."""
+    layers = []
+    for gib in (15, 16, 18, 20, 24, 30):
+        free = [18.0, 18.0]
+        free[which] = gib
+        shares = split_layers(VICUNA, "bf16", [_card(0, free[0]), _card(1, free[1])], _terms(), safety_margin=0.1)
+        layers.append({s.device: s.layers for s in shares}.get(f"cuda:{which}", 0))
+    assert layers == sorted(layers)
+    if which == 0:
+        assert layers[0] < layers[-1] == 40  # at 30 GiB the first card holds every layer (the head goes on)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_planned_split_is_monotone_in_each_cards_memory(which):
+    """Through the plan (more memory: a larger KV cache, so larger layers), still never fewer layers."""
+    layers = []
+    for gb in (16, 17, 20, 24):
+        free = [16.0, 16.0]
+        free[which] = gb
+        found = plan_over_devices([_card(0, free[0]), _card(1, free[1])], VICUNA, None, REQUEST)
+        assert found.fits and len(found.split) == 2
+        layers.append(found.split[which].layers)
+    assert layers == sorted(layers)
+
+
+def test_cards_that_hold_no_split_are_refused_with_what_would_fit():
+    with pytest.raises(SplitDoesNotFitError, match=r"they hold \d+ of its 40 decoder layers") as refused:
+        split_layers(VICUNA, "bf16", [_card(0, 8), _card(1, 8)], _terms(), safety_margin=0.1)
+    assert 0 < refused.value.placed < 40 and refused.value.shortfall > 0
+    assert "lower precision" in str(refused.value) and "add a card" in str(refused.value)
+
+
+def test_vicuna_13b_capped_at_16gib_per_card_is_split_over_both():
+    found = plan_over_devices([_card(0, 16, 16), _card(1, 16, 16)], VICUNA, None, replace(REQUEST, turns=20))
+    assert found.fits and found.precision == "bf16" and found.kv_tokens == VICUNA.max_context
+    assert [s.device for s in found.split] == ["cuda:0", "cuda:1"]
+    assert sum(s.layers for s in found.split) == 40
+    assert all(s.predicted_bytes <= s.usable_bytes for s in found.split)
+    assert any("split over 2 devices" in n for n in found.notes)
+
+
+def test_a_chat_one_card_holds_is_not_split():
+    found = plan_over_devices([_card(0, 80), _card(1, 80)], VICUNA, None, REQUEST)
+    assert found.fits and found.split == () and any("fits cuda:0 alone" in n for n in found.notes)
+    second = plan_over_devices([_card(0, 4), _card(1, 80)], VICUNA, None, REQUEST)
+    assert second.split == () and any("fits cuda:1 alone" in n for n in second.notes)
+
+
+def test_a_chat_no_split_holds_is_refused_with_the_splits_reason():
+    found = plan_over_devices([_card(0, 6), _card(1, 6)], VICUNA, None, REQUEST)
+    assert not found.fits and found.split == ()
+    assert any("smaller model" in s for s in found.suggestions)
+
+
+def test_one_card_or_a_cpu_plans_as_before():
+    from specmemo_core.planning.planner import plan
+
+    one = plan_over_devices([_card(0, 40)], VICUNA, None, REQUEST)
+    assert one == plan(_card(0, 40).budget, VICUNA, None, REQUEST)
+    cpu = Card("cpu", Budget("cpu", 64 * GIB, 64 * GIB))
+    assert plan_over_devices([cpu, replace(cpu, device="cpu")], VICUNA, None, REQUEST).split == ()
+
+
+def test_a_split_at_a_better_precision_wins_over_one_card_at_a_lower_one():
+    """Two 16 GiB cards: vicuna-13b fits one card only as int4; split over both it runs in bf16."""
+    cards = [_card(0, 16, 16), _card(1, 16, 16)]
+    found = plan_over_devices(cards, VICUNA, None, PlanRequest(turns=4))
+    assert found.fits and found.precision == "bf16" and len(found.split) == 2
+    one_card = plan_over_devices(cards, VICUNA, None, PlanRequest(turns=4, precision="int4"))
+    assert one_card.split == () and one_card.precision == "int4"
