@@ -30,13 +30,16 @@ def plan_choices(args: argparse.Namespace) -> PlanChoices:
 def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     """Planned from the cached device timing, else the prior: a reply never waits on a
     timing (``specmemo plan`` and ``bench`` measure and cache one)."""
-    from specmemo_core.planning.entry import find_device, load_planned
+    from specmemo_core.cli.common import parse_devices
+    from specmemo_core.planning.entry import find_device, find_devices, load_planned
     from specmemo_core.storage.data_folder import data_dir
 
-    device = find_device(args.device)  # before loading: a wrong --device costs no loading time
+    numbers = parse_devices(args.devices)  # before loading: a wrong --device(s) costs no loading time
+    devices = find_devices(numbers) if numbers else None
+    device = devices[0] if devices else find_device(args.device)
     with StageProgress() as progress:
         return load_planned(args.model, heads=args.heads, choices=plan_choices(args), device=device,
-                            data_folder=data_dir(), progress=progress, wait_for_timing=False)
+                            data_folder=data_dir(), progress=progress, wait_for_timing=False, devices=devices)
 
 
 def kv_room_tokens(planned: PlannedEngine) -> int:
