@@ -24,8 +24,8 @@ room is given back (added to the first card's ``max_memory``).
 
 Planning over several cards (``plan_over_devices``): when one card alone holds the chat
 at the precision a split would give, that card's plan is the plan (no border to cross).
-Otherwise the chat is planned on the cards' summed memory (the planner's precision, tree
-and KV rules unchanged), then split; when the pieces do not fit the cards (a layer does
+Otherwise the chat is planned on the cards' summed memory less what every card after the
+first holds again (the planner's precision, tree and KV rules unchanged), then split; when the pieces do not fit the cards (a layer does
 not straddle two), the summed memory is lowered by what did not fit and the chat planned
 again.
 """
@@ -174,7 +174,7 @@ def _refuse(shape: ModelShape, precision: str, cards: Sequence[Card], pieces: Pi
             placed: int) -> tuple[DeviceShare, ...]:
     need = pieces.card_bytes(layers=shape.num_layers, embed=True, head=True, kind=cards[0].budget.kind) + (
         len(cards) - 1) * pieces.per_card
-    shortfall = max(need - sum(usable), pieces.layer)
+    shortfall = max(need - sum(usable), pieces.layer)  # at least a layer: what a border may leave unused
     names = ", ".join(c.device for c in cards)
     raise SplitDoesNotFitError(
         f"{shape.name} at {precision} with this KV cache needs about {_gib(need)} over {names} but "
@@ -216,26 +216,32 @@ def _quality(precision: str) -> int:
 
 def _split_plan(cards: Sequence[Card], model: ModelShape, heads: "HeadsShape | None", request: "PlanRequest",
                 trees: Sequence["TreeOption"], step_time: "StepTime | None") -> "tuple[Plan | None, str]":
-    """The chat planned on the cards' summed memory and split over them; lowered while the
-    split does not fit (module doc). None and the last reason when nothing fits."""
+    """The chat planned on the cards' summed memory less what the cards after the first hold
+    twice (the runtime's base overhead and a forward's activations), then split; planned
+    again on less while the split does not fit (module doc). None and the last reason when
+    nothing fits."""
     from specmemo_core.planning.planner import Budget, plan
 
     kind, margin = cards[0].budget.kind, request.safety_margin
     free = sum(c.budget.free_bytes for c in cards)
     total = sum(c.budget.total_bytes for c in cards)
-    reason = ""
-    for _ in range(model.num_layers + 1):
-        whole = plan(Budget(kind, total, free, " + ".join(c.device for c in cards)), model, heads, request, trees,
+    held_twice, lost, reason = 0, 0, ""
+    for _ in range(model.num_layers + 4):
+        budget = free - int((held_twice + lost) / (1.0 - margin))
+        if budget <= 0:
+            break
+        whole = plan(Budget(kind, total, budget, " + ".join(c.device for c in cards)), model, heads, request, trees,
                      step_time)
         if not whole.fits:
             break
+        twice = (len(cards) - 1) * (overhead_bytes(kind, 0) + whole.predicted_bytes.get("activations", 0))
+        if twice > held_twice:
+            held_twice = twice
+            continue
         try:
             shares = split_layers(model, whole.precision, cards, whole.predicted_bytes, safety_margin=margin)
         except SplitDoesNotFitError as refused:
-            reason = str(refused)
-            free -= int(refused.shortfall / (1.0 - margin)) + 1
-            if free <= 0:
-                break
+            reason, lost = str(refused), lost + refused.shortfall
             continue
         note = f"split over {len(shares)} devices: " + describe(shares)
         return replace(whole, split=shares, notes=whole.notes + (note,)), reason

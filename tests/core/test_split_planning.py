@@ -5,6 +5,7 @@ and a model the cards do not hold is refused saying what would fit."""
 from dataclasses import replace
 
 import pytest
+import torch
 
 from specmemo_core.planning.memory import known_shape
 from specmemo_core.planning.planner import Budget, PlanRequest, memory_terms
@@ -105,3 +106,51 @@ def test_a_split_at_a_better_precision_wins_over_one_card_at_a_lower_one():
     assert found.fits and found.precision == "bf16" and len(found.split) == 2
     one_card = plan_over_devices(cards, VICUNA, None, PlanRequest(turns=4, precision="int4"))
     assert one_card.split == () and one_card.precision == "int4"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory):
+    """A small random-weight model of 8 layers saved as a Hugging Face folder, as ``Engine.load`` reads one:
+    its layers (2 MB each in bf16) outweigh a forward's activations, so a split can fit where one card does not."""
+    from tests.tiny import tiny_hf_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama-8")
+    tiny_hf_model(seed=21, layers=8, hidden_size=256, intermediate_size=1024).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_load_planned_splits_what_no_card_holds_and_chats_as_one_device(tiny_model_folder, tmp_path):
+    """The app's and chat's path with ``--devices``, played on the CPU: two made-up 'cuda'
+    cards (running on the CPU) each too small for the model; the plan made before loading
+    splits it over both, the engine loads split as planned, and replies as the unsplit one."""
+    from specmemo_core.planning.device import DeviceInfo
+    from specmemo_core.planning.entry import (PlanChoices, cards_for, inputs_before_load, load_planned, make_plan,
+                                              split_of, split_of_plan)
+    from specmemo_core.runtime.decoding import GenerationConfig
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.storage.sources import load_model
+
+    fake = tuple(DeviceInfo("cuda", i, f"Fake GPU {i}", 2**40, 2**40, "", "cpu") for i in (0, 1))
+    choices = PlanChoices(turns=2, reply_tokens=32, prompt_tokens=32, precision="bf16")  # else int8 fits one
+    inputs = inputs_before_load(load_model(tiny_model_folder), "random", fake[0], link=None, cards=cards_for(fake))
+
+    def at(cap: int):
+        cards = tuple(replace(c, budget=Budget("cuda", cap, cap)) for c in inputs.cards)
+        return make_plan(replace(inputs, budget=cards[0].budget, cards=cards), choices)
+
+    lo, hi = 2**20, 2**31  # bisect (to 4 KiB) for the smallest card on which the chat fits at all
+    while hi - lo > 4096:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if at(mid).fits else (mid, hi)
+    assert at(hi).fits and len(at(hi).split) == 2  # no card holds it alone: split over both
+    planned = load_planned(tiny_model_folder, heads="random", choices=choices, data_folder=tmp_path,
+                           devices=tuple(replace(d, total_bytes=hi, free_bytes=hi) for d in fake),
+                           wait_for_timing=False)
+    assert split_of(planned.engine) == split_of_plan(planned.plan) and len(split_of(planned.engine)) == 2
+    tree = planned.tree
+    whole = Engine.load(str(tiny_model_folder), heads="random", tree=tree, dtype=torch.bfloat16, precision="bf16")
+    config = GenerationConfig(max_new_tokens=16)
+    replies = [''.join(p.text for p in session.send("Hello, how are you?", config))
+               for session in (planned.new_session(capacity=256), whole.new_session(capacity=256))]
+    assert replies[0] == replies[1] and replies[0]
