@@ -22,7 +22,7 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." PYTHONUNBUFFERED=1
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "${GPUS:-0}" -ge 2 ]; then DEVICES=cuda:0,cuda:1; TAG=2gpu; else DEVICES=cuda:0,cuda:0; TAG=1gpu; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu_split_$TAG.txt"
-python3 -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" \
+python3 -c "import torch, transformers, accelerate as a; print(torch.__version__, transformers.__version__, a.__version__)" \
   >> "$OUT/gpu_split_$TAG.txt"
 
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/core/test_split.py -k gpus 2>&1 | tail -6 \

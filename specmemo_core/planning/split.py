@@ -25,9 +25,9 @@ room is given back (added to the first card's ``max_memory``).
 Planning over several cards (``plan_over_devices``): when one card alone holds the chat
 at the precision a split would give, that card's plan is the plan (no border to cross).
 Otherwise the chat is planned on the cards' summed memory less what every card after the
-first holds again (the planner's precision, tree and KV rules unchanged), then split; when the pieces do not fit the cards (a layer does
-not straddle two), the summed memory is lowered by what did not fit and the chat planned
-again.
+first holds again (the planner's precision, tree and KV rules unchanged), then split; when
+the pieces do not fit the cards (a layer does not straddle two), the memory is lowered by
+what did not fit and the chat planned again.
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from specmemo_core.tools.batch_bench import parse_batches
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", required=True, help="two or more torch devices: cuda:0,cuda:1 | cuda:0,cuda:0 | cpu,cpu")
+    p.add_argument("--devices", required=True,
+                   help="two or more torch devices: cuda:0,cuda:1 | cuda:0,cuda:0 | cpu,cpu")
     p.add_argument("--model", default="default")
     p.add_argument("--heads", default="auto", help="'auto' (shipped heads), 'random', or a heads folder")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: bf16 on CUDA, fp32 on CPU")

@@ -43,3 +43,10 @@ def test_plan_prints_each_cards_layers_of_a_split(tmp_path):
     found = json.loads(specmemo(*args, "--json", data=tmp_path).stdout)
     assert [s["device"] for s in found["split"]] == ["cuda:0", "cuda:1"]
     assert sum(s["layers"] for s in found["split"]) == 40
+
+
+def test_bench_runs_only_our_decoders_split(tmp_path):
+    line = one_error_line(specmemo("bench", "--devices", "0,1", "--methods", "hf,vanilla", data=tmp_path))
+    assert "only our decoders run split" in line
+    line = one_error_line(specmemo("bench", "--devices", "0;1", "--batch", "1,8", data=tmp_path))
+    assert "--devices takes GPU numbers" in line

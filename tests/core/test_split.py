@@ -130,9 +130,11 @@ def test_a_split_that_does_not_match_the_model_is_refused_with_what_to_do():
     assert LayerSplit.even(["cpu"] * 3, 5).layers == (2, 2, 1)
 
 
-CUDA_SPLITS = [pytest.param(("cuda:0", "cuda:0"), marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU")), pytest.param(("cuda:0", "cuda:1"), marks=pytest.mark.skipif(
-        torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"))]
+CUDA_SPLITS = [
+    pytest.param(("cuda:0", "cuda:0"), marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")),
+    pytest.param(("cuda:0", "cuda:1"), marks=pytest.mark.skipif(torch.cuda.device_count() < 2,
+                                                                reason="needs two CUDA GPUs")),
+]
 
 
 @pytest.mark.parametrize("devices", CUDA_SPLITS)
