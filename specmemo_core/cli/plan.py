@@ -110,6 +110,42 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
     return check, (_stream_check(model, result.precision) if resident is not None else None)
 
 
+def _verify_split(args: argparse.Namespace, result, request, shape):
+    """Run a plan split over several GPUs (``Plan.split``) with synthetic text and measure
+    each card. ``--vram SIZE`` caps each card at SIZE first. ``shape:`` models get random
+    weights made on each card (random hydra heads on the last); others load split as planned."""
+    from specmemo_core.planning.plan_check import cap_device, random_model, verify
+    from specmemo_core.runtime.engine import resolve_tree
+    from specmemo_core.runtime.split import LayerSplit
+
+    cards = [torch.device(s.device) for s in result.split]
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= max(c.index or 0 for c in cards):
+        raise SpecMemoError(f"--verify of a plan split over {', '.join(s.device for s in result.split)} needs "
+                            "those GPUs here; leave out --verify to see the plan")
+    if args.vram != "auto":
+        for share in result.split:
+            cap_device(share.device, vram_size(args.vram)[1])
+    split = LayerSplit.of([s.device for s in result.split], [s.layers for s in result.split])
+    folder = None
+    if args.model.startswith("shape:"):
+        from specmemo_core.runtime.heads import random_heads
+
+        model = random_model(shape, result.precision, split.home, split=split)
+        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=split.home,
+                                                                                       dtype=model.dtype)
+                 if result.tree else None)
+    else:
+        from specmemo_core.planning.entry import torch_dtype
+        from specmemo_core.runtime.engine import Engine
+
+        engine = Engine.load(args.model, heads="auto", tree=None, dtype=torch_dtype(result.precision),
+                             precision=result.precision, split=split)
+        model, heads, folder = engine.model, engine.heads if result.tree else None, engine.heads_folder
+    tree = resolve_tree(result.tree, folder) if result.tree else None
+    return verify(result, model, heads, tree, prompt_tokens=request.prompt_tokens, reply_tokens=request.reply_tokens,
+                  turns=request.turns)
+
+
 def _stream_check(model, precision: str) -> dict:
     """A streamed model's steps: a 64-node tree's forward against a plain one, and the
     share of the measured host→GPU bandwidth a plain step achieves
@@ -278,6 +314,9 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
         print(f"verify   predicted {gib(out['predicted_bytes_total'])}, measured peak {gib(out['measured_peak_bytes'])}")
         for term, n in out["measured_terms"].items():
             print(f"  measured {term:<10}{gib(n)}  (predicted {gib(result.predicted_bytes[term])})")
+        for card in out.get("cards") or ():
+            print(f"  {card['device']:<8} predicted {gib(card['predicted_bytes'])}, measured peak "
+                  f"{gib(card['measured_peak_bytes'])} ({card['error']:+.1%})")
         streaming = out.get("stream_check")
         if streaming:
             fraction = streaming["link_fraction"]
@@ -292,16 +331,15 @@ def run(args: argparse.Namespace) -> int:
     out = asdict(result)
     if args.verify and result.batch > 1:
         raise SpecMemoError("--verify runs one conversation; leave out --batch to check the plan's memory")
-    if args.verify and result.split:
-        raise SpecMemoError("--verify of a plan split over several GPUs is not there yet: leave out --verify, or "
-                            "check the split with python -m specmemo_core.tools.split_check")
     if args.verify and result.fits:
-        if budget.kind != "cuda" or result.streamed_layers:
+        if budget.kind != "cuda" or result.streamed_layers or result.split:
             engine = None  # freed before the check loads the plan's own model (see _verify_plan)
-        check, streaming = _verify_plan(args, result, request, budget, shape, engine)
+        check, streaming = (_verify_split(args, result, request, shape), None) if result.split else \
+            _verify_plan(args, result, request, budget, shape, engine)
         out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
                    measured_terms=check.measured_terms, fits=result.fits and check.fits,
-                   turns_run=check.turns_run, context_resets=check.context_resets, stream_check=streaming)
+                   turns_run=check.turns_run, context_resets=check.context_resets, stream_check=streaming,
+                   cards=[dict(asdict(c), error=round(c.error, 4)) for c in check.cards])
     if args.json:
         print(json.dumps(out))
         return 0 if result.fits else 3

@@ -69,6 +69,7 @@ class DeviceShare:
     predicted_bytes: int  # its layers' weights and KV cache, the embedding / LM head, heads and tree it holds,
     # activations and overhead
     usable_bytes: int  # its free memory less the safety margin
+    overhead_bytes: int = 0  # of predicted_bytes, the runtime's (context, allocator slack: no tensor of ours)
 
 
 class SplitDoesNotFitError(SplitError):
@@ -101,10 +102,11 @@ class Pieces:
                    head + terms.get("heads", 0) + terms.get("tree_buffers", 0),
                    terms.get("activations", 0) + overhead_bytes(kind, 0))
 
-    def card_bytes(self, *, layers: int, embed: bool, head: bool, kind: str) -> int:
-        """A card's predicted bytes: its modules, activations and overhead."""
+    def card_bytes(self, *, layers: int, embed: bool, head: bool, kind: str) -> tuple[int, int]:
+        """A card's predicted bytes (its modules, activations and overhead) and of them the overhead."""
         modules = layers * self.layer + (self.embed if embed else 0) + ((self.norm + self.head) if head else 0)
-        return modules + self.per_card + overhead_bytes(kind, modules) - overhead_bytes(kind, 0)
+        overhead = overhead_bytes(kind, modules)
+        return modules + self.per_card - overhead_bytes(kind, 0) + overhead, overhead
 
 
 class _Held(nn.Module):
@@ -163,16 +165,15 @@ def split_layers(shape: ModelShape, precision: str, cards: Sequence[Card], terms
         if not mine and index not in (embed_card, head_card):
             continue
         first = mine[0] if mine else (shares[-1].first_layer + shares[-1].layers if shares else 0)
-        shares.append(DeviceShare(cards[index].device, first, len(mine),
-                                  pieces.card_bytes(layers=len(mine), embed=index == embed_card,
-                                                    head=index == head_card, kind=kind),
-                                  usable[index]))
+        predicted, overhead = pieces.card_bytes(layers=len(mine), embed=index == embed_card,
+                                                head=index == head_card, kind=kind)
+        shares.append(DeviceShare(cards[index].device, first, len(mine), predicted, usable[index], overhead))
     return tuple(shares)
 
 
 def _refuse(shape: ModelShape, precision: str, cards: Sequence[Card], pieces: Pieces, usable: list[int],
             placed: int) -> tuple[DeviceShare, ...]:
-    need = pieces.card_bytes(layers=shape.num_layers, embed=True, head=True, kind=cards[0].budget.kind) + (
+    need = pieces.card_bytes(layers=shape.num_layers, embed=True, head=True, kind=cards[0].budget.kind)[0] + (
         len(cards) - 1) * pieces.per_card
     shortfall = max(need - sum(usable), pieces.layer)  # at least a layer: what a border may leave unused
     names = ", ".join(c.device for c in cards)

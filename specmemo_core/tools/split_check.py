@@ -128,8 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{result['model']} split {result['layers']} over {', '.join(result['devices'])}: greedy "
               + ("equal to one device" if result["all_equal"] else f"DIFFERS {result['equal']}"))
         for b, entry in result["split"].items():
-            print(f"  batch {b}: plain {entry['plain']['tokens_per_s']}, speculative "
-                  f"{entry['speculative']['tokens_per_s']} tok/s, speedup {entry['speedup']}")
+            plain, spec = entry["plain"]["tokens_per_s"], entry["speculative"]["tokens_per_s"]
+            print(f"  batch {b}: plain {plain['median']} ({plain['min']}–{plain['max']}) tok/s, speculative on "
+                  f"{entry['speculative']['tree']} {spec['median']} ({spec['min']}–{spec['max']}) tok/s, "
+                  f"speedup {entry['speedup']}")
     return 0 if result["all_equal"] else 1
 
 

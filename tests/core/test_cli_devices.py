@@ -43,6 +43,8 @@ def test_plan_prints_each_cards_layers_of_a_split(tmp_path):
     found = json.loads(specmemo(*args, "--json", data=tmp_path).stdout)
     assert [s["device"] for s in found["split"]] == ["cuda:0", "cuda:1"]
     assert sum(s["layers"] for s in found["split"]) == 40
+    line = one_error_line(specmemo(*args, "--verify", data=tmp_path))  # no GPUs here
+    assert "needs those GPUs here" in line
 
 
 def test_bench_runs_only_our_decoders_split(tmp_path):

@@ -154,3 +154,30 @@ def test_load_planned_splits_what_no_card_holds_and_chats_as_one_device(tiny_mod
     replies = [''.join(p.text for p in session.send("Hello, how are you?", config))
                for session in (planned.new_session(capacity=256), whole.new_session(capacity=256))]
     assert replies[0] == replies[1] and replies[0]
+
+
+def test_plan_verify_builds_random_weights_on_each_card_and_runs_the_split_plan():
+    """``plan --verify``'s random model for a split plan, played on the CPU: each part made
+    where it runs, from the same random stream, so it decodes as the one made whole; the
+    verification runs its turns over the segment caches."""
+    from specmemo_core.planning.memory import ModelShape
+    from specmemo_core.planning.plan_check import random_model, verify
+    from specmemo_core.planning.planner import Plan
+    from specmemo_core.planning.split import DeviceShare
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.split import LayerSplit
+
+    torch.set_num_threads(1)
+    shape = ModelShape(64, 64, 128, 5, 4, 2, 16, False, name="tiny", max_context=512)
+    whole = random_model(shape, "fp32", "cpu")
+    split = random_model(shape, "fp32", "cpu", split=LayerSplit.of(["cpu", "cpu"], [2, 3]))
+    assert split.placement is not None and split.placement.split.layers == (2, 3)
+    prompt, config = list(range(20)), GenerationConfig(max_new_tokens=20)
+    tokens = [[t for s in Decoder(m, m.new_cache(200)).generate(prompt, config) for t in s.token_ids]
+              for m in (whole, split)]
+    assert tokens[0] == tokens[1]
+    shares = (DeviceShare("cpu", 0, 2, 2**20, 2**30), DeviceShare("cpu", 2, 3, 2**20, 2**30))
+    plan = Plan(True, "cpu", "fp32", 0, None, 1, 200, 4, {"weights": 1, "overhead": 1}, 2**40, split=shares)
+    check = verify(plan, split, None, None, prompt_tokens=10, reply_tokens=6, turns=3)
+    assert check.turns_run == 3 and check.cards == ()  # cards are measured on CUDA only
+    assert check.measured_terms["kv_cache"] == split.new_cache(plan.kv_tokens + plan.tree_nodes).nbytes
