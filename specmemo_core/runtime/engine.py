@@ -12,7 +12,7 @@ import torch
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder
-from specmemo_core.errors import OffloadError, TreeError
+from specmemo_core.errors import OffloadError, SplitError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
@@ -136,11 +136,16 @@ class Engine:
                                                                           progress=progress)
         streaming = resident_layers is not None
         if split is not None:
+            if streaming:
+                raise SplitError("a model split over devices cannot also stream layers from host memory yet; "
+                                 "plan it on one device, or on devices that hold every layer")
             device = split.home
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype,
                                       device="cpu" if streaming or split is not None else device)
+        if split is not None:  # before quantizing: each layer is quantized on its own device, as unsplit
+            split_model(lm, split)
         if precision in ("int8", "int4"):
             from specmemo_core.runtime.quantize import QuantSpec, quantize_model
 
@@ -149,8 +154,6 @@ class Engine:
             quantize_model(lm, QuantSpec(precision))
         if streaming:
             offload_layers(lm, resident_layers=resident_layers, device=device)
-        if split is not None:
-            split_model(lm, split)
         draft, folder = load_draft_heads(heads_source(heads), lm.spec, loaded.identity, dtype, device)
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
