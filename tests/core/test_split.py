@@ -144,3 +144,32 @@ def test_split_over_gpus_greedy_equals_one_gpu(devices):
     model = _model(devices)
     tree = load_tree("1-10-16-17+lookup-8")
     assert _tokens(Decoder(model, model.new_cache(300), _heads("hydra", model.device), tree))[0] == reference
+
+
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory):
+    from tests.tiny import tiny_hf_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-llama-5")
+    tiny_hf_model(seed=21, layers=LAYERS).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("precision", [None, "int8"])
+def test_an_engine_loaded_split_chats_as_the_one_loaded_whole(tiny_model_folder, precision):
+    """The app's path, Engine.load → new_session → send, over two turns; int8 layers are
+    quantized where they run, after the split."""
+    from specmemo_core.runtime.engine import Engine
+
+    replies = []
+    for split in (None, LayerSplit.of(["cpu", "cpu"], [3, 2])):
+        engine = Engine.load(str(tiny_model_folder), heads="random", tree="1-10-16-17+lookup-8",
+                             precision=precision, split=split)
+        assert (engine.model.placement is not None) == (split is not None)
+        session = engine.new_session(capacity=300)
+        replies.append(["".join(p.text for p in session.send(turn, GenerationConfig(max_new_tokens=30)))
+                        for turn in ("Hello, how are you?", "Tell me about the quick brown fox.")])
+    assert replies[0] == replies[1] and all(replies[0])
+    with pytest.raises(SplitError, match="cannot also stream"):
+        Engine.load(str(tiny_model_folder), heads="none", resident_layers=2, split=LayerSplit.even(["cpu"] * 2, 5))
