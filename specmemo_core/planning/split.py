@@ -123,7 +123,8 @@ class DecoderLayerBytes(_Held):
 
 def _memory_tree(pieces: Pieces, num_layers: int) -> nn.Module:
     """Meta tensors named and sized as the modules of our model on their cards (module doc)."""
-    root, root.model = nn.Module(), nn.Module()
+    root = nn.Module()
+    root.model = nn.Module()
     root.model.embed_tokens = _Held(pieces.embed)
     root.model.layers = nn.ModuleList(DecoderLayerBytes(pieces.layer) for _ in range(num_layers))
     root.model.norm = _Held(pieces.norm)
