@@ -35,8 +35,14 @@ def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     from specmemo_core.storage.data_folder import data_dir
 
     numbers = parse_devices(args.devices)  # before loading: a wrong --device(s) costs no loading time
-    devices = find_devices(numbers) if numbers else None
-    device = devices[0] if devices else find_device(args.device)
+    if numbers:
+        devices = find_devices(numbers)
+    else:  # no device named: every GPU here, split over where one card does not hold the chat
+        devices = find_devices() if args.device in (None, "auto") else ()
+    if len(devices) > 1:
+        device = None  # the plan picks a card, or splits over them
+    else:
+        device = devices[0] if numbers else find_device(args.device)
     with StageProgress() as progress:
         return load_planned(args.model, heads=args.heads, choices=plan_choices(args), device=device,
                             data_folder=data_dir(), progress=progress, wait_for_timing=False, devices=devices)

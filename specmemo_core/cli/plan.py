@@ -193,10 +193,13 @@ def _shape_inputs(args: argparse.Namespace, target):
 
 def _cards(args: argparse.Namespace, numbers: tuple[int, ...], target) -> tuple:
     """The GPUs ``--devices`` names, as the plan sees them: each card with ``--vram`` of memory
-    where given (the cards need not be here), else as probed (``entry.find_devices``)."""
+    where given (the cards need not be here), else as probed (``entry.find_devices``); with
+    neither ``--devices``, ``--device`` nor ``--vram``, every GPU here."""
     from specmemo_core.planning.entry import budget_for, cards_for, find_devices
     from specmemo_core.planning.split import Card
 
+    if args.vram == "auto" and not numbers and args.device is None:
+        return cards_for(find_devices())  # every GPU here (none or one: no cards, one device)
     if len(numbers) < 2:
         return ()
     if args.vram == "auto":
@@ -280,7 +283,7 @@ def _make_plan(args: argparse.Namespace):
 
 def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:
     gib = lambda n: f"{n / 2**30:8.3f} GiB"  # noqa: E731
-    if result.split:  # the first card's budget below; each card's share on its own line
+    if len(result.split) > 1:  # each card's share on its own line below
         print(f"devices  {', '.join(s.device for s in result.split)}: {gib(result.budget_bytes).strip()} usable "
               "together")
     else:

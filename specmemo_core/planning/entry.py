@@ -210,7 +210,9 @@ def split_of(engine: Any) -> tuple[tuple[str, int], ...]:
 
 
 def split_of_plan(plan: Plan) -> tuple[tuple[str, int], ...]:
-    return tuple((s.device, s.layers) for s in plan.split)
+    """(device, decoder layers) of each card of a split plan; (): on one device (a plan over
+    several cards that one of them holds names that card alone in ``Plan.split``)."""
+    return tuple((s.device, s.layers) for s in plan.split) if len(plan.split) > 1 else ()
 
 
 def resident_layers_of(engine: Any) -> int | None:
@@ -230,11 +232,14 @@ class PlanDoesNotFitError(SpecMemoError):
         super().__init__("the chat does not fit this device: " + "; ".join(refused.suggestions))
 
 
-def find_devices(indices: tuple[int, ...]) -> tuple[DeviceInfo, ...]:
-    """The GPUs ``--devices`` names by number (``cuda:N``), in that order."""
+def find_devices(indices: tuple[int, ...] | None = None) -> tuple[DeviceInfo, ...]:
+    """The GPUs ``--devices`` names by number (``cuda:N``), in that order; None: every GPU here
+    (the set a plan may split over when the user names none)."""
     from specmemo_core.planning.device import probe_at_start
 
     gpus = {d.index: d for d in probe_at_start().devices if d.kind in ("cuda", "rocm")}
+    if indices is None:
+        return tuple(gpus[i] for i in sorted(gpus))
     missing = [i for i in indices if i not in gpus]
     if missing:
         found = ", ".join(str(i) for i in sorted(gpus)) or "none"
@@ -305,7 +310,9 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
             raise PlanDoesNotFitError(first)
         if first.streamed_layers:
             resident, choices = first.resident_layers, replace(choices, precision=first.precision)
-        if first.split:
+        if len(first.split) == 1:  # one of the cards holds it: that one
+            device = next(d for d in devices if d.torch_device == first.split[0].device)
+        elif first.split:
             from specmemo_core.runtime.split import LayerSplit
 
             split = LayerSplit.of([s.device for s in first.split], [s.layers for s in first.split])
@@ -318,7 +325,7 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
         progress("planning", 1.0)
     inputs = plan_inputs(engine, device, timing, link=link, cards=cards)
     timed = make_plan(inputs, choices)
-    if split is not None and split_of_plan(timed) != split_of(engine):
-        timed = first  # the timing moved a layer: keep the split the model was loaded with, as planned before
+    if cards and [(s.device, s.layers) for s in timed.split] != [(s.device, s.layers) for s in first.split]:
+        timed = first  # the timing moved a layer or a card: keep the placement the model was loaded with
     planned = PlannedEngine(engine, device, inputs, timed, choices)
     return apply_plan(planned, planned.plan)

@@ -189,9 +189,10 @@ def _refuse(shape: ModelShape, precision: str, cards: Sequence[Card], pieces: Pi
 def plan_over_devices(cards: Sequence[Card], model: ModelShape, heads: "HeadsShape | None", request: "PlanRequest",
                       trees: Sequence["TreeOption"] = (), step_time: "StepTime | None" = None) -> "Plan":
     """The plan over ``cards`` (see the module doc): one card's when one holds the chat at
-    the precision a split would give, else a plan on their summed memory with its layers
-    split (``Plan.split``); refused (with what would fit) when even split they do not hold
-    it. Pure, as ``planner.plan``."""
+    the precision a split would give (the card with the most free memory among those; its
+    ``Plan.split`` is that one card, every layer on it), else a plan on their summed memory
+    with its layers split (``Plan.split``: each card's share); refused (with what would fit)
+    when even split they do not hold it. Pure, as ``planner.plan``."""
     from specmemo_core.planning.planner import plan
 
     if not cards:
@@ -199,11 +200,13 @@ def plan_over_devices(cards: Sequence[Card], model: ModelShape, heads: "HeadsSha
     if len(cards) == 1 or cards[0].budget.kind not in SPLIT_KINDS:
         return plan(cards[0].budget, model, heads, request, trees, step_time)
     alone = [(card, p) for card in cards if (p := plan(card.budget, model, heads, request, trees, step_time)).fits]
-    best = min(alone, key=lambda a: _quality(a[1].precision), default=None)
+    best = min(alone, key=lambda a: (_quality(a[1].precision), -a[0].budget.free_bytes), default=None)
     split, reason = _split_plan(cards, model, heads, request, trees, step_time)
     if best is not None and (split is None or _quality(best[1].precision) <= _quality(split.precision)):
         card, one = best
-        return replace(one, notes=one.notes + (f"fits {card.device} alone: not split",))
+        whole = DeviceShare(card.device, 0, model.num_layers, one.total_bytes, one.budget_bytes,
+                            one.predicted_bytes.get("overhead", 0))
+        return replace(one, split=(whole,), notes=one.notes + (f"fits {card.device} alone: not split",))
     if split is not None:
         return split
     refused = plan(cards[0].budget, model, heads, request, trees, step_time)

@@ -77,11 +77,15 @@ def test_vicuna_13b_capped_at_16gib_per_card_is_split_over_both():
     assert any("split over 2 devices" in n for n in found.notes)
 
 
-def test_a_chat_one_card_holds_is_not_split():
+def test_a_chat_one_card_holds_is_not_split_and_goes_to_the_freest_card():
     found = plan_over_devices([_card(0, 80), _card(1, 80)], VICUNA, None, REQUEST)
-    assert found.fits and found.split == () and any("fits cuda:0 alone" in n for n in found.notes)
+    assert found.fits and [(s.device, s.layers) for s in found.split] == [("cuda:0", 40)]
+    assert any("fits cuda:0 alone" in n for n in found.notes)
+    assert found.split[0].predicted_bytes == found.total_bytes
     second = plan_over_devices([_card(0, 4), _card(1, 80)], VICUNA, None, REQUEST)
-    assert second.split == () and any("fits cuda:1 alone" in n for n in second.notes)
+    assert [(s.device, s.layers) for s in second.split] == [("cuda:1", 40)]
+    freer = plan_over_devices([_card(0, 60), _card(1, 70)], VICUNA, None, REQUEST)
+    assert [s.device for s in freer.split] == ["cuda:1"]
 
 
 def test_a_chat_no_split_holds_is_refused_with_the_splits_reason():
@@ -105,7 +109,7 @@ def test_a_split_at_a_better_precision_wins_over_one_card_at_a_lower_one():
     found = plan_over_devices(cards, VICUNA, None, PlanRequest(turns=4))
     assert found.fits and found.precision == "bf16" and len(found.split) == 2
     one_card = plan_over_devices(cards, VICUNA, None, PlanRequest(turns=4, precision="int4"))
-    assert one_card.split == () and one_card.precision == "int4"
+    assert len(one_card.split) == 1 and one_card.precision == "int4"
 
 
 @pytest.fixture(scope="module")
