@@ -94,8 +94,9 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
 def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:
     """The decoder a chat runs on this device: graph-captured static steps on CUDA, eager
-    steps elsewhere and for a model that streams layers (``Engine.new_session``'s rule)."""
-    if model.device.type == "cuda" and model.streamed is None:
+    steps elsewhere and for a model that streams layers or is split over two devices
+    (``Engine.new_session``'s rule)."""
+    if model.device.type == "cuda" and model.capturable:
         from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
         return StaticDecoder(model, new_static_cache(model, capacity), heads, tree, graphs=True)

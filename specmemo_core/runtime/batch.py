@@ -109,7 +109,7 @@ class BatchDecoder:
         self._parts = {b: self._rows(0, b) for b in buckets(slots)}  # made once: fixed addresses
         self._units: dict[tuple[int, int, int], StepUnit] = {}  # greedy units by (bucket, nodes, span)
         # CUDA graphs: one memory pool and one capture stream for every unit (as StaticDecoder)
-        cuda = graphs and device.type == "cuda"
+        cuda = graphs and device.type == "cuda" and model.one_device  # split over two devices: eager
         self._pool = torch.cuda.graph_pool_handle() if cuda else None
         self._capture_stream = torch.cuda.Stream(device) if cuda else None
         self._seqs: dict[Hashable, _Sequence] = {}

@@ -355,9 +355,14 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight.device  # the LM head may be packed (cpu_linear)
 
     @property
+    def one_device(self) -> bool:
+        """Every layer on one device: unsplit, or split in segments that share one (a graph holds them)."""
+        return self.placement is None or self.placement.split.one_device
+
+    @property
     def capturable(self) -> bool:
         """Its steps can be captured as one CUDA graph: every layer resident, on one device."""
-        return self.streamed is None and (self.placement is None or self.placement.split.one_device)
+        return self.streamed is None and self.one_device
 
     @property
     def dtype(self) -> torch.dtype:

@@ -157,7 +157,7 @@ class StaticDecoder(Decoder):
         n = buffers.depths.shape[0]
         if (n, span) not in self.units:
             unit = StepUnit(self.parts, buffers, GreedyAcceptance(), span=span)
-            if self.model.device.type == "cuda":
+            if self.model.device.type == "cuda" and self.model.one_device:  # split over two: eager
                 unit.capture(pool=self._pool, stream=self._capture_stream)
             self.units[n, span] = unit
         return self.units[n, span]
