@@ -21,13 +21,17 @@ The same code runs whatever the devices: on a CPU-only machine ``["cpu", "cpu"]`
 every border (the moves are no-ops), which is how the CPU tests check that a split model
 decodes token for token as the unsplit one; on one GPU ``cuda:0, cuda:0`` does the same.
 
-Why our own placement and not ``accelerate.dispatch_model``: dispatch wraps every module's
-forward in an ``AlignDevicesHook`` that moves its inputs to the module's device, a Python
-hook call on each of the few hundred module calls of every step (the decoding step of a
-small model is bound by such calls, not by arithmetic), and it would move the cos/sin
-tables and the bias at every layer instead of once per segment. accelerate still decides
-*where* the layers go (``planning.split``: ``infer_auto_device_map``); this module only
-moves modules with ``.to(device)`` once, at load.
+Why our own placement and not ``accelerate.dispatch_model``: dispatch wraps the forward of
+every module of the device map (each decoder layer, the embedding, the norm, the LM head)
+in an ``AlignDevicesHook`` that walks the call's arguments and sends each tensor to the
+module's device: Python work per layer and per step on a step that, for a small model,
+is bound by such host work rather than by arithmetic, and a check (or a copy) of cos, sin
+and the bias at every layer where our forward moves them once per segment. Hooks also put
+a split model's step outside what our step code controls (CUDA-graph capture on one card
+needs every copy in the step to be known). accelerate still decides *where* the layers go
+(``planning.split``: ``infer_auto_device_map``); this module only moves modules with
+``.to(device)`` once, at load. NOTE: the hooks' per-step cost was not measured here (no
+GPU on the machine this was written on); the reasons above are from what the hooks do.
 
 NOTE: a split across two different devices steps eagerly (no CUDA graph: one graph cannot
 hold kernels of two devices); a split whose segments share one device is captured as usual.
