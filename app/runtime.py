@@ -168,7 +168,7 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     if device is None:
         report("probing the device", 0.0)
         devices = find_devices()  # several GPUs: the plan picks one, or splits the layers over them
-        device = find_device(None) if len(devices) < 2 else None
+        device = None if len(devices) > 1 else devices[0] if devices else find_device(None)
     planned = load_planned(settings.model, heads=settings.heads, choices=settings.plan_choices(), device=device,
                            data_folder=data_folder, progress=report, wait_for_timing=False, devices=devices)
     return Runtime(EngineBackend(planned.engine), planned.device, planned.inputs, planned.plan, settings)

@@ -41,8 +41,8 @@ def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
         devices = find_devices() if args.device in (None, "auto") else ()
     if len(devices) > 1:
         device = None  # the plan picks a card, or splits over them
-    else:
-        device = devices[0] if numbers else find_device(args.device)
+    else:  # one GPU found or named (no second probe), else the device named or the CPU
+        device = devices[0] if devices else find_device(args.device)
     with StageProgress() as progress:
         return load_planned(args.model, heads=args.heads, choices=plan_choices(args), device=device,
                             data_folder=data_dir(), progress=progress, wait_for_timing=False, devices=devices)
