@@ -262,7 +262,7 @@ def _make_plan(args: argparse.Namespace):
     numbers = parse_devices(args.devices)
     real, target = _planned_for(args)
     cards = _cards(args, numbers, target)
-    link = _host_link(args, real, target) if not cards else None  # NOTE: a split plan streams no layer yet
+    link = _host_link(args, real, target)
     engine = None
     if args.model.startswith("shape:"):
         inputs = replace(_shape_inputs(args, target), link=link, cards=cards)

@@ -143,9 +143,15 @@ def make_plan(inputs: PlanInputs, choices: PlanChoices) -> Plan:
 
 
 def _plan_on(inputs: PlanInputs, heads: HeadsShape | None, request: PlanRequest, trees, step_time) -> Plan:
-    """One device's plan, or over ``inputs.cards`` (split layers; NOTE: not combined with streaming yet)."""
+    """One device's plan, or over ``inputs.cards`` (one of them, or the layers split over
+    them); when the cards do not hold it even split, the first card streaming what it cannot
+    hold from host RAM (NOTE: not yet split and streamed at once)."""
     if len(inputs.cards) > 1:
-        return plan_over_devices(inputs.cards, inputs.model, heads, request, trees, step_time)
+        over = plan_over_devices(inputs.cards, inputs.model, heads, request, trees, step_time)
+        if over.fits or inputs.link is None:
+            return over
+        streamed = plan(inputs.budget, inputs.model, heads, request, trees, step_time, link=inputs.link)
+        return streamed if streamed.fits else over
     return plan(inputs.budget, inputs.model, heads, request, trees, step_time, link=inputs.link)
 
 

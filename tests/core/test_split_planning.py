@@ -185,3 +185,28 @@ def test_plan_verify_builds_random_weights_on_each_card_and_runs_the_split_plan(
     check = verify(plan, split, None, None, prompt_tokens=10, reply_tokens=6, turns=3)
     assert check.turns_run == 3 and check.cards == ()  # cards are measured on CUDA only
     assert check.measured_terms["kv_cache"] == split.new_cache(plan.kv_tokens + plan.tree_nodes).nbytes
+
+
+def test_cards_too_small_even_split_fall_back_to_streaming_from_the_first(tiny_model_folder):
+    """Beside offload: when the cards do not hold the chat even split, the first card keeps
+    what it can and streams the rest from RAM (as one GPU would), instead of a refusal."""
+    from specmemo_core.planning.device import DeviceInfo
+    from specmemo_core.planning.entry import PlanChoices, cards_for, inputs_before_load, make_plan
+    from specmemo_core.planning.offload import HostLink
+    from specmemo_core.storage.sources import load_model
+
+    choices = PlanChoices(turns=2, reply_tokens=32, prompt_tokens=32, precision="bf16")
+    loaded = load_model(tiny_model_folder)
+
+    def at(cap: int, link):
+        cards = tuple(DeviceInfo("cuda", i, f"Fake GPU {i}", cap, cap, "", "cpu") for i in (0, 1))
+        return make_plan(inputs_before_load(loaded, "none", cards[0], link=link, cards=cards_for(cards)), choices)
+
+    link = HostLink(64 * 2**30, 25e9)
+    lo, hi = 2**20, 2**31  # the smallest cards (to 4 KiB) on which the chat fits at all, streaming allowed
+    while hi - lo > 4096:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if at(mid, link).fits else (mid, hi)
+    streamed = at(hi, link)
+    assert streamed.fits and streamed.streamed_layers > 0 and streamed.split == ()
+    assert not at(hi, None).fits  # without RAM to stream from, neither a card nor the split holds it
