@@ -1,5 +1,6 @@
 """A plan in words: how many turns it holds (saying when the model's context, not memory, is
-the limit), and where the layers live when the model is larger than the GPU."""
+the limit), and where the layers live when the model is larger than the GPU (streamed from
+RAM, or split over several GPUs)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,14 @@ def layers_text(plan: Plan) -> str:
     speed = f" · {plan.predicted_tokens_per_s:.1f} tokens/s predicted" if plan.predicted_tokens_per_s else ""
     return (f"{plan.resident_layers} of {layers} layers on the GPU, {plan.streamed_layers} streamed from RAM "
             f"({plan.pinned_host_bytes / 2**30:.1f} GiB pinned){speed}")
+
+
+def split_text(plan: Plan) -> str:
+    """"layers split over 2 GPUs: cuda:0 layers 0–19 (13.9 GiB), cuda:1 layers 20–39 (14.3 GiB)";
+    "" when the plan runs on one device."""
+    if len(plan.split) < 2:
+        return ""
+    cards = ", ".join(f"{s.device} " + (f"layers {s.first_layer}–{s.first_layer + s.layers - 1}" if s.layers
+                                        else "no layers") + f" ({s.predicted_bytes / 2**30:.1f} GiB)"
+                      for s in plan.split)
+    return f"layers split over {len(plan.split)} GPUs: {cards}"

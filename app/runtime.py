@@ -16,7 +16,7 @@ import psutil
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.device import DeviceInfo
-from specmemo_core.planning.entry import PlanDoesNotFitError
+from specmemo_core.planning.entry import PlanDoesNotFitError, split_of_plan
 from specmemo_core.planning.planner import Plan
 from specmemo_core.planning.timing import StepTiming
 
@@ -115,10 +115,12 @@ class Runtime:
     def needs_reload(self, settings: ChatSettings) -> bool:
         """Whether ``settings`` need the model loaded again: another model, heads or precision,
         or a plan that keeps another number of layers on the GPU (the slider trades KV cache
-        against resident layers when the model streams)."""
+        against resident layers when the model streams) or splits them otherwise over GPUs."""
         if self.settings.needs_reload(settings):
             return True
-        return make_plan(self.inputs, settings).resident_layers != self.plan.resident_layers
+        new_plan = make_plan(self.inputs, settings)
+        return (new_plan.resident_layers != self.plan.resident_layers
+                or split_of_plan(new_plan) != split_of_plan(self.plan))
 
     def replanned(self, settings: ChatSettings) -> "Runtime":
         """Apply new settings that need no reload: a new plan, and the tree it picks."""
@@ -155,16 +157,18 @@ def load_runtime(settings: ChatSettings, data_folder: Path, progress: Progress,
     Raises the core's SpecMemoError subclasses (ModelFileError, HeadsError, FetchError, …)
     unchanged so the window can offer the right way forward, or LoadCancelled.
     """
-    from specmemo_core.planning.entry import find_device, load_planned
+    from specmemo_core.planning.entry import find_device, find_devices, load_planned
 
     def report(stage: str, fraction: float) -> None:
         if cancel is not None and cancel.is_set():
             raise LoadCancelled()
         progress(stage, fraction)
 
+    devices = ()
     if device is None:
         report("probing the device", 0.0)
-        device = find_device(None)
+        devices = find_devices()  # several GPUs: the plan picks one, or splits the layers over them
+        device = None if len(devices) > 1 else devices[0] if devices else find_device(None)
     planned = load_planned(settings.model, heads=settings.heads, choices=settings.plan_choices(), device=device,
-                           data_folder=data_folder, progress=report, wait_for_timing=False)
+                           data_folder=data_folder, progress=report, wait_for_timing=False, devices=devices)
     return Runtime(EngineBackend(planned.engine), planned.device, planned.inputs, planned.plan, settings)

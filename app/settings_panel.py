@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
 from specmemo_core.planning.planner import Plan
 
 from .memory_chart import MemoryChart, gib
-from .plan_text import layers_text, turns_text
+from .plan_text import layers_text, split_text, turns_text
 from .planning import PlanInputs, make_plan
 from .settings import PRECISION_CHOICES, ChatSettings, heads_path_problem, model_path_problem
 
@@ -37,7 +37,8 @@ def describe_plan(plan: Plan, settings: ChatSettings, max_context: int) -> str:
     return (f"<b>{html.escape(turns_text(plan, settings.turns, max_context))}</b> ({plan.kv_tokens} tokens of "
             f"context) · {speed}<br>"
             f"{mode} · {plan.precision} · {gib(plan.total_bytes)} of {gib(plan.budget_bytes)} usable"
-            + (f"<br>{html.escape(layers_text(plan))}" if plan.streamed_layers else ""))
+            + (f"<br>{html.escape(layers_text(plan))}" if plan.streamed_layers else "")
+            + (f"<br>{html.escape(split_text(plan))}" if len(plan.split) > 1 else ""))
 
 
 def _spin(spin: QSpinBox | QDoubleSpinBox, low: float, high: float, value: float,

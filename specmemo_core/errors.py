@@ -50,6 +50,11 @@ class OffloadError(SpecMemoError):
     """Decoder layers cannot be streamed from host memory as planned (offload.py)."""
 
 
+class SplitError(SpecMemoError):
+    """A model cannot be split over the devices asked for (runtime/split.py, planning/split.py), or
+    ``--devices`` names devices that are not there; the message says what would fit or what to type."""
+
+
 class BatchError(SpecMemoError):
     """A batch decoder was asked for something it cannot do (runtime/batch.py); the message says what to change."""
 

@@ -8,8 +8,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from specmemo_core.cli.common import DTYPES, StageProgress, add_threads_arg, device_default
-from specmemo_core.errors import SpecMemoError
+from specmemo_core.cli.common import (DTYPES, StageProgress, add_devices_arg, add_threads_arg, device_default,
+                                      parse_devices)
+from specmemo_core.errors import SpecMemoError, SplitError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="offload methods without a plan: keep N decoder layers on the device (a CPU smoke test)")
     p.add_argument("--offload-tree", default=None, help="the stream-tree methods' tree (default: the plan's)")
     p.add_argument("--device", default=device_default())
+    add_devices_arg(p)  # bench: our decoders on the model split evenly over those GPUs
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
@@ -63,7 +65,33 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     if args.plot and not args.plot.lower().endswith(".png"):  # refused now, not after the run
         raise SpecMemoError(f"--plot needs a .png file name, got {args.plot!r}")
     _check_offload_names(args, names)
+    if len(parse_devices(args.devices)) > 1 and set(names) - {"vanilla", "plan"} - set(_tree_names(names)):
+        raise SplitError("with --devices only our decoders run split (vanilla, plan and tree names); bench "
+                         "transformers' and the offload methods on one --device")
     return names
+
+
+def _tree_names(names: list[str]) -> list[str]:
+    from specmemo_core.tools.bench import HF_METHODS
+    from specmemo_core.tools.bench_offload import OFFLOAD_METHODS
+
+    return [n for n in names if n not in HF_METHODS and n not in OFFLOAD_METHODS and n not in ("vanilla", "plan")]
+
+
+def _load_engine(args: argparse.Namespace, progress: StageProgress):
+    """Our engine for the bench: on ``--device``, or split evenly over the GPUs ``--devices`` names."""
+    from specmemo_core.runtime.engine import Engine
+
+    numbers = parse_devices(args.devices)
+    if len(numbers) < 2:
+        return Engine.load(args.model, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], device=args.device,
+                           progress=progress)
+    from specmemo_core.runtime.split import LayerSplit
+    from specmemo_core.storage.sources import load_model
+
+    loaded = load_model(args.model, progress=progress)
+    split = LayerSplit.even([f"cuda:{n}" for n in numbers], loaded.config.num_hidden_layers)
+    return Engine.load(loaded, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], progress=progress, split=split)
 
 
 def _check_offload_names(args: argparse.Namespace, names: list[str]) -> None:
@@ -181,7 +209,7 @@ def _resident_methods(args: argparse.Namespace, names: list[str], progress: Stag
 
     convs = _conversations(args)
     dtype = DTYPES[args.dtype]
-    engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=dtype, device=args.device, progress=progress)
+    engine = _load_engine(args, progress)
     hf = None
     if any(n in HF_METHODS for n in names):
         from specmemo_core.storage.sources import load_model
@@ -206,8 +234,7 @@ def _measure_batches(args: argparse.Namespace, batches: list[int], progress: Sta
 
     convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
              else mtbench_conversations(args.queries))
-    engine = Engine.load(args.model, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], device=args.device,
-                         progress=progress)
+    engine = _load_engine(args, progress)
     prompts = [encode_conversation(engine.tokenizer, [{"role": "user", "content": encodable(turn)}], {})
                for turns in convs for turn in turns]
     trees = {}
@@ -223,7 +250,8 @@ def _measure_batches(args: argparse.Namespace, batches: list[int], progress: Sta
     config = GenerationConfig(max_new_tokens=args.max_new_tokens,
                               stop_token_ids=frozenset(end_of_turn_ids(engine.tokenizer, engine.config)))
     result = run_batch_bench(engine.model, engine.heads, prompts, batches=batches, tree_for=tree_for, config=config,
-                             repeats=args.repeats, device=args.device, graphs=engine.model.device.type == "cuda",
+                             repeats=args.repeats, device=args.device,
+                             graphs=engine.model.device.type == "cuda" and engine.model.capturable,
                              progress=progress)
     result["_run"] = run_info(engine.identity.name, args.device, args.dtype, conversations=convs,
                               max_new_tokens=args.max_new_tokens, repeats=args.repeats,
@@ -254,6 +282,7 @@ def _run_batches(args: argparse.Namespace) -> int:
     from specmemo_core.tools.batch_bench import format_batch_table, parse_batches
 
     batches = parse_batches(args.batch)  # refused before anything loads
+    parse_devices(args.devices)
     if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
         raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
     with StageProgress() as progress:

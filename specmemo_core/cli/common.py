@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from specmemo_core.errors import SpecMemoError
+from specmemo_core.errors import SpecMemoError, SplitError
 from specmemo_core.runtime.decoding import GenerationConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -71,6 +71,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-spec", action="store_true", help="plain greedy/sampled decoding, no speculation")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: the best one found)")
+    add_devices_arg(p)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--context", type=int, default=None,
@@ -79,6 +80,27 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="static-shape decoding replayed as CUDA graphs (default: on for CUDA, off for CPU)")
     add_threads_arg(p)
+
+
+def add_devices_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", default=None, metavar="N,N,…",
+                   help="GPUs the model may split its layers over, by number (e.g. 0,1): a model no single card "
+                        "holds runs split over them; default: one device (--device)")
+
+
+def parse_devices(text: str | None) -> tuple[int, ...]:
+    """``--devices`` as GPU numbers, each once and in order; None: not given. Checked before
+    anything loads (``SplitError`` saying what to type)."""
+    if text is None:
+        return ()
+    items = [item.strip().removeprefix("cuda:") for item in text.split(",")]
+    if not all(item.isdigit() for item in items):
+        raise SplitError(f"--devices takes GPU numbers separated by commas, e.g. 0,1 (see `specmemo devices`); "
+                         f"got {text!r}")
+    numbers = tuple(int(item) for item in items)
+    if len(set(numbers)) != len(numbers):
+        raise SplitError(f"--devices names a GPU twice ({text!r}): name each card once, e.g. 0,1")
+    return numbers
 
 
 LONGEST_CONTEXT = 131_072  # tokens: the longest context of the models SpecMemo plans for (Llama 3.1, Qwen 2.5)

@@ -30,13 +30,22 @@ def plan_choices(args: argparse.Namespace) -> PlanChoices:
 def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
     """Planned from the cached device timing, else the prior: a reply never waits on a
     timing (``specmemo plan`` and ``bench`` measure and cache one)."""
-    from specmemo_core.planning.entry import find_device, load_planned
+    from specmemo_core.cli.common import parse_devices
+    from specmemo_core.planning.entry import find_device, find_devices, load_planned
     from specmemo_core.storage.data_folder import data_dir
 
-    device = find_device(args.device)  # before loading: a wrong --device costs no loading time
+    numbers = parse_devices(args.devices)  # before loading: a wrong --device(s) costs no loading time
+    if numbers:
+        devices = find_devices(numbers)
+    else:  # no device named: every GPU here, split over where one card does not hold the chat
+        devices = find_devices() if args.device in (None, "auto") else ()
+    if len(devices) > 1:
+        device = None  # the plan picks a card, or splits over them
+    else:  # one GPU found or named (no second probe), else the device named or the CPU
+        device = devices[0] if devices else find_device(args.device)
     with StageProgress() as progress:
         return load_planned(args.model, heads=args.heads, choices=plan_choices(args), device=device,
-                            data_folder=data_dir(), progress=progress, wait_for_timing=False)
+                            data_folder=data_dir(), progress=progress, wait_for_timing=False, devices=devices)
 
 
 def kv_room_tokens(planned: PlannedEngine) -> int:

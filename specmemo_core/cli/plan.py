@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from specmemo_core.cli.common import StageProgress, add_threads_arg
+from specmemo_core.cli.common import StageProgress, add_devices_arg, add_threads_arg, parse_devices
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.host import ASSUMED_GB_S
 
@@ -23,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="'auto' (probe the device) or the memory to plan for: 8GB (10^9 bytes), 12GiB or "
                         "12G (2^30 bytes); a bare number is GB (8 = 8GB)")
     p.add_argument("--device", choices=["cpu", "cuda", "rocm", "mps"], default=None)
+    add_devices_arg(p)  # with --vram: each card's memory
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--prefer", default="balanced", help="turns, speed, balanced or 0..1")
     p.add_argument("--precision", "--dtype", dest="precision", choices=["fp32", "bf16", "fp16", "int8", "int4"],
@@ -109,6 +110,42 @@ def _verify_plan(args: argparse.Namespace, result, request, budget, shape, engin
     return check, (_stream_check(model, result.precision) if resident is not None else None)
 
 
+def _verify_split(args: argparse.Namespace, result, request, shape):
+    """Run a plan split over several GPUs (``Plan.split``) with synthetic text and measure
+    each card. ``--vram SIZE`` caps each card at SIZE first. ``shape:`` models get random
+    weights made on each card (random hydra heads on the last); others load split as planned."""
+    from specmemo_core.planning.plan_check import cap_device, random_model, verify
+    from specmemo_core.runtime.engine import resolve_tree
+    from specmemo_core.runtime.split import LayerSplit
+
+    cards = [torch.device(s.device) for s in result.split]
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= max(c.index or 0 for c in cards):
+        raise SpecMemoError(f"--verify of a plan split over {', '.join(s.device for s in result.split)} needs "
+                            "those GPUs here; leave out --verify to see the plan")
+    if args.vram != "auto":
+        for share in result.split:
+            cap_device(share.device, vram_size(args.vram)[1])
+    split = LayerSplit.of([s.device for s in result.split], [s.layers for s in result.split])
+    folder = None
+    if args.model.startswith("shape:"):
+        from specmemo_core.runtime.heads import random_heads
+
+        model = random_model(shape, result.precision, split.home, split=split)
+        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra").to(device=split.home,
+                                                                                       dtype=model.dtype)
+                 if result.tree else None)
+    else:
+        from specmemo_core.planning.entry import torch_dtype
+        from specmemo_core.runtime.engine import Engine
+
+        engine = Engine.load(args.model, heads="auto", tree=None, dtype=torch_dtype(result.precision),
+                             precision=result.precision, split=split)
+        model, heads, folder = engine.model, engine.heads if result.tree else None, engine.heads_folder
+    tree = resolve_tree(result.tree, folder) if result.tree else None
+    return verify(result, model, heads, tree, prompt_tokens=request.prompt_tokens, reply_tokens=request.reply_tokens,
+                  turns=request.turns)
+
+
 def _stream_check(model, precision: str) -> dict:
     """A streamed model's steps: a 64-node tree's forward against a plain one, and the
     share of the measured host→GPU bandwidth a plain step achieves
@@ -154,11 +191,29 @@ def _shape_inputs(args: argparse.Namespace, target):
                       tuple(specmemo_prior_options()))
 
 
-def _model_inputs(args: argparse.Namespace, real, target, link):
+def _cards(args: argparse.Namespace, numbers: tuple[int, ...], target) -> tuple:
+    """The GPUs ``--devices`` names, as the plan sees them: each card with ``--vram`` of memory
+    where given (the cards need not be here), else as probed (``entry.find_devices``); with
+    neither ``--devices``, ``--device`` nor ``--vram``, every GPU here."""
+    from specmemo_core.planning.entry import budget_for, cards_for, find_devices
+    from specmemo_core.planning.split import Card
+
+    if args.vram == "auto" and not numbers and args.device is None:
+        return cards_for(find_devices())  # every GPU here (none or one: no cards, one device)
+    if len(numbers) < 2:
+        return ()
+    if args.vram == "auto":
+        return cards_for(find_devices(numbers))
+    if target.kind == "cpu":
+        raise SpecMemoError("--devices splits a model over GPUs; give --device cuda (or rocm) to plan for them")
+    return tuple(Card(f"cuda:{n}", budget_for(replace(target, index=n))) for n in numbers)
+
+
+def _model_inputs(args: argparse.Namespace, real, target, link, cards=()):
     """Read the model into host memory and plan from it; where that plan fits ``target``
     without streaming layers, load it on ``real`` and take the device timing (only where
     the plan is for this kind of device). A plan that streams layers (or fits nowhere) is
-    made before anything is placed on a GPU, without timing."""
+    made before anything is placed on a GPU, without timing; so is one split over ``cards``."""
     from specmemo_core.planning.entry import inputs_before_load, make_plan, plan_inputs, torch_dtype
     from specmemo_core.planning.timing import timing_for
     from specmemo_core.runtime.engine import Engine
@@ -168,10 +223,10 @@ def _model_inputs(args: argparse.Namespace, real, target, link):
     progress = StageProgress()
     try:
         loaded = load_model(args.model, progress=progress)
-        if link is not None:
-            first = inputs_before_load(loaded, "auto", target, link=link)
+        if link is not None or cards:
+            first = inputs_before_load(loaded, "auto", target, link=link, cards=cards)
             planned = make_plan(first, plan_choices(args))
-            if planned.streamed_layers or not planned.fits:
+            if planned.streamed_layers or planned.split or not planned.fits:
                 return first, None
         engine = Engine.load(loaded, heads="auto", dtype=torch_dtype(args.precision), device=real.torch_device,
                              progress=progress, precision=args.precision)
@@ -179,7 +234,7 @@ def _model_inputs(args: argparse.Namespace, real, target, link):
                   if target.kind == real.kind else None)
     finally:
         progress.close()
-    return plan_inputs(engine, target, timing, link=link), engine
+    return plan_inputs(engine, target, timing, link=link, cards=cards), engine
 
 
 def _host_link(args: argparse.Namespace, real, target):
@@ -204,13 +259,15 @@ def _make_plan(args: argparse.Namespace):
 
     choices = plan_choices(args)
     request = choices.request()
+    numbers = parse_devices(args.devices)
     real, target = _planned_for(args)
+    cards = _cards(args, numbers, target)
     link = _host_link(args, real, target)
     engine = None
     if args.model.startswith("shape:"):
-        inputs = replace(_shape_inputs(args, target), link=link)
+        inputs = replace(_shape_inputs(args, target), link=link, cards=cards)
     else:
-        inputs, engine = _model_inputs(args, real, target, link)
+        inputs, engine = _model_inputs(args, real, target, link, cards)
     shape = inputs.model
     if request.system_tokens + request.tokens_per_turn > shape.max_context:  # else it "fits" with 0 turns
         raise SpecMemoError(f"one turn of {request.tokens_per_turn} tokens (prompt {request.prompt_tokens}, reply "
@@ -226,7 +283,11 @@ def _make_plan(args: argparse.Namespace):
 
 def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> int:
     gib = lambda n: f"{n / 2**30:8.3f} GiB"  # noqa: E731
-    print(f"device   {budget.kind} {budget.name}: {gib(budget.free_bytes)} free, {gib(result.budget_bytes)} usable")
+    if len(result.split) > 1:  # each card's share on its own line below
+        print(f"devices  {', '.join(s.device for s in result.split)}: {gib(result.budget_bytes).strip()} usable "
+              "together")
+    else:
+        print(f"device   {budget.kind} {budget.name}: {gib(budget.free_bytes)} free, {gib(result.budget_bytes)} usable")
     print(f"model    {shape.name}   turns wanted {request.turns} x {request.tokens_per_turn} tokens"
           + (f", for each of {request.batch} conversations decoded together" if request.batch > 1 else ""))
     if not result.fits:
@@ -240,6 +301,11 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
     if result.streamed_layers:
         print(f"layers   {result.resident_layers} on the device, {result.streamed_layers} streamed from host RAM "
               f"({gib(result.pinned_host_bytes).strip()} page-locked)")
+    for share in result.split:
+        layers = (f"layers {share.first_layer}–{share.first_layer + share.layers - 1} ({share.layers})"
+                  if share.layers else "no layers")
+        print(f"gpu      {share.device}: {layers}, {gib(share.predicted_bytes).strip()} of "
+              f"{gib(share.usable_bytes).strip()} usable")
     if result.predicted_tokens_per_s:
         print(f"speed    {result.predicted_tokens_per_s:.1f} tokens/s predicted")
     for term, n in result.predicted_bytes.items():
@@ -251,6 +317,9 @@ def _print_plan(out: dict, result, request, budget, shape, verified: bool) -> in
         print(f"verify   predicted {gib(out['predicted_bytes_total'])}, measured peak {gib(out['measured_peak_bytes'])}")
         for term, n in out["measured_terms"].items():
             print(f"  measured {term:<10}{gib(n)}  (predicted {gib(result.predicted_bytes[term])})")
+        for card in out.get("cards") or ():
+            print(f"  {card['device']:<8} predicted {gib(card['predicted_bytes'])}, measured peak "
+                  f"{gib(card['measured_peak_bytes'])} ({card['error']:+.1%})")
         streaming = out.get("stream_check")
         if streaming:
             fraction = streaming["link_fraction"]
@@ -266,12 +335,14 @@ def run(args: argparse.Namespace) -> int:
     if args.verify and result.batch > 1:
         raise SpecMemoError("--verify runs one conversation; leave out --batch to check the plan's memory")
     if args.verify and result.fits:
-        if budget.kind != "cuda" or result.streamed_layers:
+        if budget.kind != "cuda" or result.streamed_layers or result.split:
             engine = None  # freed before the check loads the plan's own model (see _verify_plan)
-        check, streaming = _verify_plan(args, result, request, budget, shape, engine)
+        check, streaming = (_verify_split(args, result, request, shape), None) if result.split else \
+            _verify_plan(args, result, request, budget, shape, engine)
         out.update(predicted_bytes_total=check.predicted_bytes, measured_peak_bytes=check.measured_peak_bytes,
                    measured_terms=check.measured_terms, fits=result.fits and check.fits,
-                   turns_run=check.turns_run, context_resets=check.context_resets, stream_check=streaming)
+                   turns_run=check.turns_run, context_resets=check.context_resets, stream_check=streaming,
+                   cards=[dict(asdict(c), error=round(c.error, 4)) for c in check.cards])
     if args.json:
         print(json.dumps(out))
         return 0 if result.fits else 3

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from specmemo_core.errors import OffloadError, SpecMemoError
+from specmemo_core.errors import OffloadError, SpecMemoError, SplitError
 from specmemo_core.planning.device import DeviceError, DeviceInfo
 from specmemo_core.planning.memory import HeadsShape, ModelShape
 from specmemo_core.planning.offload import HostLink
+from specmemo_core.planning.split import Card, plan_over_devices
 from specmemo_core.planning.planner import (
     Budget, Plan, PlanRequest, TreeOption, plan, prior_expected_accepted, tree_options,
 )
@@ -70,25 +71,33 @@ class PlanInputs:
     calibration: dict | None = field(default=None, repr=False)  # the heads' calibration.json
     heads_folder: Path | None = None
     link: HostLink | None = None  # host RAM and bandwidth: given, layers that do not fit may stream
+    cards: tuple[Card, ...] = ()  # two or more: GPUs the layers may split over (planning/split.py)
 
 
 def budget_for(device: DeviceInfo) -> Budget:
     return Budget(device.kind, device.total_bytes, device.free_bytes, device.name)
 
 
+def cards_for(devices: "tuple[DeviceInfo, ...] | None") -> tuple[Card, ...]:
+    """The GPUs a plan may split its layers over (``--devices``); () for one device."""
+    return tuple(Card(d.torch_device, budget_for(d)) for d in devices) if devices and len(devices) > 1 else ()
+
+
 def plan_inputs(engine: Any, device: DeviceInfo, timing: StepTiming | None, *,
-                link: HostLink | None = None) -> PlanInputs:
-    """The planner's view of a loaded ``Engine`` on ``device`` (``link``: ``planning.host.host_link_for``)."""
+                link: HostLink | None = None, cards: tuple[Card, ...] = ()) -> PlanInputs:
+    """The planner's view of a loaded ``Engine`` on ``device`` (``link``: ``planning.host.host_link_for``;
+    ``cards``: the GPUs it may split over, ``cards_for``)."""
     from specmemo_core.runtime.calibration import load_calibration
 
     folder = engine.heads_folder
     record = load_calibration(folder) if folder is not None else None
     heads = HeadsShape.from_spec(engine.heads.spec) if engine.heads is not None else None
     return PlanInputs(budget_for(device), ModelShape.from_spec(engine.model.spec, engine.identity.name), heads,
-                      tuple(tree_options(record)), timing, record, folder, link)
+                      tuple(tree_options(record)), timing, record, folder, link, cards)
 
 
-def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: HostLink | None) -> PlanInputs:
+def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: HostLink | None,
+                       cards: tuple[Card, ...] = ()) -> PlanInputs:
     """The planner's view of weights read into host memory (a ``storage.sources.LoadedModel``)
     and the heads ``heads`` names, before anything is placed on ``device``; no timing."""
     import torch
@@ -102,7 +111,7 @@ def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: Hos
     record = load_calibration(folder) if folder is not None else None
     heads_shape = HeadsShape.from_spec(draft.spec) if draft is not None else None
     return PlanInputs(budget_for(device), ModelShape.from_spec(spec, loaded.identity.name), heads_shape,
-                      tuple(tree_options(record)), None, record, folder, link)
+                      tuple(tree_options(record)), None, record, folder, link, cards)
 
 
 def forced_tree_option(name: str, inputs: PlanInputs) -> TreeOption:
@@ -126,12 +135,24 @@ def make_plan(inputs: PlanInputs, choices: PlanChoices) -> Plan:
     a forced tree is planned alone and used where it fits, even where the timing says
     plain decoding would be faster: it is the user's choice."""
     if not choices.speculate:
-        return plan(inputs.budget, inputs.model, None, choices.request(), (), _step_time(inputs), link=inputs.link)
+        return _plan_on(inputs, None, choices.request(), (), _step_time(inputs))
     if choices.tree is not None:
         option = forced_tree_option(choices.tree, inputs)
-        return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), (option,), None, link=inputs.link)
-    return plan(inputs.budget, inputs.model, inputs.heads, choices.request(), inputs.trees, _step_time(inputs),
-                link=inputs.link)
+        return _plan_on(inputs, inputs.heads, choices.request(), (option,), None)
+    return _plan_on(inputs, inputs.heads, choices.request(), inputs.trees, _step_time(inputs))
+
+
+def _plan_on(inputs: PlanInputs, heads: HeadsShape | None, request: PlanRequest, trees, step_time) -> Plan:
+    """One device's plan, or over ``inputs.cards`` (one of them, or the layers split over
+    them); when the cards do not hold it even split, the first card streaming what it cannot
+    hold from host RAM (NOTE: not yet split and streamed at once)."""
+    if len(inputs.cards) > 1:
+        over = plan_over_devices(inputs.cards, inputs.model, heads, request, trees, step_time)
+        if over.fits or inputs.link is None:
+            return over
+        streamed = plan(inputs.budget, inputs.model, heads, request, trees, step_time, link=inputs.link)
+        return streamed if streamed.fits else over
+    return plan(inputs.budget, inputs.model, heads, request, trees, step_time, link=inputs.link)
 
 
 def _step_time(inputs: PlanInputs):
@@ -179,8 +200,25 @@ def apply_plan(planned: PlannedEngine, new_plan: Plan) -> PlannedEngine:
         raise OffloadError(f"this plan keeps {_layers_text(new_plan.resident_layers)} on the GPU but the model was "
                            f"loaded with {_layers_text(resident_layers_of(planned.engine))}: load the model again "
                            "to apply it")
+    if split_of_plan(new_plan) != split_of(planned.engine):
+        raise SplitError(f"this plan splits the layers as {split_of_plan(new_plan) or 'one device'} but the model was "
+                         f"loaded as {split_of(planned.engine) or 'one device'}: load the model again to apply it")
     tree = new_plan.tree if planned.choices.speculate else None
     return replace(planned, plan=new_plan, engine=planned.engine.with_tree(tree))
+
+
+def split_of(engine: Any) -> tuple[tuple[str, int], ...]:
+    """(device, decoder layers) of each segment of a loaded engine split over devices; (): on one."""
+    placement = engine.model.placement
+    if placement is None:
+        return ()
+    return tuple((str(d), n) for d, n in zip(placement.split.devices, placement.split.layers))
+
+
+def split_of_plan(plan: Plan) -> tuple[tuple[str, int], ...]:
+    """(device, decoder layers) of each card of a split plan; (): on one device (a plan over
+    several cards that one of them holds names that card alone in ``Plan.split``)."""
+    return tuple((s.device, s.layers) for s in plan.split) if len(plan.split) > 1 else ()
 
 
 def resident_layers_of(engine: Any) -> int | None:
@@ -198,6 +236,22 @@ class PlanDoesNotFitError(SpecMemoError):
     def __init__(self, refused: Plan) -> None:
         self.plan = refused
         super().__init__("the chat does not fit this device: " + "; ".join(refused.suggestions))
+
+
+def find_devices(indices: tuple[int, ...] | None = None) -> tuple[DeviceInfo, ...]:
+    """The GPUs ``--devices`` names by number (``cuda:N``), in that order; None: every GPU here
+    (the set a plan may split over when the user names none)."""
+    from specmemo_core.planning.device import probe_at_start
+
+    gpus = {d.index: d for d in probe_at_start().devices if d.kind in ("cuda", "rocm")}
+    if indices is None:
+        return tuple(gpus[i] for i in sorted(gpus))
+    missing = [i for i in indices if i not in gpus]
+    if missing:
+        found = ", ".join(str(i) for i in sorted(gpus)) or "none"
+        raise DeviceError(f"--devices names GPU {', '.join(map(str, missing))} but this machine has GPUs: {found}; "
+                          "run `specmemo devices` to see them, or leave --devices out to use the best one")
+    return tuple(gpus[i] for i in indices)
 
 
 def find_device(name: str | None) -> DeviceInfo:
@@ -227,7 +281,8 @@ def torch_dtype(precision: str | None):
 
 def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices: PlanChoices = PlanChoices(),
                  device: DeviceInfo | None = None, data_folder: Path | None = None,
-                 progress: Progress | None = None, wait_for_timing: bool = True) -> PlannedEngine:
+                 progress: Progress | None = None, wait_for_timing: bool = True,
+                 devices: tuple[DeviceInfo, ...] | None = None) -> PlannedEngine:
     """Load the model and heads, take the device timing, plan, and apply the plan: the
     engine every entry point chats with.
 
@@ -239,30 +294,44 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
     ``wait_for_timing``: True measures the device when ``data_folder`` holds no timing for
     it (``timing.timing_for``, cached there); False never measures: the cached timing,
     else the prior (``timing.timing_without_waiting``), so nothing waits on a timing;
-    the app then measures in the background (``timing.refresh_in_background``)."""
+    the app then measures in the background (``timing.refresh_in_background``).
+
+    ``devices``: two or more GPUs (``--devices``) the layers may split over (``planning.split``):
+    planned before loading as a streamed plan is, and loaded split as planned."""
     from specmemo_core.planning.host import host_link_for
     from specmemo_core.planning.timing import timing_for, timing_without_waiting
     from specmemo_core.runtime.engine import Engine, HeadsChoice
 
-    device = device or find_device(None)
+    device = device or (devices[0] if devices else find_device(None))
+    cards = cards_for(devices)
     heads = heads if choices.speculate else HeadsChoice.NONE
     link = host_link_for(device, data_folder)
-    source, resident = model, None
-    if link is not None:
+    source, resident, split, first = model, None, None, None
+    if link is not None or cards:
         from specmemo_core.storage.sources import load_model
 
         source = load_model(model, progress=progress)  # host memory: planned before it is placed
-        first = make_plan(inputs_before_load(source, heads, device, link=link), choices)
+        first = make_plan(inputs_before_load(source, heads, device, link=link, cards=cards), choices)
         if not first.fits:
             raise PlanDoesNotFitError(first)
         if first.streamed_layers:
             resident, choices = first.resident_layers, replace(choices, precision=first.precision)
+        if len(first.split) == 1:  # one of the cards holds it: that one
+            device = next(d for d in devices if d.torch_device == first.split[0].device)
+        elif first.split:
+            from specmemo_core.runtime.split import LayerSplit
+
+            split = LayerSplit.of([s.device for s in first.split], [s.layers for s in first.split])
+            choices = replace(choices, precision=first.precision)
     engine = Engine.load(source, heads=heads, dtype=torch_dtype(choices.precision), device=device.torch_device,
-                         progress=progress, precision=choices.precision, resident_layers=resident)
+                         progress=progress, precision=choices.precision, resident_layers=resident, split=split)
     timing = (timing_for(engine, device.name, data_folder, choices.precision, progress) if wait_for_timing
               else timing_without_waiting(engine, device.name, data_folder, choices.precision))
     if progress is not None:
         progress("planning", 1.0)
-    inputs = plan_inputs(engine, device, timing, link=link)
-    planned = PlannedEngine(engine, device, inputs, make_plan(inputs, choices), choices)
+    inputs = plan_inputs(engine, device, timing, link=link, cards=cards)
+    timed = make_plan(inputs, choices)
+    if cards and [(s.device, s.layers) for s in timed.split] != [(s.device, s.layers) for s in first.split]:
+        timed = first  # the timing moved a layer or a card: keep the placement the model was loaded with
+    planned = PlannedEngine(engine, device, inputs, timed, choices)
     return apply_plan(planned, planned.plan)

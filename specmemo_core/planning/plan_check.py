@@ -94,8 +94,9 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
 def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:
     """The decoder a chat runs on this device: graph-captured static steps on CUDA, eager
-    steps elsewhere and for a model that streams layers (``Engine.new_session``'s rule)."""
-    if model.device.type == "cuda" and model.streamed is None:
+    steps elsewhere and for a model that streams layers or is split over two devices
+    (``Engine.new_session``'s rule)."""
+    if model.device.type == "cuda" and model.capturable:
         from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
         return StaticDecoder(model, new_static_cache(model, capacity), heads, tree, graphs=True)
@@ -175,6 +176,22 @@ def confirm(plan: Plan, device: str | torch.device) -> None:
 
 
 @dataclass(frozen=True)
+class CardCheck:
+    """One card of a split plan (``Plan.split``), run: its predicted bytes less the runtime's
+    overhead (which the allocator does not count), and the peak the allocator measured there."""
+
+    device: str
+    predicted_bytes: int
+    measured_peak_bytes: int
+    usable_bytes: int
+
+    @property
+    def error(self) -> float:
+        """(predicted − measured) / measured: + over-predicts, − under-predicts."""
+        return (self.predicted_bytes - self.measured_peak_bytes) / max(self.measured_peak_bytes, 1)
+
+
+@dataclass(frozen=True)
 class Verification:
     predicted_bytes: int
     measured_peak_bytes: int
@@ -182,6 +199,7 @@ class Verification:
     fits: bool
     turns_run: int = 0
     context_resets: int = 0  # times the oldest turns left the context (a sliding chat)
+    cards: tuple[CardCheck, ...] = ()  # a split plan's cards (CUDA), each measured
 
     @property
     def error(self) -> float:
@@ -220,12 +238,14 @@ def shape_config(shape: Any) -> Any:
 
 
 def random_model(shape: Any, precision: str, device: str | torch.device, seed: int = 0, *,
-                 resident_layers: int | None = None) -> CausalLM:
+                 resident_layers: int | None = None, split: Any = None) -> CausalLM:
     """A model of ``shape``'s architecture with random weights, built a layer at a time on
     ``device`` and quantized as it goes, so a 7B model in int4 never needs its bf16 size.
     ``resident_layers``: keep that many decoder layers on ``device`` and stream the rest
     (``runtime/offload.py``): each streamed layer is made on ``device`` and packed into
-    host memory at once, so the device never holds more than one of them.
+    host memory at once, so the device never holds more than one of them. ``split`` (a
+    ``runtime.split.LayerSplit``): each part is made on its own device (``device`` is then
+    ignored), so no card ever holds more than its share.
 
     Weights ~ N(0, 0.02²), norms 1: activations stay finite, and memory is all a plan
     check needs from it."""
@@ -233,40 +253,54 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
     from specmemo_core.runtime.offload import offload_layers
     from specmemo_core.runtime.quantize import QuantSpec, quantize_layer
 
-    device = torch.device(device)
+    device = torch.device(device) if split is None else split.home
     config = shape_config(shape)
     spec = ModelSpec.from_config(config)
     quant = QuantSpec(precision)
     dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(precision, torch.bfloat16)
     with torch.device("meta"):
         model = CausalLM(spec, (torch.empty(spec.head_dim // 2), 1.0))
-    gen = torch.Generator(device=device).manual_seed(seed)
+    at = _layer_devices(spec.num_layers, device, split)
+    gens: dict[torch.device, torch.Generator] = {}
 
-    def materialize(module: torch.nn.Module) -> None:
-        module.to_empty(device=device, recurse=False)
+    def materialize(module: torch.nn.Module, where: torch.device = device) -> None:
+        gen = gens.setdefault(where, torch.Generator(device=where).manual_seed(seed))
+        module.to_empty(device=where, recurse=False)
         for name, p in module.named_parameters(recurse=False):
-            data = (torch.ones(p.shape, dtype=dtype, device=device) if "norm" in type(module).__name__.lower()
-                    else torch.randn(p.shape, generator=gen, dtype=torch.float32, device=device).mul_(0.02).to(dtype))
+            data = (torch.ones(p.shape, dtype=dtype, device=where) if "norm" in type(module).__name__.lower()
+                    else torch.randn(p.shape, generator=gen, dtype=torch.float32, device=where).mul_(0.02).to(dtype))
             setattr(module, name, torch.nn.Parameter(data, requires_grad=False))
 
-    def build(layer: torch.nn.Module) -> None:
+    def build(layer: torch.nn.Module, where: torch.device = device) -> None:
         for module in layer.modules():
-            materialize(module)
+            materialize(module, where)
         if quant.quantized:
             quantize_layer(layer, quant)
 
-    for module in (model.model.embed_tokens, model.model.norm, model.lm_head):
+    materialize(model.model.embed_tokens, device if split is None else split.first)
+    for module in (model.model.norm, model.lm_head):
         materialize(module)
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    for layer in model.model.layers[:resident_layers]:
-        build(layer)
+    for i, layer in enumerate(model.model.layers[:resident_layers]):
+        build(layer, at[i])
     inv_freq, scale = rope_inverse_frequencies(config)
     model.inv_freq = inv_freq.to(device)
     model.rope_scale = scale
     if resident_layers is not None:
         offload_layers(model, resident_layers=resident_layers, device=device, prepare=build)
+    if split is not None:
+        from specmemo_core.runtime.split import split_model
+
+        split_model(model, split)  # everything already sits on its device: this places the borders
     return model.eval().requires_grad_(False)
+
+
+def _layer_devices(num_layers: int, device: torch.device, split: Any) -> list[torch.device]:
+    """Each decoder layer's device, for ``random_model``."""
+    if split is None:
+        return [device] * num_layers
+    return [d for d, n in zip(split.devices, split.layers) for _ in range(n)]
 
 
 def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, *, prompt_tokens: int, reply_tokens: int,
@@ -289,9 +323,10 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, *, prompt_tokens:
 
     device = model.device
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        for card in {device, *(torch.device(s.device) for s in plan.split)}:
+            torch.cuda.synchronize(card)
+            torch.cuda.reset_peak_memory_stats(card)
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
     cache = model.new_cache(plan.kv_tokens + plan.tree_nodes)
     decoder = Decoder(model, cache, heads if plan.tree else None, tree if plan.tree else None)
     gen = torch.Generator().manual_seed(seed)
@@ -325,7 +360,20 @@ def verify(plan: Plan, model: CausalLM, heads: Any, tree: Any, *, prompt_tokens:
         measured["staging"] = model.streamed.staging_bytes
     peak = peak_bytes(device)
     predicted = plan.total_bytes - (plan.predicted_bytes.get("overhead", 0) if device.type == "cuda" else 0)
-    return Verification(predicted, peak, measured, peak <= plan.budget_bytes, turns, resets)
+    cards = _card_checks(plan) if device.type == "cuda" else ()
+    fits = all(c.measured_peak_bytes <= c.usable_bytes for c in cards) if cards else peak <= plan.budget_bytes
+    return Verification(predicted, peak, measured, fits, turns, resets, cards)
+
+
+def _card_checks(plan: Plan) -> tuple[CardCheck, ...]:
+    """Each card of a split plan, measured after its run (none for a plan on one device)."""
+    checks = []
+    for share in plan.split:
+        card = torch.device(share.device)
+        torch.cuda.synchronize(card)
+        checks.append(CardCheck(share.device, share.predicted_bytes - share.overhead_bytes, peak_bytes(card),
+                                share.usable_bytes))
+    return tuple(checks)
 
 
 def _module_bytes(module: torch.nn.Module) -> int:

@@ -35,6 +35,7 @@ from specmemo_core.runtime.decoding import PREFILL_CHUNK
 from specmemo_core.runtime.tree import heads_can_draft
 from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, HostLink, KvRange, choose_offload,
                                             offload_refusal)
+from specmemo_core.planning.split import DeviceShare
 from specmemo_core.planning.memory import (
     OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, heads_bytes, kv_bytes,
     overhead_bytes, tree_buffer_bytes, weight_bytes,
@@ -138,6 +139,8 @@ class Plan:
     streamed_layers: int = 0
     pinned_host_bytes: int = 0
     batch: int = 1  # conversations the plan holds at once, ``kv_tokens`` each
+    # split plans (planning/split.py): each card's decoder layers and bytes; (): one device
+    split: tuple[DeviceShare, ...] = ()
 
     @property
     def total_bytes(self) -> int:

@@ -100,8 +100,8 @@ class BatchDecoder:
             raise BatchError(f"a batch needs at least one slot and more than {nodes} tokens of capacity per slot "
                              f"(the tree's scratch), got {slots} slots of {capacity}")
         s, device = model.spec, model.device
-        self.cache = BatchKVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, rows=slots,
-                                  dtype=model.dtype, device=device)
+        self.cache = model.layer_cache(lambda layers, at: BatchKVCache(
+            layers, s.num_kv_heads, s.head_dim, capacity, rows=slots, dtype=model.dtype, device=at))
         self.context = self.heads.context if self.heads is not None else None
         m = self.context.mspec if self.context is not None else None
         self.context_cache = (BatchKVCache(1, m.num_kv_heads, m.head_dim, capacity, rows=slots, dtype=model.dtype,
@@ -113,7 +113,7 @@ class BatchDecoder:
         self._parts = {b: self._rows(0, b) for b in buckets(slots)}  # made once: fixed addresses
         self._units: dict[tuple[int, int, int], StepUnit] = {}  # greedy units by (bucket, nodes, span)
         # CUDA graphs: one memory pool and one capture stream for every unit (as StaticDecoder)
-        cuda = graphs and device.type == "cuda"
+        cuda = graphs and device.type == "cuda" and model.one_device  # split over two devices: eager
         self._pool = torch.cuda.graph_pool_handle() if cuda else None
         self._capture_stream = torch.cuda.Stream(device) if cuda else None
         staged = cuda if staged_prefill is None else staged_prefill

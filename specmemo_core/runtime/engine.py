@@ -12,11 +12,12 @@ import torch
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder
-from specmemo_core.errors import OffloadError, TreeError
+from specmemo_core.errors import OffloadError, SplitError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
 from specmemo_core.runtime.offload import offload_layers
+from specmemo_core.runtime.split import LayerSplit, split_model
 from specmemo_core.storage.sources import LoadedModel, ModelIdentity, load_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
@@ -118,6 +119,7 @@ class Engine:
         progress: Callable[[str, float], None] | None = None,
         precision: str | None = None,
         resident_layers: int | None = None,
+        split: "LayerSplit | None" = None,
     ) -> "Engine":
         """``model``: a source (``storage.sources.load_model``) or weights already read from one.
         ``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
@@ -127,14 +129,23 @@ class Engine:
         linear layers are then packed for oneDNN (``cpu_linear.py``): the model is ready for
         inference and can no longer be cast, quantized or trained. ``resident_layers``: keep
         only that many decoder layers on ``device`` and stream the others from host memory
-        (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``."""
+        (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``.
+        ``split``: the decoder layers over several devices (``split.py``; the plan's split);
+        ``device`` is then ignored: the heads go to the split's home device."""
         loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=torch.float32,
                                                                           progress=progress)
         streaming = resident_layers is not None
+        if split is not None:
+            if streaming:
+                raise SplitError("a model split over devices cannot also stream layers from host memory yet; "
+                                 "plan it on one device, or on devices that hold every layer")
+            device = split.home
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
         lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype,
-                                      device="cpu" if streaming else device)
+                                      device="cpu" if streaming or split is not None else device)
+        if split is not None:  # before quantizing: each layer is quantized on its own device, as unsplit
+            split_model(lm, split)
         if precision in ("int8", "int4"):
             from specmemo_core.runtime.quantize import QuantSpec, quantize_model
 
@@ -191,8 +202,9 @@ class Engine:
         if graphs is None:
             # NOTE: a streamed model (offload.py) steps eagerly: its copies wait on events
             # recorded by the previous step, which a captured graph cannot hold, and its
-            # step waits on the link, not on kernel launches
-            graphs = self.model.device.type == "cuda" and self.model.streamed is None
+            # step waits on the link, not on kernel launches; so does a model split over
+            # two devices (split.py): one graph holds one device's kernels
+            graphs = self.model.device.type == "cuda" and self.model.capturable
         use_tree = speculate and self.speculative
         scratch = self.tree.num_nodes if use_tree else 1
         heads, tree = (self.heads, self.tree) if use_tree else (None, None)
@@ -213,7 +225,7 @@ class Engine:
         from specmemo_core.runtime.batch import BatchDecoder
 
         on_cuda = self.model.device.type == "cuda"
-        graphs = on_cuda and (self.model.streamed is None if graphs is None else graphs)
+        graphs = on_cuda and (self.model.capturable if graphs is None else graphs)
         use_tree = speculate and self.speculative
         tree = self.tree if use_tree else None
         scratch = tree.num_nodes if tree is not None else 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +26,11 @@ from torch import nn
 from specmemo_core.runtime.kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
 from specmemo_core.planning.memory import PICK_ROWS, ModelDimensions
 
+if TYPE_CHECKING:
+    from specmemo_core.runtime.split import Placement
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+CacheT = TypeVar("CacheT")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +292,16 @@ class LayerSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive decoder layers that run on one device, with the rope frequencies there:
+    the whole model for an unsplit one, one per device for a split one (``split.py``)."""
+
+    device: torch.device
+    layers: Iterable[nn.Module]
+    inv_freq: torch.Tensor  # [hd/2] on ``device``
+
+
 class CausalLM(nn.Module):
     """Decoder + LM head. ``forward`` returns final-normed hidden states; ``logits``
     applies the LM head only where the caller needs it (draft heads reuse the hidden)."""
@@ -303,6 +317,8 @@ class CausalLM(nn.Module):
         # the layers after ``model.layers``, streamed from host memory (offload.py); None:
         # every layer is resident
         self.streamed: LayerSource | None = None
+        # the decoder layers split over several devices (split.py); None: on one device
+        self.placement: Placement | None = None
 
     @classmethod
     def from_state_dict(
@@ -332,7 +348,21 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the final norm, the LM head and a decoding step's tensors live: the home
+        device of a split model (``split.py``), else the embedding's."""
+        if self.placement is not None:
+            return self.placement.home
         return self.model.embed_tokens.weight.device  # the LM head may be packed (cpu_linear)
+
+    @property
+    def one_device(self) -> bool:
+        """Every layer on one device: unsplit, or split in segments that share one (a graph holds them)."""
+        return self.placement is None or self.placement.split.one_device
+
+    @property
+    def capturable(self) -> bool:
+        """Its steps can be captured as one CUDA graph: every layer resident, on one device."""
+        return self.streamed is None and self.one_device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -340,7 +370,27 @@ class CausalLM(nn.Module):
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
-        return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, self.dtype, self.device)
+        return self.layer_cache(lambda layers, device: KVCache(layers, s.num_kv_heads, s.head_dim, capacity,
+                                                               self.dtype, device))
+
+    def layer_cache(self, make: Callable[[int, torch.device], CacheT]) -> CacheT:
+        """A KV cache of every decoder layer, made by ``make(layers, device)``: one on the
+        model's device, or for a split model one per segment on its device, joined by a
+        ``split_cache.SplitCache`` (which speaks the same API)."""
+        if self.placement is None:
+            return make(self.spec.num_layers, self.device)
+        from specmemo_core.runtime.split_cache import SplitCache
+
+        split = self.placement.split
+        return SplitCache([make(n, d) for n, d in zip(split.layers, split.devices)])  # type: ignore[return-value]
+
+    def draft_embedding(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The token embedding on the device where the draft heads run (``device``)."""
+        if self.placement is None or self.placement.split.first == self.device:
+            return self.model.embed_tokens
+        from specmemo_core.runtime.split import BorderEmbedding
+
+        return BorderEmbedding(self.model.embed_tokens, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
@@ -359,12 +409,22 @@ class CausalLM(nn.Module):
         row b holds sequence b's tokens, positions and mask over its own slots.
         """
         cache.ensure_room(tokens.shape[-1])
-        cos, sin = self.rope(positions)
-        bias = attention_bias(mask, self.spec, self.dtype)
-        x = self.model.embed_tokens(tokens)  # [..., T, D]
-        for layer in self.decoder_layers():
-            x = layer(x, cos, sin, bias, cache)
-        return self.model.norm(x)  # [..., T, D]
+        x = self.model.embed_tokens(tokens.to(self.model.embed_tokens.weight.device))  # [..., T, D]
+        for segment in self.segments():  # one, unless split: then x crosses each border once
+            x = x.to(segment.device)
+            cos, sin = rope_tables(segment.inv_freq, self.rope_scale, positions.to(segment.device), self.dtype)
+            bias = attention_bias(mask.to(segment.device), self.spec, self.dtype)
+            for layer in segment.layers:
+                x = layer(x, cos, sin, bias, cache)
+        return self.model.norm(x.to(self.device))  # [..., T, D]
+
+    def segments(self) -> Iterator[Segment]:
+        """Where the decoder layers run: one segment on the model's device (resident layers,
+        then any streamed), or one per device of a split model (``split.Placement``)."""
+        if self.placement is None:
+            yield Segment(self.device, self.decoder_layers(), self.inv_freq)
+        else:
+            yield from self.placement.segments(self.model.layers)
 
     def decoder_layers(self) -> Iterable[nn.Module]:
         """Every decoder layer in order, ready to run: the resident ones (``model.layers``),

@@ -32,6 +32,7 @@ import torch
 
 from specmemo_core.runtime.decoding import Decoder
 from specmemo_core.runtime.kv_cache import KVCache, span_ladder
+from specmemo_core.runtime.split_cache import SplitCache
 from specmemo_core.runtime.heads import ContextLayer
 from specmemo_core.runtime.step import Acceptance, GreedyAcceptance, StepUnit
 from specmemo_core.runtime.tree import TreeBuffers
@@ -127,8 +128,8 @@ class StaticDecoder(Decoder):
     capture_stream: torch.cuda.Stream | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.cache, StaticKVCache):
-            raise TypeError("StaticDecoder needs a StaticKVCache")
+        if not isinstance(home_cache(self.cache), StaticKVCache):
+            raise TypeError("StaticDecoder needs a StaticKVCache (or a split model's SplitCache of them)")
         super().__post_init__()
         self.units: dict[tuple[int, int], StepUnit] = {}  # greedy units by (tree nodes, span)
         # one memory pool for every unit's graph: they never run at once, and nothing a
@@ -156,7 +157,7 @@ class StaticDecoder(Decoder):
         n = buffers.depths.shape[0]
         if (n, span) not in self.units:
             unit = StepUnit(self.parts, buffers, GreedyAcceptance(), span=span)
-            if self.model.device.type == "cuda":
+            if self.model.device.type == "cuda" and self.model.one_device:  # split over two: eager
                 unit.capture(pool=self._pool, stream=self._capture_stream)
             self.units[n, span] = unit
         return self.units[n, span]
@@ -171,5 +172,12 @@ class StaticDecoder(Decoder):
 
 
 def new_static_cache(model, capacity: int) -> StaticKVCache:
+    """A static cache of every layer of ``model`` (one per segment of a split model, ``CausalLM.layer_cache``)."""
     s = model.spec
-    return StaticKVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, model.dtype, model.device)
+    return model.layer_cache(lambda layers, device: StaticKVCache(layers, s.num_kv_heads, s.head_dim, capacity,
+                                                                  model.dtype, device))
+
+
+def home_cache(cache):
+    """The cache whose kind a decoder checks: a split model's home segment's, else the cache itself."""
+    return cache.home if isinstance(cache, SplitCache) else cache

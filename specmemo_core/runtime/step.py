@@ -85,7 +85,7 @@ def draft_tokens(parts: StepParts, buf: TreeBuffers) -> Proposal:
     from the committed tokens in ``cache.ids``)."""
     n, cache, m = buf.depths.shape[0], parts.cache, parts.model
     if parts.heads is not None and len(buf.level_starts) > 2:
-        tokens = parts.heads.draft(parts.state, parts.root, buf, m.model.embed_tokens, m.lm_head)  # [..., N]
+        tokens = parts.heads.draft(parts.state, parts.root, buf, m.draft_embedding(), m.lm_head)  # [..., N]
     else:
         tokens = parts.root[..., None].expand(*parts.root.shape, n)  # [..., N]
     if not buf.lookup:

@@ -352,7 +352,10 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
     for full_name in names:
         # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU)
         name, graphs = (full_name[: -len("+graphs")], True) if full_name.endswith("+graphs") else (full_name, False)
-        graphs = graphs or (name == "plan" and kind == "cuda")  # plan runs as the app does: graphs on CUDA
+        graphs = graphs or (name == "plan" and kind == "cuda" and engine.model.capturable)  # as the app runs it
+        if graphs and kind == "cuda" and not engine.model.capturable:
+            raise SpecMemoError(f"method {full_name}: a model split over two GPUs steps eagerly (one CUDA graph "
+                                "holds one device's kernels); bench it without +graphs")
         graph_note = "static shapes" + (", CUDA graphs" if kind == "cuda" else ", eager (no GPU)") if graphs else ""
         if graphs and name in HF_METHODS:
             raise SpecMemoError(f"method {full_name}: +graphs applies to our decoder, not to transformers")
