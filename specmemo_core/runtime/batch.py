@@ -116,7 +116,7 @@ class BatchDecoder:
         cuda = graphs and device.type == "cuda" and model.one_device  # split over two devices: eager
         self._pool = torch.cuda.graph_pool_handle() if cuda else None
         self._capture_stream = torch.cuda.Stream(device) if cuda else None
-        staged = cuda if staged_prefill is None else staged_prefill
+        staged = (cuda if staged_prefill is None else staged_prefill) and model.one_device
         self._staged = (StagedPrefill(model, self.heads, max_tokens=min(PREFILL_CHUNK, capacity), graphs=cuda,
                                       pool=self._pool, stream=self._capture_stream) if staged else None)
         self._seqs: dict[Hashable, _Sequence] = {}

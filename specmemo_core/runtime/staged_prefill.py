@@ -14,12 +14,13 @@ values and hidden states are those of an unpadded prefill. Its first ``n`` slots
 copied into the sequence's row of the batch cache (and of the heads' context cache).
 
 Without graphs (a CPU, or ``graphs=False``) the same code runs eagerly, which is how the
-CPU tests check it against the plain prefill.
+CPU tests check it against the plain prefill. A model split over several devices
+(``split.py``) prefills eagerly into its row instead: the staging row is on one device.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -109,11 +110,21 @@ class StagedPrefill:
         self.count.fill_(n)
         hidden = self._forward(t)
         for staged, target in ((self.cache, cache), (self.context_cache, context_cache)):
-            if staged is None or target is None:
-                continue
-            target.k[:, row, :, :n] = staged.k[:, 0, :, :n]
-            target.v[:, row, :, :n] = staged.v[:, 0, :, :n]
-            target.ids[row, :n] = staged.ids[0, :n]
-            target.rows_view(row, row + 1).commit_prefix(n)
+            if staged is not None and target is not None:
+                _copy_prefix(staged, target, row, n)
         state[row] = self.parts.state[0]
         return hidden
+
+
+def _copy_prefix(staged: BatchKVCache, target: Any, row: int, n: int) -> None:
+    """The staging row's first ``n`` slots into row ``row`` of ``target``, committed there.
+    ``target``: a ``BatchKVCache``, or a ``split_cache.SplitCache`` of them (a model split
+    into segments on one device), whose segments take consecutive layers."""
+    first = 0
+    for part in getattr(target, "parts", [target]):
+        layers = part.k.shape[0]
+        part.k[:, row, :, :n] = staged.k[first:first + layers, 0, :, :n]
+        part.v[:, row, :, :n] = staged.v[first:first + layers, 0, :, :n]
+        part.ids[row, :n] = staged.ids[0, :n]
+        first += layers
+    target.rows_view(row, row + 1).commit_prefix(n)

@@ -87,9 +87,11 @@ def test_each_sequence_of_a_batch_over_a_split_model_decodes_as_unsplit():
     alone = [[t for s in Decoder(whole, whole.new_cache(128)).generate(p, GenerationConfig(max_new_tokens=16))
               for t in s.token_ids] for p in prompts]
     model = _model(("cpu", "cpu"))
-    for tree_name, kind in [(None, None), ("1-10-16-17+lookup-8", "hydra")]:
+    for (tree_name, kind), staged in [((None, None), False), (("1-10-16-17+lookup-8", "hydra"), False),
+                                      (("1-10-16-17+lookup-8", "hydra"), True)]:
         dec = BatchDecoder(model, slots=4, capacity=128, heads=_heads(kind),
-                           tree=load_tree(tree_name) if tree_name else None)
+                           tree=load_tree(tree_name) if tree_name else None, staged_prefill=staged)
+        assert (dec._staged is not None) == staged  # segments on one device: the staging row copies into each
         assert isinstance(dec.cache, SplitCache)
         for i, p in enumerate(prompts):
             dec.add(i, p, max_new_tokens=16)
