@@ -16,7 +16,7 @@
 # then:                                        bash docs/results/offload_gpu.sh call2
 # and here, with both calls' files:  python3 scripts/collect_offload_results.py OUT1 OUT2 --readme
 set -x
-source .gpu/setup.sh
+source scripts/gpu_setup.sh
 export PYTHONPATH=/tmp/site:.
 # accelerate (the baseline) and psutil (free RAM) are dependencies; wheels in .whl/ if the box lacks them
 python3 -c "import accelerate, psutil" 2>/dev/null || python3 -m pip install -q --no-index --no-deps \

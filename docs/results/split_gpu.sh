@@ -19,9 +19,9 @@
 # Run from the repository root with $OUT set:  bash docs/results/split_gpu.sh call1
 # then, on two cards:                          bash docs/results/split_gpu.sh call2
 # SPECMEMO_DATA_DIR must hold models/SmolLM2-135M-Instruct.Q4_1.gguf and data/mt_bench_question.jsonl
-# (the machine reaches no network); .gpu/setup.sh, where present, sets it up as for the other runs.
+# (the machine reaches no network): scripts/gpu_setup.sh sets it up from the carried folders.
 set -x
-[ -f .gpu/setup.sh ] && source .gpu/setup.sh
+source scripts/gpu_setup.sh
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}." PYTHONUNBUFFERED=1
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "${GPUS:-0}" -ge 2 ]; then DEVICES=cuda:0,cuda:1; TAG=2gpu; else DEVICES=cuda:0,cuda:0; TAG=1gpu; fi

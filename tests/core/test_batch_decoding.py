@@ -198,3 +198,19 @@ def test_prefill_buckets_double_up_to_the_largest():
     assert prefill_buckets(128) == (16, 32, 64, 128)
     assert prefill_buckets(40) == (16, 32, 40)
     assert prefill_buckets(16) == (16,)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_staged_prefill_replayed_as_graphs_matches_the_eager_prefill_on_a_gpu(prompts):
+    """On CUDA the staging row's forwards are captured once per bucket and replayed."""
+    model = tiny_model(seed=11, vocab_size=VOCAB).cuda()
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)).cuda()
+    runs = []
+    for staged in (True, False):
+        dec = BatchDecoder(model, slots=2, capacity=CAPACITY, heads=heads, tree=load_tree("1-3-2+lookup-4"),
+                           graphs=True, staged_prefill=staged)
+        outs, _ = _drive(dec, prompts)
+        runs.append(outs)
+        if staged:
+            assert dec._staged._captured  # replayed, not eager
+    assert runs[0] == runs[1]

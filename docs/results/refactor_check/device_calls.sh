@@ -6,13 +6,13 @@ cp -n .gpu/data/* /tmp/smdata/data/ 2>/dev/null
 cp -n .gpu/SmolLM2-135M-Instruct.Q4_1.gguf.verified /tmp/smdata/models/ 2>/dev/null
 ln -sfn ../assets .old/assets
 set -x
-source .gpu/setup.sh
+source scripts/gpu_setup.sh
 cp .gguf1/part_aa /tmp/part_aa
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.is_available())"
 # CUDA tests of the decoders (tiny models; skipped on CPU in CI)
 PYTHONPATH=/tmp/site:. timeout 400 python3 -m pytest -q -p no:cacheprovider tests/core/test_static_decoding.py tests/core/test_lookup.py tests/core/test_decoding.py tests/core/test_model.py -k "cuda or graph or Graph or CUDA" 2>&1 | tail -25 | tee $OUT/cuda_tests.txt
-source .gpu/setup.sh
+source scripts/gpu_setup.sh
 cat /tmp/part_aa .gguf2/part_ab > /tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
 sha256sum /tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
 D=docs/results/refactor_check/dump_replies.py
@@ -28,7 +28,7 @@ for layout in new old; do
 done
 PYTHONPATH=/tmp/site:. python3 $D --compare $OUT/gpu_fp32_old.json $OUT/gpu_fp32_new.json | tee $OUT/compare.txt
 PYTHONPATH=/tmp/site:. python3 $D --compare $OUT/gpu_bf16_old.json $OUT/gpu_bf16_new.json | tee -a $OUT/compare.txt
-source .gpu/setup.sh
+source scripts/gpu_setup.sh
 test -s /tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf || { echo "model gone (machine went cold)"; exit 3; }
 D=docs/results/refactor_check/dump_replies.py
 # fp32 identity on the CPU (the laptop path), old vs new, plain and the CPU planner's tree

@@ -1,4 +1,4 @@
-source .gpu/setup.sh
+source scripts/gpu_setup.sh
 ln -sfn ../assets .bis1/assets; ln -sfn ../assets .bis2/assets
 cat /tmp/part_aa .gguf2/part_ab > /tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
 sha256sum /tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
