@@ -383,20 +383,18 @@ def prior_expected_accepted(tree) -> float:
 
 def tree_options(record: dict | None) -> list[TreeOption]:
     """The candidate trees: the heads' calibrated ones (else SpecMemo's prior), each also
-    with a lookup chain (``lookup.py``) of every length in ``LOOKUP_GAIN`` (the gain the
-    calibration measured on its own text where it has ``lookup``, else the constant), and the chains
-    alone (the only speculation for a model without heads). A chain's nodes are charged
+    with a lookup chain (``lookup.py``) of every length in ``LOOKUP_GAIN``, and the chains
+    alone (the only speculation for a model without heads); each at the tokens per step
+    the calibration walked on its text (``record["tokens_per_step"]``) where it has them,
+    else from path rates and the constants. A chain's nodes are charged
     by the step time like any others, so the chain is taken where nodes are nearly free
     (a GPU replaying graphs) and left where they cost more than its extra tokens bring."""
     base = calibrated_options(record) if record else specmemo_prior_options()
-    measured = (record or {}).get("lookup", {})  # the calibration's own chains, where it measured them
-
-    def with_chain(t: TreeOption, n: int) -> float:
-        return measured.get(str(n), {}).get(t.name, t.expected_accepted + LOOKUP_GAIN[n])
-
-    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth, with_chain(t, n), t.widest)
-               for t in base for n in LOOKUP_GAIN]
-    alone = [TreeOption(f"lookup-{n}", n + 1, 0, measured.get(str(n), {}).get("alone", accepted), 1)
+    walked = (record or {}).get("tokens_per_step", {})  # measured step by step on the calibration's text
+    chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth,
+                          walked.get(f"{t.name}+lookup-{n}", t.expected_accepted + gain), t.widest)
+               for t in base for n, gain in LOOKUP_GAIN.items()]
+    alone = [TreeOption(f"lookup-{n}", n + 1, 0, walked.get(f"lookup-{n}", accepted), 1)
              for n, accepted in LOOKUP_ALONE.items()]
     return base + chained + alone
 
@@ -406,11 +404,12 @@ def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[
     from specmemo_core.runtime.calibration import expected_accepted, tree_from_calibration
 
     rates = {tuple(p): r for p, r in record["paths"]}
+    walked = record.get("tokens_per_step", {})
     options = []
     for n in sizes:
         if n <= 1:
             continue
         t = tree_from_calibration(record, n)
-        options.append(TreeOption(f"calibrated-{n}", t.num_nodes, t.depth, expected_accepted(t, rates),
-                                  t.widest_drafting_level))
+        accepted = walked.get(f"calibrated-{n}", expected_accepted(t, rates))
+        options.append(TreeOption(f"calibrated-{n}", t.num_nodes, t.depth, accepted, t.widest_drafting_level))
     return options

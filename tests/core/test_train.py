@@ -7,7 +7,7 @@ import torch
 
 from specmemo_core.runtime.heads import HeadsSpec, load_heads, random_heads, save_heads
 from specmemo_core.tools.train.calibrate import (
-    calibrate, head_ranks, lookup_lengths, path_rates, tree_depths, tree_from_calibration,
+    calibrate, head_ranks, lookup_lengths, path_rates, tree_depths, tree_from_calibration, walked_tokens_per_step,
 )
 from specmemo_core.tools.train.distill import Sequences, is_held_out
 from specmemo_core.tools.train.features import IGNORE, build_features
@@ -129,33 +129,60 @@ def test_lookup_lengths_copy_what_followed_the_last_match_as_decoding_does():
     assert two.tolist()[-1] == 0  # the last token: nothing left to guess
 
 
-def test_a_chain_beside_the_tree_adds_only_where_it_reaches_further():
+def test_tree_depths_are_the_longest_rank_prefix_in_the_tree():
     ranks = torch.tensor([[0, 0, -1], [1, 0, 0], [0, 1, 0], [10, 0, 0]])
-    record = calibrate(ranks, "medusa", trees=())
     assert tree_depths(ranks, [(0,), (0, 0)]).tolist() == [2, 0, 1, 0]
-    lengths = torch.tensor([1, 3, 0, 0])
-    record = calibrate(ranks, "medusa", trees=(), lookup={3: lengths}, sizes=(3,))
-    tree = tree_from_calibration(record, 3)
-    depths = tree_depths(ranks, tree.paths)
-    expected = 1 + torch.maximum(depths, lengths).float().mean().item()
-    assert record["lookup"]["3"]["alone"] == pytest.approx(1 + 4 / 4)
-    assert record["lookup"]["3"][tree.name] == pytest.approx(expected, abs=1e-4)
-    assert record["lookup"]["3"][tree.name] >= max(record["lookup"]["3"]["alone"], 1 + depths.float().mean().item())
+    assert tree_depths(ranks, [(0,), (1,), (1, 0), (1, 0, 0)]).tolist() == [1, 3, 1, 0]
 
 
-def test_the_planner_takes_the_measured_chain_gain_over_the_constant():
+def test_a_walk_steps_over_what_each_step_accepted():
+    """Prompt of 2, reply of 7 (positions g = 1 … 8). The prefill emits the reply's first
+    token; steps start at g = 1 and g moves by what each step emits, capped at the end."""
+    seqs = Sequences.from_pairs([([5, 6], [1, 2, 3, 4, 5, 6, 7])])
+    reach = torch.tensor([3, 0, 0, 0, 1, 0, 0, 0])  # drafts accepted at g = 1 … 8
+    # g=1: 4 tokens (reply 2..5) → g=5: 2 tokens → g=7: the reply ends: 6 tokens in 2 steps
+    assert walked_tokens_per_step(reach, seqs) == pytest.approx(3.0)
+    assert walked_tokens_per_step(torch.zeros(8, dtype=torch.long), seqs) == pytest.approx(1.0)
+    # a position-weighted mean would say 1 + 4/8 = 1.5 here, and 2.0 above
+
+
+def test_walked_lookup_tokens_per_step_is_what_the_decoder_measures():
+    """On the model's own greedy reply the walk is the decoding itself: a lookup chain's
+    walked tokens per step equals the decoder's, exactly."""
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.tree import load_tree
+    from tests.tiny import tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model(seed=4, vocab_size=12)  # a small vocabulary loops: the chain has runs to copy
+    prompt = torch.randint(0, 12, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    config = GenerationConfig(max_new_tokens=60)
+    plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, config) for t in s.token_ids]
+    steps = list(Decoder(model, model.new_cache(128), None, load_tree("lookup-8")).generate(prompt, config))
+    decoded = steps[1:]  # the first is the prefill's token
+    measured = sum(len(s.token_ids) for s in decoded) / len(decoded)
+    assert measured > 1.5  # the chain did copy runs
+    seqs = Sequences.from_pairs([(prompt, plain)])
+    assert walked_tokens_per_step(lookup_lengths(seqs, 8), seqs) == pytest.approx(measured)
+    assert 1 + lookup_lengths(seqs, 8).float().mean().item() > measured  # the positional mean over-predicts
+
+
+def test_the_planner_takes_the_walked_tokens_per_step():
     from specmemo_core.planning.planner import LOOKUP_GAIN, tree_options
 
     ranks = torch.tensor([[0, 0, 1], [0, 1, -1], [0, 0, 0], [1, 0, 10], [10, 0, 0], [0, 0, 1]])
+    seqs = Sequences.from_pairs([([1], [2, 3, 4, 5, 6])])  # six positions
     plain = calibrate(ranks, "medusa", trees=())
-    measured = calibrate(ranks, "medusa", trees=(), lookup={n: torch.zeros(6, dtype=torch.long) for n in LOOKUP_GAIN},
-                         sizes=(4,))
-    by_name = {o.name: o.expected_accepted for o in tree_options(measured)}
+    walked = calibrate(ranks, "medusa", trees=(), sequences=seqs,
+                       lookup={n: torch.zeros(6, dtype=torch.long) for n in LOOKUP_GAIN}, sizes=(4,))
+    by_name = {o.name: o.expected_accepted for o in tree_options(walked)}
     assumed = {o.name: o.expected_accepted for o in tree_options(plain)}
-    assert by_name["calibrated-4+lookup-3"] == pytest.approx(by_name["calibrated-4"], abs=1e-4)  # the chain never hit
+    tree = tree_from_calibration(walked, 4)
+    expected = walked_tokens_per_step(tree_depths(ranks, tree.paths), seqs)
+    assert by_name["calibrated-4"] == pytest.approx(expected) and by_name["calibrated-4+lookup-3"] == pytest.approx(expected)
+    assert by_name["lookup-3"] == 1.0  # the chain never hit
     assert assumed["calibrated-4+lookup-3"] == pytest.approx(assumed["calibrated-4"] + LOOKUP_GAIN[3])
-    assert by_name["lookup-3"] == 1.0
-    assert by_name["calibrated-8+lookup-3"] == pytest.approx(by_name["calibrated-8"] + LOOKUP_GAIN[3])  # not measured
+    assert by_name["calibrated-8"] == assumed["calibrated-8"]  # not walked: the path rates
 
 
 def test_held_out_split_is_fixed_and_small():

@@ -181,8 +181,8 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
     feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
     ranks = head_ranks(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config))
-    record = calibrate(ranks, heads.spec.kind, lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN},
-                       sizes=TREE_SIZES)
+    record = calibrate(ranks, heads.spec.kind, sequences=heldout,
+                       lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN}, sizes=TREE_SIZES)
     save_calibration(record, folder)
     return record
 
