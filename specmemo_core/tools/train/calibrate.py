@@ -179,6 +179,9 @@ def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("med
         record["expected_accepted"][f"calibrated-{n}"] = round(expected_accepted(tree_from_calibration(record, n), rates), 4)
     if sequences is not None:
         record["tokens_per_step"] = walked_record(ranks, sequences, record, sizes, lookup or {})
+        for name in trees:  # the named trees too, heads only
+            record["tokens_per_step"][name] = round(
+                walked_tokens_per_step(tree_depths(ranks, load_tree(name).paths), sequences), 4)
     return record
 
 
