@@ -17,7 +17,7 @@ from specmemo_core.runtime.calibration import load_calibration, tree_from_calibr
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
 from specmemo_core.runtime.offload import offload_layers
-from specmemo_core.storage.sources import LoadedModel, ModelIdentity, load_model
+from specmemo_core.storage.sources import LoadedModel, ModelIdentity, open_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
@@ -119,7 +119,8 @@ class Engine:
         precision: str | None = None,
         resident_layers: int | None = None,
     ) -> "Engine":
-        """``model``: a source (``storage.sources.load_model``) or weights already read from one.
+        """``model``: a source (``storage.sources.open_model``), streamed a tensor at a time into
+        the model at its precision, or weights already read from one (``load_model``).
         ``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
         ``tree``: None (plain decoding) or a tree name/file, applied with ``with_tree``; the
         planner's choice comes from ``planning.entry``. ``precision`` "int8" or "int4":
@@ -128,22 +129,25 @@ class Engine:
         inference and can no longer be cast, quantized or trained. ``resident_layers``: keep
         only that many decoder layers on ``device`` and stream the others from host memory
         (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``."""
-        loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=torch.float32,
-                                                                          progress=progress)
+        opened = model if isinstance(model, LoadedModel) else open_model(model, progress=progress)
         streaming = resident_layers is not None
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
-        lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype,
-                                      device="cpu" if streaming else device)
-        if precision in ("int8", "int4"):
-            from specmemo_core.runtime.quantize import QuantSpec, quantize_model
+        build_on = torch.device("cpu" if streaming else device)
+        model_dtype, filled = dtype, None
+        if precision in ("int8", "int4"):  # each decoder weight quantized as it arrives (quantize.py)
+            from specmemo_core.runtime.quantize import QuantSpec, quantize_on_arrival
 
+            model_dtype, filled = quantize_on_arrival(QuantSpec(precision), dtype=dtype, device=build_on)
             if progress is not None:
-                progress(f"quantizing to {precision}", 0.0)
-            quantize_model(lm, QuantSpec(precision))
+                progress(f"loading and quantizing to {precision}", 0.0)
+        lm = CausalLM.from_tensors(opened.config, opened.tensors(progress), dtype=model_dtype, device=build_on,
+                                   filled=filled)
+        if not isinstance(opened, LoadedModel):
+            opened.finished(progress)
         if streaming:
             offload_layers(lm, resident_layers=resident_layers, device=device)
-        draft, folder = load_draft_heads(heads_source(heads), lm.spec, loaded.identity, dtype, device)
+        draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, dtype, device)
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
@@ -153,7 +157,7 @@ class Engine:
         else:
             lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
         name = precision if precision in ("int8", "int4") else _DTYPE_NAMES.get(dtype, str(dtype))
-        engine = cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, None, folder, name)
+        engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, name)
         return engine.with_tree(tree)
 
     def with_tree(self, tree: str | Path | None) -> "Engine":

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -187,6 +187,27 @@ def quantize_layer(layer: nn.Module, spec: QuantSpec) -> nn.Module:
     device = next(layer.parameters()).device
     _quantize_linears(layer, targets, spec, device)
     return layer
+
+
+def quantize_on_arrival(spec: QuantSpec, *, dtype: torch.dtype,
+                        device: torch.device) -> tuple[torch.dtype, Callable[[str, nn.Module], None]]:
+    """The dtype to fill a model in and the ``filled`` callback of ``CausalLM.from_tensors``
+    that stores it as ``spec`` says (int8/int4) while it is read: each decoder ``nn.Linear``
+    is quantized as soon as its weight arrives, so a model streamed from its file never
+    holds more than one float weight matrix beside its quantized ones. The same layers and
+    kernels as ``quantize_model`` (LM head: see the module docstring; ``quantize_lm_head``
+    is for ``quantize_model``)."""
+    if not spec.quantized or spec.quantize_lm_head:
+        raise SpecMemoError(f"quantize_on_arrival takes int8 or int4 without the LM head, not {spec}")
+    if spec.precision == "int4" and device.type == "cuda":
+        dtype = torch.bfloat16  # tinygemm takes bf16 activations only
+    decoder = "model.layers."
+
+    def filled(name: str, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear) and name.startswith(decoder):
+            _quantize_linears(module, {name: module}, spec, device)
+
+    return dtype, filled
 
 
 def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: QuantSpec,
