@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.memory import INT4_GROUP_SIZE
+from specmemo_core.runtime.host_heap import release_free_heap
 from specmemo_core.runtime.model import CausalLM
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
@@ -206,6 +207,7 @@ def quantize_on_arrival(spec: QuantSpec, *, dtype: torch.dtype,
     def filled(name: str, module: nn.Module) -> None:
         if isinstance(module, nn.Linear) and name.startswith(decoder):
             _quantize_linears(module, {name: module}, spec, device)
+            release_free_heap()  # the quantization's temporaries, between the weights kept
 
     return dtype, filled
 
