@@ -16,6 +16,7 @@ from specmemo_core.errors import OffloadError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
+from specmemo_core.runtime.model_build import build_model
 from specmemo_core.runtime.offload import offload_layers
 from specmemo_core.storage.sources import LoadedModel, ModelIdentity, open_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
@@ -133,16 +134,8 @@ class Engine:
         streaming = resident_layers is not None
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
-        build_on = torch.device("cpu" if streaming else device)
-        model_dtype, filled = dtype, None
-        if precision in ("int8", "int4"):  # each decoder weight quantized as it arrives (quantize.py)
-            from specmemo_core.runtime.quantize import QuantSpec, quantize_on_arrival
-
-            model_dtype, filled = quantize_on_arrival(QuantSpec(precision), dtype=dtype, device=build_on)
-            if progress is not None:
-                progress(f"loading and quantizing to {precision}", 0.0)
-        lm = CausalLM.from_tensors(opened.config, opened.tensors(progress), dtype=model_dtype, device=build_on,
-                                   filled=filled)
+        lm = build_model(opened, precision=precision, dtype=dtype, device=torch.device("cpu" if streaming else device),
+                         progress=progress)
         if not isinstance(opened, LoadedModel):
             opened.finished(progress)
         if streaming:

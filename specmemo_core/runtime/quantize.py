@@ -212,6 +212,12 @@ def quantize_on_arrival(spec: QuantSpec, *, dtype: torch.dtype,
     return dtype, filled
 
 
+def quantized_weights(model: CausalLM) -> dict[str, torch.Tensor]:
+    """The decoder's quantized ``nn.Linear`` weights by state-dict name (torchao tensors)."""
+    return {f"model.layers.{name}.weight": m.weight for name, m in model.model.layers.named_modules()
+            if isinstance(m, nn.Linear) and is_traceable_wrapper_subclass(m.weight)}
+
+
 def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: QuantSpec,
                       device: torch.device) -> None:
     aoq = _torchao()

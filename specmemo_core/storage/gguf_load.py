@@ -15,7 +15,7 @@ import mmap
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Container, Iterator
 
 import numpy as np
 import torch
@@ -206,11 +206,14 @@ def _read_released(mapped: mmap.mmap, data: np.ndarray, entry: TensorEntry, inde
     return tensor
 
 
-def iter_tensors(path: Path, index: GGUFIndex, progress: Progress) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(path: Path, index: GGUFIndex, progress: Progress, *,
+                 skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of a file ``check_complete`` passed, by our state-dict name, de-quantized to float32 one at a time: the
     caller converts each to its precision and drops it before asking for the next (this
-    generator keeps no reference to what it yielded)."""
+    generator keeps no reference to what it yielded). ``skip``: names not to read (the
+    caller has them already, e.g. quantized from a cache)."""
     mapped, data = _map(path)
-    for i, entry in enumerate(index.tensors):
+    entries = [t for t in index.tensors if hf_name(t.name) not in skip]
+    for i, entry in enumerate(entries):
         yield str(hf_name(entry.name)), _read_released(mapped, data, entry, index)
-        progress("loading weights", (i + 1) / len(index.tensors))
+        progress("loading weights", (i + 1) / len(entries))

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Container, Iterator, Mapping
 
 import torch
 
@@ -75,9 +75,12 @@ class LoadedModel:
     load_seconds: float = 0.0
     from_cache: bool = False
 
-    def tensors(self, progress: Progress | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    cache: None = None  # weights in memory have no cache folder (``OpenedModel.cache``)
+
+    def tensors(self, progress: Progress | None = None, *,
+                skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights already read, as ``OpenedModel.tensors`` gives them (``CausalLM.from_tensors``)."""
-        return iter(self.state_dict.items())
+        return ((name, tensor) for name, tensor in self.state_dict.items() if name not in skip)
 
 
 def _stamp_file(path: Path) -> Path:
@@ -404,9 +407,10 @@ def _low_memory_reported(path: Path) -> Iterator[None]:
                              "close other programs, or choose a smaller model") from exc
 
 
-def _gguf_tensors(path: Path, index: gguf_load.GGUFIndex, progress: Progress) -> Iterator[tuple[str, torch.Tensor]]:
+def _gguf_tensors(path: Path, index: gguf_load.GGUFIndex, progress: Progress,
+                  skip: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
     with _low_memory_reported(path):
-        yield from gguf_load.iter_tensors(path, index, progress)
+        yield from gguf_load.iter_tensors(path, index, progress, skip=skip)
 
 
 def _open_gguf(path: Path, report: Progress) -> tuple:
@@ -432,7 +436,7 @@ def _open_gguf(path: Path, report: Progress) -> tuple:
                 config, tokenizer = cached_again[1], cached_again[2]
         except OSError as exc:  # still usable, only slower next time
             log.warning("could not write model cache %s (%s)", cache, exc)
-    return config, tokenizer, shapes, partial(_gguf_tensors, path, index), cached is not None
+    return config, tokenizer, shapes, partial(_gguf_tensors, path, index), cached is not None, cache
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -456,14 +460,15 @@ def _weight_files(folder: Path) -> list[Path]:
     raise ModelFileError(folder, "no *.safetensors weight files", "download the model's .safetensors files")
 
 
-def _folder_tensors(files: list[Path], progress: Progress) -> Iterator[tuple[str, torch.Tensor]]:
+def _folder_tensors(files: list[Path], progress: Progress, skip: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     for i, file in enumerate(files):
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    if name not in skip:
+                        yield name, f.get_tensor(name)
         except MemoryError:
             raise
         except Exception as exc:  # safetensors raises its own SafetensorError for a bad file
@@ -514,7 +519,7 @@ def _open_folder(folder: Path, report: Progress) -> tuple:
     except Exception as exc:
         raise ModelFileError(folder, f"no usable tokenizer ({exc})",
                              "copy tokenizer.json and tokenizer_config.json of the model into the folder") from exc
-    return config, tokenizer, shapes, partial(_folder_tensors, files), False
+    return config, tokenizer, shapes, partial(_folder_tensors, files), False, None
 
 
 _EMBEDDING = "model.embed_tokens.weight"
@@ -532,15 +537,18 @@ class OpenedModel:
     source: Path
     name: str
     shapes: dict[str, tuple[int, ...]]
-    read: Callable[[Progress], Iterator[tuple[str, torch.Tensor]]] = field(repr=False)
+    read: Callable[[Progress, Container[str]], Iterator[tuple[str, torch.Tensor]]] = field(repr=False)
     from_cache: bool = False
     started: float = 0.0  # perf_counter() when opening began
+    cache: Path | None = None  # the file's cache folder (GGUF only): weights kept at a planned precision go there
     sample: torch.Tensor | None = field(default=None, repr=False)  # fingerprint_sample of the embedding
 
-    def tensors(self, progress: Progress | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Each weight once, by state-dict name: float32 from a GGUF, as stored from safetensors.
-        Read it once; drop each tensor (or keep its converted copy) before taking the next."""
-        for name, tensor in self.read(progress or _NO_PROGRESS):
+    def tensors(self, progress: Progress | None = None, *,
+                skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each weight once, by state-dict name: float32 from a GGUF, as stored from safetensors;
+        ``skip``: names not read. Read it once; drop each tensor (or keep its converted copy)
+        before taking the next."""
+        for name, tensor in self.read(progress or _NO_PROGRESS, skip):
             if name == _EMBEDDING:
                 self.sample = fingerprint_sample(tensor)
             yield name, tensor
@@ -572,13 +580,13 @@ def open_model(source: str | Path = "default", progress: Progress | None = None)
     if not path.exists():
         raise ModelFileError(path, "file not found", "check the path, or use 'default' for the built-in model")
     if path.is_dir():
-        config, tokenizer, shapes, read, cached = _open_folder(path, report)
+        config, tokenizer, shapes, read, cached, cache = _open_folder(path, report)
     elif path.suffix.lower() == ".gguf":
-        config, tokenizer, shapes, read, cached = _open_gguf(path, report)
+        config, tokenizer, shapes, read, cached, cache = _open_gguf(path, report)
     else:
         raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
                              "point SpecMemo at a .gguf file or at a folder holding config.json")
-    return OpenedModel(config, tokenizer, path, model_name(source), shapes, read, cached, start)
+    return OpenedModel(config, tokenizer, path, model_name(source), shapes, read, cached, start, cache)
 
 
 def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float32,

@@ -174,3 +174,32 @@ def test_unsupported_architecture_is_refused_by_the_engine_before_loading(data_d
         Engine.load(path, heads="none", precision="int4")
     assert "use a GGUF of a supported model family" in str(info.value)
     assert not (data_dir / "cache").exists()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_quantized_weights_are_kept_at_their_precision_and_read_back(data_dir: Path, tmp_path: Path,
+                                                                     arch: str) -> None:
+    """The first int4 load keeps the quantized decoder weights beside the file's cache; the
+    next reads them from there instead of quantizing again, with the same result; a
+    damaged copy is quantized again and replaced."""
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.runtime.model import causal_mask
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=256, quant="Q4_0", tied=False, arch=arch)
+    tokens = torch.tensor([5, 9, 40, 7])
+
+    def load() -> tuple[torch.Tensor, list[str]]:
+        stages: list[str] = []
+        model = Engine.load(path, heads="none", precision="int4", progress=lambda s, f: stages.append(s)).model
+        return model(tokens, torch.arange(4), causal_mask(0, 4), model.new_cache(8)), stages
+
+    first, stages = load()
+    assert "loading and quantizing to int4" in stages
+    kept = list((data_dir / "cache").glob("*/weights-int4-g32-cpu-*.pt"))
+    assert len(kept) == 1
+    second, stages = load()
+    assert "loading int4 weights from the cache" in stages and torch.equal(first, second)
+    kept[0].write_bytes(b"cut")
+    third, stages = load()
+    assert "loading and quantizing to int4" in stages and torch.equal(first, third)
+    assert kept[0].stat().st_size > 1000
