@@ -18,7 +18,7 @@ from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
 from specmemo_core.runtime.model_build import build_model
 from specmemo_core.runtime.offload import offload_layers
-from specmemo_core.storage.sources import LoadedModel, ModelIdentity, open_model
+from specmemo_core.storage.sources import LoadedModel, ModelIdentity, OpenedModel, open_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
@@ -120,8 +120,9 @@ class Engine:
         precision: str | None = None,
         resident_layers: int | None = None,
     ) -> "Engine":
-        """``model``: a source (``storage.sources.open_model``), streamed a tensor at a time into
-        the model at its precision, or weights already read from one (``load_model``).
+        """``model``: a source or a model file opened (``storage.sources.open_model``), streamed
+        a tensor at a time into the model at its precision, or weights already read from one
+        (``load_model``).
         ``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
         ``tree``: None (plain decoding) or a tree name/file, applied with ``with_tree``; the
         planner's choice comes from ``planning.entry``. ``precision`` "int8" or "int4":
@@ -130,7 +131,7 @@ class Engine:
         inference and can no longer be cast, quantized or trained. ``resident_layers``: keep
         only that many decoder layers on ``device`` and stream the others from host memory
         (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``."""
-        opened = model if isinstance(model, LoadedModel) else open_model(model, progress=progress)
+        opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
         streaming = resident_layers is not None
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")

@@ -36,7 +36,7 @@ def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, devic
     from specmemo_core.runtime.quantize import QuantSpec, quantize_on_arrival, quantized_weights
 
     spec = QuantSpec(precision)
-    model_dtype, filled = quantize_on_arrival(spec, dtype=dtype, device=device)
+    model_dtype, filled = quantize_on_arrival(spec, dtype=dtype, device=device)  # before reading: see its config
     key = _cache_key(precision, spec.group_size, device)
     ready = quantized_cache.read(opened.cache, key, device) if opened.cache is not None else None
     if ready is not None and set(ready) != _decoder_linear_names(opened):

@@ -202,11 +202,11 @@ def quantize_on_arrival(spec: QuantSpec, *, dtype: torch.dtype,
         raise SpecMemoError(f"quantize_on_arrival takes int8 or int4 without the LM head, not {spec}")
     if spec.precision == "int4" and device.type == "cuda":
         dtype = torch.bfloat16  # tinygemm takes bf16 activations only
-    decoder = "model.layers."
+    decoder, config = "model.layers.", _config(spec, device)  # also lets torch.load read torchao's tensors
 
     def filled(name: str, module: nn.Module) -> None:
         if isinstance(module, nn.Linear) and name.startswith(decoder):
-            _quantize_linears(module, {name: module}, spec, device)
+            _quantize_linears(module, {name: module}, spec, device, config)
             release_free_heap()  # the quantization's temporaries, between the weights kept
 
     return dtype, filled
@@ -219,16 +219,24 @@ def quantized_weights(model: CausalLM) -> dict[str, torch.Tensor]:
 
 
 def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: QuantSpec,
-                      device: torch.device) -> None:
+                      device: torch.device, config: object | None = None) -> None:
+    """``config``: torchao's config for ``spec`` on ``device`` (``_config``), made once by a caller that quantizes often."""
     aoq = _torchao()
-    if spec.precision == "int8":
-        config = aoq.Int8WeightOnlyConfig(set_inductor_config=False)
-    else:
+    if spec.precision == "int4":
         _check_int4_shapes(spec, targets)
-        config = _int4_config(aoq, device, spec.group_size)
+    config = config if config is not None else _config(spec, device)
     chosen = set(targets.values())
     with _quiet_import():
         aoq.quantize_(root, config, filter_fn=lambda m, _name: m in chosen)
+
+
+def _config(spec: QuantSpec, device: torch.device) -> object:
+    """torchao's config for ``spec`` on ``device``. Making it imports the tensor class it
+    makes, which registers it with torch.load(weights_only=True) (``quantized_cache``)."""
+    aoq = _torchao()
+    if spec.precision == "int8":
+        return aoq.Int8WeightOnlyConfig(set_inductor_config=False)
+    return _int4_config(aoq, device, spec.group_size)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:

@@ -556,7 +556,11 @@ class OpenedModel:
 
     @property
     def identity(self) -> ModelIdentity:
-        """What heads are bound to: known once the embedding has been read (``tensors``)."""
+        """What heads are bound to: sampled from the embedding as ``tensors`` passes it, or,
+        asked before that (to plan before loading), read from the embedding alone."""
+        if self.sample is None and _EMBEDDING in self.shapes:
+            for _ in self.tensors(skip=set(self.shapes) - {_EMBEDDING}):
+                pass
         if self.sample is None:
             raise ModelFileError(self.source, f"the weights lack {_EMBEDDING}",
                                  "use a complete checkpoint of a supported model")

@@ -176,30 +176,70 @@ def test_unsupported_architecture_is_refused_by_the_engine_before_loading(data_d
     assert not (data_dir / "cache").exists()
 
 
+_LOAD_INT4 = """
+import sys, torch
+from specmemo_core.runtime.engine import Engine
+from specmemo_core.runtime.model import causal_mask
+stages = []
+model = Engine.load(sys.argv[1], heads="none", precision="int4", progress=lambda s, f: stages.append(s)).model
+tokens = torch.tensor([5, 9, 40, 7])
+torch.save(model(tokens, torch.arange(4), causal_mask(0, 4), model.new_cache(8)), sys.argv[2])
+print("|".join(stages))
+"""
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_quantized_weights_are_kept_at_their_precision_and_read_back(data_dir: Path, tmp_path: Path,
                                                                      arch: str) -> None:
     """The first int4 load keeps the quantized decoder weights beside the file's cache; the
-    next reads them from there instead of quantizing again, with the same result; a
-    damaged copy is quantized again and replaced."""
-    from specmemo_core.runtime.engine import Engine
-    from specmemo_core.runtime.model import causal_mask
+    next start (a fresh process, as a user's) reads them from there instead of quantizing
+    again, with the same result; a damaged copy is quantized again and replaced."""
+    import subprocess
+    import sys
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=256, quant="Q4_0", tied=False, arch=arch)
-    tokens = torch.tensor([5, 9, 40, 7])
 
-    def load() -> tuple[torch.Tensor, list[str]]:
-        stages: list[str] = []
-        model = Engine.load(path, heads="none", precision="int4", progress=lambda s, f: stages.append(s)).model
-        return model(tokens, torch.arange(4), causal_mask(0, 4), model.new_cache(8)), stages
+    def start(n: int) -> tuple[torch.Tensor, str]:
+        out = tmp_path / f"hidden-{n}.pt"
+        done = subprocess.run([sys.executable, "-c", _LOAD_INT4, str(path), str(out)], capture_output=True,
+                              text=True, check=True)
+        return torch.load(out), done.stdout
 
-    first, stages = load()
+    first, stages = start(1)
     assert "loading and quantizing to int4" in stages
     kept = list((data_dir / "cache").glob("*/weights-int4-g32-cpu-*.pt"))
     assert len(kept) == 1
-    second, stages = load()
+    second, stages = start(2)
     assert "loading int4 weights from the cache" in stages and torch.equal(first, second)
     kept[0].write_bytes(b"cut")
-    third, stages = load()
+    third, stages = start(3)
     assert "loading and quantizing to int4" in stages and torch.equal(first, third)
     assert kept[0].stat().st_size > 1000
+
+
+def test_the_plan_picks_the_precision_before_the_weights_are_read(data_dir: Path, tmp_path: Path) -> None:
+    """On a CPU whose memory holds the model in int8 or int4 but not in fp32, load_planned
+    (the user chose no precision) loads it at the plan's quantized precision directly."""
+    from dataclasses import replace
+
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import PlanChoices, inputs_before_load, load_planned, make_plan
+    from specmemo_core.storage.sources import open_model
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=256, layers=4, quant="Q8_0", tied=False)
+    choices = PlanChoices(turns=1, prompt_tokens=8, reply_tokens=8, speculate=False)
+    opened = open_model(path)
+
+    def plan_with(free: int, precision: str | None):
+        device = replace(cpu_device(), total_bytes=free, free_bytes=free)
+        return make_plan(inputs_before_load(opened, "none", device, link=None), replace(choices, precision=precision))
+
+    low, high = 1, 2**36  # the least memory the int8 plan fits in (the planner is a pure function)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if plan_with(middle, "int8").fits else (middle, high)
+    assert not plan_with(high, "fp32").fits and plan_with(high, None).precision in ("int8", "int4")
+    device = replace(cpu_device(), total_bytes=high, free_bytes=high)
+    planned = load_planned(path, heads="none", choices=choices, device=device, data_folder=tmp_path,
+                           wait_for_timing=False)
+    assert planned.engine.precision == planned.plan.precision == plan_with(high, None).precision
