@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import subprocess
 import sys
@@ -23,11 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 
 def one_start(path: Path, precision: str) -> dict:
     import torch
 
     from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.planning.memory import ModelShape, weight_bytes
     from specmemo_core.runtime.engine import Engine
     from specmemo_core.runtime.quantize import held_bytes, linear_weight_bytes
 
@@ -45,7 +49,9 @@ def one_start(path: Path, precision: str) -> dict:
         "peak_rss_bytes_after_load": load_peak,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "weight_bytes": held_bytes(engine.model),  # every weight as held: int4 layers, fp32 embedding and LM head
-        "int4_layer_bytes": linear_weight_bytes(engine.model),
+        "quantized_layer_bytes": linear_weight_bytes(engine.model),
+        "planner_weight_bytes": weight_bytes(ModelShape.from_spec(engine.model.spec, engine.identity.name), precision,
+                                             device_kind="cpu"),
         "largest_tensor_fp32_bytes": largest,
         "prompt_tokens": len(prompt),
         "greedy_token": token,
@@ -72,12 +78,15 @@ def main() -> None:
             done = subprocess.run([sys.executable, __file__, str(args.gguf), "--precision", args.precision,
                                    "--one-start"], env=env, check=True, capture_output=True, text=True)
             starts.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        kept = sum(f.stat().st_size for f in Path(folder).glob("cache/*/weights-*.pt"))
     second = starts[1]
     weights = second["weight_bytes"]
     result = {
         "file": args.gguf.name,
         "file_bytes": args.gguf.stat().st_size,
         "precision": args.precision,
+        "host": {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total, "machine": platform.machine()},
+        "quantized_cache_bytes": kept,  # decoder weights kept at the planned precision (storage/quantized_cache.py)
         "command": f"python scripts/measure_load.py {args.gguf} --precision {args.precision}",
         "first_start": starts[0],
         "second_start": second,
