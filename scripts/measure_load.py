@@ -5,10 +5,12 @@
 
 Each start is a fresh process (``--one-start``) loading the file with ``Engine.load`` on
 the CPU, as ``specmemo chat --dtype int4`` does, then producing one greedy token after
-"Hello" (a chat-templated prompt is ~30 tokens: minutes of prefill for this CPU's int4 kernel). The first start uses an empty data folder (the file is hashed and
-its header parsed and cached); the second, the same folder. Peak RSS is the process's
-``ru_maxrss`` (what ``/usr/bin/time -v`` reports as "Maximum resident set size"). The
-file's pages are in the OS's file cache on the second start, as on a user's second start.
+"Hello" (a chat-templated prompt is ~30 tokens: minutes of prefill for this CPU's int4
+kernel). The first start uses an empty data folder (the file is hashed, its header parsed
+and cached, its decoder weights quantized and kept: ``storage/quantized_cache.py``); the
+second, the same folder. Peak RSS is the process's ``ru_maxrss`` (what ``/usr/bin/time -v``
+reports as "Maximum resident set size"). The file's pages are in the OS's file cache on
+the second start, as on a user's second start.
 """
 
 from __future__ import annotations

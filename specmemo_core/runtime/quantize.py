@@ -220,7 +220,8 @@ def quantized_weights(model: CausalLM) -> dict[str, torch.Tensor]:
 
 def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: QuantSpec,
                       device: torch.device, config: object | None = None) -> None:
-    """``config``: torchao's config for ``spec`` on ``device`` (``_config``), made once by a caller that quantizes often."""
+    """``config``: torchao's config for ``spec`` on ``device`` (``_config``), made once by a
+    caller that quantizes often."""
     aoq = _torchao()
     if spec.precision == "int4":
         _check_int4_shapes(spec, targets)

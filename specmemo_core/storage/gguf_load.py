@@ -208,10 +208,10 @@ def _read_released(mapped: mmap.mmap, data: np.ndarray, entry: TensorEntry, inde
 
 def iter_tensors(path: Path, index: GGUFIndex, progress: Progress, *,
                  skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of a file ``check_complete`` passed, by our state-dict name, de-quantized to float32 one at a time: the
-    caller converts each to its precision and drops it before asking for the next (this
-    generator keeps no reference to what it yielded). ``skip``: names not to read (the
-    caller has them already, e.g. quantized from a cache)."""
+    """Every tensor of a file ``check_complete`` passed, by our state-dict name, de-quantized
+    to float32 one at a time: the caller converts each to its precision and drops it before
+    asking for the next (this generator keeps no reference to what it yielded). ``skip``:
+    names not to read (the caller has them already, e.g. quantized from a cache)."""
     mapped, data = _map(path)
     entries = [t for t in index.tensors if hf_name(t.name) not in skip]
     for i, entry in enumerate(entries):
