@@ -218,11 +218,11 @@ def _model_inputs(args: argparse.Namespace, real, target, link, cards=()):
     from specmemo_core.planning.timing import timing_for
     from specmemo_core.runtime.engine import Engine
     from specmemo_core.storage.data_folder import data_dir
-    from specmemo_core.storage.sources import load_model
+    from specmemo_core.storage.sources import open_model
 
     progress = StageProgress()
     try:
-        loaded = load_model(args.model, progress=progress)
+        loaded = open_model(args.model, progress=progress)  # the header: weights are read by Engine.load
         if link is not None or cards:
             first = inputs_before_load(loaded, "auto", target, link=link, cards=cards)
             planned = make_plan(first, plan_choices(args))

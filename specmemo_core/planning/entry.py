@@ -7,9 +7,9 @@ Every entry point — the app, ``specmemo chat``, ``generate``, ``plan`` and ``b
   (the device's free memory, the model's and heads' shapes, the candidate trees from the
   heads' calibration, the device timing, and on a GPU the host's free RAM and link
   bandwidth, ``planning.host``): the slow part.
-- ``inputs_before_load`` gathers the same from weights read into host memory, before
-  anything reaches the GPU: a model larger than the GPU is planned (resident and
-  streamed layers) before it is placed.
+- ``inputs_before_load`` gathers the same from a model file's header (or weights in host
+  memory), before any weight is loaded: the precision is planned before loading, and a
+  model larger than the GPU is planned (resident and streamed layers) before it is placed.
 - ``make_plan`` turns those inputs and the user's ``PlanChoices`` into a ``Plan``: pure and
   fast (the app's settings slider calls it on every move).
 - ``load_planned`` does all of it around ``Engine.load`` and applies the plan's tree.
@@ -98,8 +98,9 @@ def plan_inputs(engine: Any, device: DeviceInfo, timing: StepTiming | None, *,
 
 def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: HostLink | None,
                        cards: tuple[Card, ...] = ()) -> PlanInputs:
-    """The planner's view of weights read into host memory (a ``storage.sources.LoadedModel``)
-    and the heads ``heads`` names, before anything is placed on ``device``; no timing."""
+    """The planner's view of a model opened (``storage.sources.OpenedModel``: its header) or
+    read into host memory (``LoadedModel``) and the heads ``heads`` names, before anything
+    is placed on ``device``; no timing."""
     import torch
 
     from specmemo_core.runtime.calibration import load_calibration
@@ -286,10 +287,12 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
     """Load the model and heads, take the device timing, plan, and apply the plan: the
     engine every entry point chats with.
 
-    On a GPU the weights are read into host memory and planned first (``inputs_before_load``,
-    with the host's free RAM and link bandwidth, ``planning.host``): a plan that streams
-    layers loads with its resident layers at its precision; a plan that fits nowhere is
-    refused (``PlanDoesNotFitError``) before anything reaches the GPU.
+    The model is planned from its file's header before its weights are read
+    (``inputs_before_load``; on a GPU with the host's free RAM and link bandwidth,
+    ``planning.host``), then loaded at the plan's precision, each weight converted as it
+    is read (``runtime/model_build.py``): an 8B model planned in int4 never exists in
+    fp32. A plan that streams layers loads with its resident layers; a plan that fits
+    nowhere is refused (``PlanDoesNotFitError``) before anything is loaded.
 
     ``wait_for_timing``: True measures the device when ``data_folder`` holds no timing for
     it (``timing.timing_for``, cached there); False never measures: the cached timing,
@@ -306,23 +309,20 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
     cards = cards_for(devices)
     heads = heads if choices.speculate else HeadsChoice.NONE
     link = host_link_for(device, data_folder)
-    source, resident, split, first = model, None, None, None
-    if link is not None or cards:
-        from specmemo_core.storage.sources import load_model
+    from specmemo_core.storage.sources import open_model
 
-        source = load_model(model, progress=progress)  # host memory: planned before it is placed
-        first = make_plan(inputs_before_load(source, heads, device, link=link, cards=cards), choices)
-        if not first.fits:
-            raise PlanDoesNotFitError(first)
-        if first.streamed_layers:
-            resident, choices = first.resident_layers, replace(choices, precision=first.precision)
-        if len(first.split) == 1:  # one of the cards holds it: that one
-            device = next(d for d in devices if d.torch_device == first.split[0].device)
-        elif first.split:
-            from specmemo_core.runtime.split import LayerSplit
+    source = open_model(model, progress=progress)  # the header (and the embedding, for the heads' identity)
+    first = make_plan(inputs_before_load(source, heads, device, link=link, cards=cards), choices)
+    if not first.fits:
+        raise PlanDoesNotFitError(first)
+    resident, split = (first.resident_layers if first.streamed_layers else None), None
+    choices = replace(choices, precision=first.precision)  # each weight read straight into it
+    if len(first.split) == 1:  # one of the cards holds it: that one
+        device = next(d for d in devices if d.torch_device == first.split[0].device)
+    elif first.split:
+        from specmemo_core.runtime.split import LayerSplit
 
-            split = LayerSplit.of([s.device for s in first.split], [s.layers for s in first.split])
-            choices = replace(choices, precision=first.precision)
+        split = LayerSplit.of([s.device for s in first.split], [s.layers for s in first.split])
     engine = Engine.load(source, heads=heads, dtype=torch_dtype(choices.precision), device=device.torch_device,
                          progress=progress, precision=choices.precision, resident_layers=resident, split=split)
     timing = (timing_for(engine, device.name, data_folder, choices.precision, progress) if wait_for_timing

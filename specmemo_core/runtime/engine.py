@@ -16,13 +16,34 @@ from specmemo_core.errors import OffloadError, SplitError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
+from specmemo_core.runtime.model_build import build_model
 from specmemo_core.runtime.offload import offload_layers
 from specmemo_core.runtime.split import LayerSplit, split_model
-from specmemo_core.storage.sources import LoadedModel, ModelIdentity, load_model
+from specmemo_core.storage.sources import LoadedModel, ModelIdentity, OpenedModel, open_model
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_CAPACITY = 4096
+
+
+def _built(opened: "LoadedModel | OpenedModel", *, precision: str | None, dtype: torch.dtype, device: torch.device,
+           split: LayerSplit | None, progress: Callable[[str, float], None] | None) -> CausalLM:
+    """The model at its precision (``model_build.build_model``); a split one is placed in
+    float first, then each layer quantized on its own device, as an unsplit one is."""
+    if split is None:
+        lm = build_model(opened, precision=precision, dtype=dtype, device=device, progress=progress)
+    else:
+        lm = build_model(opened, precision=None, dtype=dtype, device=torch.device("cpu"), progress=progress)
+        split_model(lm, split)
+        if precision in ("int8", "int4"):
+            from specmemo_core.runtime.quantize import QuantSpec, quantize_model
+
+            if progress is not None:
+                progress(f"quantizing to {precision}", 0.0)
+            quantize_model(lm, QuantSpec(precision))
+    if not isinstance(opened, LoadedModel):
+        opened.finished(progress)
+    return lm
 
 
 def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
@@ -121,7 +142,9 @@ class Engine:
         resident_layers: int | None = None,
         split: "LayerSplit | None" = None,
     ) -> "Engine":
-        """``model``: a source (``storage.sources.load_model``) or weights already read from one.
+        """``model``: a source or a model file opened (``storage.sources.open_model``), streamed
+        a tensor at a time into the model at its precision, or weights already read from one
+        (``load_model``).
         ``heads``: a ``HeadsChoice`` or a path (strings are read by ``heads_source``).
         ``tree``: None (plain decoding) or a tree name/file, applied with ``with_tree``; the
         planner's choice comes from ``planning.entry``. ``precision`` "int8" or "int4":
@@ -132,8 +155,7 @@ class Engine:
         (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``.
         ``split``: the decoder layers over several devices (``split.py``; the plan's split);
         ``device`` is then ignored: the heads go to the split's home device."""
-        loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=torch.float32,
-                                                                          progress=progress)
+        opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
         streaming = resident_layers is not None
         if split is not None:
             if streaming:
@@ -142,19 +164,11 @@ class Engine:
             device = split.home
         if streaming and precision == "int4" and torch.device(device).type != "cpu":
             raise OffloadError("streamed int4 layers would keep torchao's CPU packing; plan bf16 or int8 to offload")
-        lm = CausalLM.from_state_dict(loaded.config, loaded.state_dict, dtype=dtype,
-                                      device="cpu" if streaming or split is not None else device)
-        if split is not None:  # before quantizing: each layer is quantized on its own device, as unsplit
-            split_model(lm, split)
-        if precision in ("int8", "int4"):
-            from specmemo_core.runtime.quantize import QuantSpec, quantize_model
-
-            if progress is not None:
-                progress(f"quantizing to {precision}", 0.0)
-            quantize_model(lm, QuantSpec(precision))
+        lm = _built(opened, precision=precision, dtype=dtype, device=torch.device("cpu" if streaming else device),
+                    split=split, progress=progress)
         if streaming:
             offload_layers(lm, resident_layers=resident_layers, device=device)
-        draft, folder = load_draft_heads(heads_source(heads), lm.spec, loaded.identity, dtype, device)
+        draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, dtype, device)
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
@@ -164,7 +178,7 @@ class Engine:
         else:
             lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
         name = precision if precision in ("int8", "int4") else _DTYPE_NAMES.get(dtype, str(dtype))
-        engine = cls(lm, loaded.tokenizer, loaded.config, loaded.identity, draft, None, folder, name)
+        engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, name)
         return engine.with_tree(tree)
 
     def with_tree(self, tree: str | Path | None) -> "Engine":

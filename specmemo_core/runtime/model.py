@@ -325,20 +325,46 @@ class CausalLM(nn.Module):
         cls, config: Any, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> "CausalLM":
+        return cls.from_tensors(config, state_dict.items(), dtype=dtype, device=device)
+
+    @classmethod
+    def from_tensors(
+        cls, config: Any, tensors: Iterable[tuple[str, torch.Tensor]], *, dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu", filled: Callable[[str, nn.Module], None] | None = None,
+        ready: Mapping[str, torch.Tensor] | None = None,
+    ) -> "CausalLM":
+        """The model, its weights taken from ``(name, tensor)`` pairs one at a time, in any
+        order (HF names; others are skipped): each is moved to ``device`` and ``dtype`` at
+        once, so the caller's copy can go before the next is read. ``filled(name, module)``
+        runs on each module as soon as its last weight has arrived (the engine quantizes a
+        decoder ``nn.Linear`` there), so a streamed model never exists whole in float.
+        ``ready``: weights already in their final form and place (quantized, from a cache):
+        used as they are, before the stream, which should not hold them again."""
         spec = ModelSpec.from_config(config)
         with torch.device("meta"):
             model = cls(spec, (torch.empty(spec.head_dim // 2), 1.0))
-        weights = dict(state_dict)
-        if "lm_head.weight" not in weights and spec.tie_word_embeddings:
-            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        wanted = model.state_dict().keys()  # once: building it walks every module
-        missing = wanted - weights.keys()
-        if missing:
-            raise ValueError(f"weights are missing tensors: {sorted(missing)[:5]}")
-        model.load_state_dict(
-            {k: w.to(device=device, dtype=dtype) for k, w in weights.items() if k in wanted},
-            assign=True, strict=True,
-        )
+        owners = {f"{prefix}.{leaf}" if prefix else leaf: (prefix, leaf)
+                  for prefix, module in model.named_modules() for leaf, _ in module.named_parameters(recurse=False)}
+        if spec.tie_word_embeddings:
+            del owners["lm_head.weight"]  # the embedding itself, below
+        waiting = {prefix: sum(1 for p, _ in owners.values() if p == prefix) for prefix, _ in owners.values()}
+        for name, tensor in (ready or {}).items():
+            prefix, leaf = owners.pop(name)
+            setattr(model.get_submodule(prefix), leaf, nn.Parameter(tensor, requires_grad=False))
+            waiting.pop(prefix, None)  # final already: ``filled`` is not run on it (its bias may follow)
+        for name, tensor in tensors:
+            if name not in owners:
+                continue
+            prefix, leaf = owners.pop(name)
+            module = model.get_submodule(prefix)
+            setattr(module, leaf, nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False))
+            del tensor  # the caller's float copy goes with the next pair
+            if prefix in waiting:
+                waiting[prefix] -= 1
+                if waiting[prefix] == 0 and filled is not None:
+                    filled(prefix, module)
+        if owners:
+            raise ValueError(f"weights are missing tensors: {sorted(owners)[:5]}")
         if spec.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         inv_freq, scale = rope_inverse_frequencies(config)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.planning.memory import INT4_GROUP_SIZE
+from specmemo_core.runtime.host_heap import release_free_heap
 from specmemo_core.runtime.model import CausalLM
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
@@ -189,17 +190,54 @@ def quantize_layer(layer: nn.Module, spec: QuantSpec) -> nn.Module:
     return layer
 
 
+def quantize_on_arrival(spec: QuantSpec, *, dtype: torch.dtype,
+                        device: torch.device) -> tuple[torch.dtype, Callable[[str, nn.Module], None]]:
+    """The dtype to fill a model in and the ``filled`` callback of ``CausalLM.from_tensors``
+    that stores it as ``spec`` says (int8/int4) while it is read: each decoder ``nn.Linear``
+    is quantized as soon as its weight arrives, so a model streamed from its file never
+    holds more than one float weight matrix beside its quantized ones. The same layers and
+    kernels as ``quantize_model`` (LM head: see the module docstring; ``quantize_lm_head``
+    is for ``quantize_model``)."""
+    if not spec.quantized or spec.quantize_lm_head:
+        raise SpecMemoError(f"quantize_on_arrival takes int8 or int4 without the LM head, not {spec}")
+    if spec.precision == "int4" and device.type == "cuda":
+        dtype = torch.bfloat16  # tinygemm takes bf16 activations only
+    decoder, config = "model.layers.", _config(spec, device)  # also lets torch.load read torchao's tensors
+
+    def filled(name: str, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear) and name.startswith(decoder):
+            _quantize_linears(module, {name: module}, spec, device, config)
+            release_free_heap()  # the quantization's temporaries, between the weights kept
+
+    return dtype, filled
+
+
+def quantized_weights(model: CausalLM) -> dict[str, torch.Tensor]:
+    """The decoder's quantized ``nn.Linear`` weights by state-dict name (torchao tensors)."""
+    return {f"model.layers.{name}.weight": m.weight for name, m in model.model.layers.named_modules()
+            if isinstance(m, nn.Linear) and is_traceable_wrapper_subclass(m.weight)}
+
+
 def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: QuantSpec,
-                      device: torch.device) -> None:
+                      device: torch.device, config: object | None = None) -> None:
+    """``config``: torchao's config for ``spec`` on ``device`` (``_config``), made once by a
+    caller that quantizes often."""
     aoq = _torchao()
-    if spec.precision == "int8":
-        config = aoq.Int8WeightOnlyConfig(set_inductor_config=False)
-    else:
+    if spec.precision == "int4":
         _check_int4_shapes(spec, targets)
-        config = _int4_config(aoq, device, spec.group_size)
+    config = config if config is not None else _config(spec, device)
     chosen = set(targets.values())
     with _quiet_import():
         aoq.quantize_(root, config, filter_fn=lambda m, _name: m in chosen)
+
+
+def _config(spec: QuantSpec, device: torch.device) -> object:
+    """torchao's config for ``spec`` on ``device``. Making it imports the tensor class it
+    makes, which registers it with torch.load(weights_only=True) (``quantized_cache``)."""
+    aoq = _torchao()
+    if spec.precision == "int8":
+        return aoq.Int8WeightOnlyConfig(set_inductor_config=False)
+    return _int4_config(aoq, device, spec.group_size)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:

@@ -1,8 +1,9 @@
 """Weights straight from a GGUF file, one tensor at a time.
 
 The file is memory-mapped; each tensor is de-quantized on its own (``gguf.quants``),
-put in the layout our model expects, converted to the target dtype and its float32
-copy dropped, so the peak is the final weights plus one tensor. The tensor table and
+put in the layout our model expects and handed on (``iter_tensors``): the consumer
+converts it to its precision (``CausalLM.from_tensors``: bf16, or int8/int4 at once) and
+drops the float32 copy, so the peak is the final weights plus one tensor. The tensor table and
 the config are small and are kept in a cache folder: parsing the header of a model
 with a 49k-token vocabulary takes seconds in ``GGUFReader``, mapping the file does not.
 """
@@ -10,10 +11,11 @@ with a 49k-token vocabulary takes seconds in ``GGUFReader``, mapping the file do
 from __future__ import annotations
 
 import json
+import mmap
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Container, Iterator
 
 import numpy as np
 import torch
@@ -159,7 +161,7 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 def read_tensor(data: np.ndarray, entry: TensorEntry, index: GGUFIndex) -> np.ndarray:
     """One tensor de-quantized to float32 in our layout; ``data`` is the file, memory-mapped."""
-    raw = data[entry.offset: entry.offset + entry.nbytes].view(np.ndarray)  # a plain view: numpy's memmap
+    raw = data[entry.offset: entry.offset + entry.nbytes].view(np.ndarray)  # a plain view of the mapped file
     if dequant.supported(entry.kind):  # F32 and the simple block formats, whole-tensor in torch
         weight = dequant.dequantize_blocks(raw, entry.kind, tuple(entry.shape))
     else:  # every other format (K-quants, Q5, I-quants) through gguf
@@ -174,19 +176,44 @@ def read_tensor(data: np.ndarray, entry: TensorEntry, index: GGUFIndex) -> np.nd
     return weight
 
 
-def load_state_dict(path: Path, index: GGUFIndex, dtype: torch.dtype, progress: Progress,
-                    keep: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor, de-quantized and converted one at a time. ``keep(name, fp32)`` sees
-    each float32 tensor before it is converted (the fingerprint samples the embedding)."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    if data.size < max((t.offset + t.nbytes for t in index.tensors), default=0):
+def check_complete(path: Path, index: GGUFIndex) -> None:
+    """Refuse a file that ends before its last tensor (a cut download), before any is read."""
+    if path.stat().st_size < max((t.offset + t.nbytes for t in index.tensors), default=0):
         raise ModelFileError(path, "the file is truncated or corrupt (it ends before its last tensor)", _FIX)
-    out: dict[str, torch.Tensor] = {}
-    for i, entry in enumerate(index.tensors):
-        weight = read_tensor(data, entry, index)
-        tensor = torch.from_numpy(weight if weight.flags.writeable else weight.copy())  # [rows, cols] float32
-        if keep is not None:
-            keep(entry.name, tensor)
-        out[str(hf_name(entry.name))] = tensor.to(dtype)  # no copy for float32
-        progress("loading weights", (i + 1) / len(index.tensors))
-    return out
+
+
+def _map(path: Path) -> tuple[mmap.mmap, np.ndarray]:
+    """The file mapped read-only, and the same bytes as a uint8 array (views, no copy)."""
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return mapped, np.frombuffer(mapped, dtype=np.uint8)
+
+
+def _release(mapped: mmap.mmap, entry: TensorEntry) -> None:
+    """Unmap the pages a tensor was read from: they stay in the OS's file cache (a later
+    start reads them from there) but leave this process, whose memory would otherwise
+    grow by the whole file as it is read."""
+    if not hasattr(mapped, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):  # NOTE: Windows keeps them mapped
+        return
+    start = entry.offset - entry.offset % mmap.PAGESIZE
+    mapped.madvise(mmap.MADV_DONTNEED, start, min(entry.offset + entry.nbytes, len(mapped)) - start)
+
+
+def _read_released(mapped: mmap.mmap, data: np.ndarray, entry: TensorEntry, index: GGUFIndex) -> torch.Tensor:
+    weight = read_tensor(data, entry, index)
+    tensor = torch.from_numpy(weight if weight.flags.writeable else weight.copy())  # [rows, cols] float32
+    _release(mapped, entry)
+    return tensor
+
+
+def iter_tensors(path: Path, index: GGUFIndex, progress: Progress, *,
+                 skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a file ``check_complete`` passed, by our state-dict name, de-quantized
+    to float32 one at a time: the caller converts each to its precision and drops it before
+    asking for the next (this generator keeps no reference to what it yielded). ``skip``:
+    names not to read (the caller has them already, e.g. quantized from a cache)."""
+    mapped, data = _map(path)
+    entries = [t for t in index.tensors if hf_name(t.name) not in skip]
+    for i, entry in enumerate(entries):
+        yield str(hf_name(entry.name)), _read_released(mapped, data, entry, index)
+        progress("loading weights", (i + 1) / len(entries))

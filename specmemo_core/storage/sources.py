@@ -18,9 +18,11 @@ import tempfile
 import time
 import zipfile
 from collections import deque
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Container, Iterator, Mapping
 
 import torch
 
@@ -72,6 +74,13 @@ class LoadedModel:
     source: Path
     load_seconds: float = 0.0
     from_cache: bool = False
+
+    cache: None = None  # weights in memory have no cache folder (``OpenedModel.cache``)
+
+    def tensors(self, progress: Progress | None = None, *,
+                skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights already read, as ``OpenedModel.tensors`` gives them (``CausalLM.from_tensors``)."""
+        return ((name, tensor) for name, tensor in self.state_dict.items() if name not in skip)
 
 
 def _stamp_file(path: Path) -> Path:
@@ -233,10 +242,12 @@ _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
-def check_declared_sizes(path: Path, config: transformers.PretrainedConfig, sd: dict[str, torch.Tensor]) -> None:
+def check_declared_sizes(path: Path, config: transformers.PretrainedConfig,
+                         shapes: Mapping[str, tuple[int, ...]]) -> None:
     """Every size the config declares is a whole number ≥ 1 and matches the tensors actually in the file
-    (layer count, embedding, attention and MLP shapes): a file claiming 100,000 layers or 0 heads is
-    refused here, before a model or a KV cache is sized from the claim (issue 18 items 6 and 9)."""
+    (``shapes``, by state-dict name: layer count, embedding, attention and MLP shapes): a file claiming
+    100,000 layers or 0 heads is refused here, before a model or a KV cache is sized from the claim
+    (issue 18 items 6 and 9), and before any weight is read."""
     fix = "download the model again; its config does not describe its weights"
     sizes = {n: getattr(config, n, None) for n in _SIZES}
     sizes["num_key_value_heads"] = sizes["num_key_value_heads"] or sizes["num_attention_heads"]
@@ -252,7 +263,7 @@ def check_declared_sizes(path: Path, config: transformers.PretrainedConfig, sd: 
                              "key/value heads", fix)
     hidden, inter, head_dim = sizes["hidden_size"], sizes["intermediate_size"], sizes["head_dim"]
     head_dim = head_dim or hidden // heads
-    present = {int(k.split(".")[2]) for k in sd if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    present = {int(k.split(".")[2]) for k in shapes if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
     if present != set(range(sizes["num_hidden_layers"])):
         raise ModelFileError(path, f"the config declares {sizes['num_hidden_layers']} layers, but the file holds "
                              f"weights for {len(present)}", fix)
@@ -266,10 +277,10 @@ def check_declared_sizes(path: Path, config: transformers.PretrainedConfig, sd: 
                      f"model.layers.{i}.mlp.up_proj.weight": (inter, hidden),
                      f"model.layers.{i}.mlp.down_proj.weight": (hidden, inter)}
     for name, shape in expected.items():
-        if name not in sd:
+        if name not in shapes:
             raise ModelFileError(path, f"the weights lack {name}", "use a complete checkpoint of a supported model")
-        if tuple(sd[name].shape) != shape:
-            raise ModelFileError(path, f"{name} is {tuple(sd[name].shape)}, but the config declares {shape}", fix)
+        if tuple(shapes[name]) != shape:
+            raise ModelFileError(path, f"{name} is {tuple(shapes[name])}, but the config declares {shape}", fix)
 
 
 def _finish(path: Path, sd: dict[str, torch.Tensor], config: transformers.PretrainedConfig,
@@ -384,39 +395,48 @@ def _read_gguf_header(path: Path, cache: Path, report: Progress) -> tuple:
     return index, config, tokenizer
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, report: Progress) -> tuple:
-    """Weights de-quantized tensor by tensor from the mapped file (about a second for the
-    default model); the parsed header is cached under the file's content hash."""
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ModelFileError(path, "not a GGUF file (it lacks the GGUF magic bytes)",
-                                 "point SpecMemo at a real .gguf model file")
-    cache = data_dir() / "cache" / content_sha256(path, report)[:16]
-    samples: dict[str, torch.Tensor] = {}
-
-    def keep(name: str, tensor: torch.Tensor) -> None:  # the fingerprint samples the float32 embedding
-        if name == "token_embd.weight":
-            samples["model.embed_tokens.weight"] = fingerprint_sample(tensor)
-
+@contextmanager
+def _low_memory_reported(path: Path) -> Iterator[None]:
+    """Running out of memory while reading ``path`` is said as such, not as a bad file."""
     try:
-        cached = _read_cache(cache)
-        index, config, tokenizer = cached or _read_gguf_header(path, cache, report)
-        sd = gguf_load.load_state_dict(path, index, dtype, report, keep)
-        check_declared_sizes(path, config, sd)  # a bad file leaves no cache behind
-        if cached is None:
-            try:
-                _write_cache(cache, index, config, tokenizer)
-                cached_again = _read_cache(cache)  # the same objects every later start will read
-                if cached_again is not None:
-                    config, tokenizer = cached_again[1], cached_again[2]
-            except OSError as exc:  # still usable, only slower next time
-                log.warning("could not write model cache %s (%s)", cache, exc)
+        yield
     except (MemoryError, OSError) as exc:  # mmap reports low memory as OSError ENOMEM, not MemoryError
         if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
             raise
         raise LowMemoryError(f"the computer ran out of memory while loading {path.name} ({exc}); "
                              "close other programs, or choose a smaller model") from exc
-    return config, sd, tokenizer, samples.get("model.embed_tokens.weight"), cached is not None
+
+
+def _gguf_tensors(path: Path, index: gguf_load.GGUFIndex, progress: Progress,
+                  skip: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    with _low_memory_reported(path):
+        yield from gguf_load.iter_tensors(path, index, progress, skip=skip)
+
+
+def _open_gguf(path: Path, report: Progress) -> tuple:
+    """The file's header (the parsed copy is cached under the file's content hash, once the
+    shapes matched the config) and its weights, de-quantized a tensor at a time from the
+    mapped file when read (about a second for the default model)."""
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelFileError(path, "not a GGUF file (it lacks the GGUF magic bytes)",
+                                 "point SpecMemo at a real .gguf model file")
+    cache = data_dir() / "cache" / content_sha256(path, report)[:16]
+    with _low_memory_reported(path):
+        cached = _read_cache(cache)
+        index, config, tokenizer = cached or _read_gguf_header(path, cache, report)
+    gguf_load.check_complete(path, index)
+    shapes = {str(gguf_load.hf_name(t.name)): t.shape for t in index.tensors}
+    check_declared_sizes(path, config, shapes)  # a bad file leaves no cache behind
+    if cached is None:
+        try:
+            _write_cache(cache, index, config, tokenizer)
+            cached_again = _read_cache(cache)  # the same objects every later start will read
+            if cached_again is not None:
+                config, tokenizer = cached_again[1], cached_again[2]
+        except OSError as exc:  # still usable, only slower next time
+            log.warning("could not write model cache %s (%s)", cache, exc)
+    return config, tokenizer, shapes, partial(_gguf_tensors, path, index), cached is not None, cache
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -440,8 +460,38 @@ def _weight_files(folder: Path) -> list[Path]:
     raise ModelFileError(folder, "no *.safetensors weight files", "download the model's .safetensors files")
 
 
-def _load_folder(folder: Path, report: Progress) -> tuple:
-    """A Hugging Face folder of a supported family, safetensors weights only."""
+def _folder_tensors(files: list[Path], progress: Progress, skip: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for i, file in enumerate(files):
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    if name not in skip:
+                        yield name, f.get_tensor(name)
+        except MemoryError:
+            raise
+        except Exception as exc:  # safetensors raises its own SafetensorError for a bad file
+            raise ModelFileError(file, f"the file is truncated or corrupt ({exc})", "download it again") from exc
+        progress("loading weights", (i + 1) / len(files))
+
+
+def _folder_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                shapes |= {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        except Exception as exc:  # safetensors raises its own SafetensorError for a bad header
+            raise ModelFileError(file, f"the file is truncated or corrupt ({exc})", "download it again") from exc
+    return shapes
+
+
+def _open_folder(folder: Path, report: Progress) -> tuple:
+    """A Hugging Face folder of a supported family, safetensors weights only: its config,
+    tokenizer and tensor shapes now, its weights a tensor at a time when read."""
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise ModelFileError(folder, "no config.json: not a Hugging Face model folder",
@@ -455,7 +505,6 @@ def _load_folder(folder: Path, report: Progress) -> tuple:
                              f"(supported: {', '.join(SUPPORTED_TYPES)})", "use a model of a supported family")
     files = _weight_files(folder)
     report("loading weights", 0.0)
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     try:  # transformers checks a few sizes itself (0 heads, a negative hidden size): the same bad file
@@ -463,42 +512,94 @@ def _load_folder(folder: Path, report: Progress) -> tuple:
     except Exception as exc:
         raise ModelFileError(cfg_file, f"the config cannot describe a model ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})", "download the model folder again") from exc
-    sd: dict[str, torch.Tensor] = {}
-    for i, file in enumerate(files):
-        try:
-            sd.update(load_file(file))
-        except Exception as exc:
-            raise ModelFileError(file, f"the file is truncated or corrupt ({exc})", "download it again") from exc
-        report("loading weights", (i + 1) / len(files))
+    shapes = _folder_shapes(files)
+    check_declared_sizes(folder, config, shapes)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:
         raise ModelFileError(folder, f"no usable tokenizer ({exc})",
                              "copy tokenizer.json and tokenizer_config.json of the model into the folder") from exc
-    return config, sd, tokenizer
+    return config, tokenizer, shapes, partial(_folder_tensors, files), False, None
 
 
-def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float32,
-               progress: Progress | None = None) -> LoadedModel:
-    """Load weights, config and tokenizer from "default", a .gguf file or an HF folder."""
+_EMBEDDING = "model.embed_tokens.weight"
+
+
+@dataclass
+class OpenedModel:
+    """A model whose header is read and checked but whose weights are not yet: its config,
+    tokenizer and tensor shapes, and its weights a tensor at a time (``tensors``), so a
+    caller can convert each to its own precision as it arrives (``CausalLM.from_tensors``).
+    Mutable only in ``sample``, which ``tensors`` fills as the embedding streams past."""
+
+    config: "transformers.PretrainedConfig | fast_tokenizer.ModelConfig"
+    tokenizer: "transformers.PreTrainedTokenizerBase | fast_tokenizer.ChatTokenizer"
+    source: Path
+    name: str
+    shapes: dict[str, tuple[int, ...]]
+    read: Callable[[Progress, Container[str]], Iterator[tuple[str, torch.Tensor]]] = field(repr=False)
+    from_cache: bool = False
+    started: float = 0.0  # perf_counter() when opening began
+    cache: Path | None = None  # the file's cache folder (GGUF only): weights kept at a planned precision go there
+    sample: torch.Tensor | None = field(default=None, repr=False)  # fingerprint_sample of the embedding
+
+    def tensors(self, progress: Progress | None = None, *,
+                skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each weight once, by state-dict name: float32 from a GGUF, as stored from safetensors;
+        ``skip``: names not read. Read it once; drop each tensor (or keep its converted copy)
+        before taking the next."""
+        for name, tensor in self.read(progress or _NO_PROGRESS, skip):
+            if name == _EMBEDDING:
+                self.sample = fingerprint_sample(tensor)
+            yield name, tensor
+            del tensor
+
+    @property
+    def identity(self) -> ModelIdentity:
+        """What heads are bound to: sampled from the embedding as ``tensors`` passes it, or,
+        asked before that (to plan before loading), read from the embedding alone."""
+        if self.sample is None and _EMBEDDING in self.shapes:
+            for _ in self.tensors(skip=set(self.shapes) - {_EMBEDDING}):
+                pass
+        if self.sample is None:
+            raise ModelFileError(self.source, f"the weights lack {_EMBEDDING}",
+                                 "use a complete checkpoint of a supported model")
+        return model_identity(self.name, self.config, self.sample)
+
+    def finished(self, progress: Progress | None = None) -> float:
+        """Seconds since opening began, logged and reported once the weights are read."""
+        seconds = time.perf_counter() - self.started
+        log.info("loaded %s in %.2f s (%s)", self.source, seconds, "cache" if self.from_cache else "full load")
+        (progress or _NO_PROGRESS)(f"loaded in {seconds:.1f} s" + (" from cache" if self.from_cache else ""), 1.0)
+        return seconds
+
+
+def open_model(source: str | Path = "default", progress: Progress | None = None) -> OpenedModel:
+    """Read and check the header of "default", a .gguf file or an HF folder: an unsupported
+    family, a truncated file or sizes the tensors do not match are refused here, before
+    any weight is read."""
     report = progress or _NO_PROGRESS
     path = ensure_default_model(report) if str(source) == "default" else Path(source).expanduser()
     start = time.perf_counter()  # load time only, without any first-run download
     if not path.exists():
         raise ModelFileError(path, "file not found", "check the path, or use 'default' for the built-in model")
     if path.is_dir():
-        config, sd, tokenizer = _load_folder(path, report)
-        embedding, cached = sd.get("model.embed_tokens.weight"), False
-        sample = fingerprint_sample(embedding) if embedding is not None else None
+        config, tokenizer, shapes, read, cached, cache = _open_folder(path, report)
     elif path.suffix.lower() == ".gguf":
-        config, sd, tokenizer, sample, cached = _load_gguf(path, dtype, report)
+        config, tokenizer, shapes, read, cached, cache = _open_gguf(path, report)
     else:
         raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
                              "point SpecMemo at a .gguf file or at a folder holding config.json")
-    check_declared_sizes(path, config, sd)  # before anything is sized from the config
-    sd = _finish(path, sd, config, dtype)  # refuses weights without an embedding
-    identity = model_identity(model_name(source), config, sample)
-    seconds = time.perf_counter() - start
-    log.info("loaded %s in %.2f s (%s)", path, seconds, "cache" if cached else "full load")
-    report(f"loaded in {seconds:.1f} s" + (" from cache" if cached else ""), 1.0)
-    return LoadedModel(config, sd, tokenizer, identity, path, seconds, cached)
+    return OpenedModel(config, tokenizer, path, model_name(source), shapes, read, cached, start, cache)
+
+
+def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float32,
+               progress: Progress | None = None) -> LoadedModel:
+    """Load weights, config and tokenizer from "default", a .gguf file or an HF folder,
+    every tensor converted to ``dtype`` as it is read."""
+    opened = open_model(source, progress)
+    sd = {name: tensor.to(dtype) for name, tensor in opened.tensors(progress)}
+    sd = _finish(opened.source, sd, opened.config, dtype)  # refuses weights without an embedding
+    identity = opened.identity
+    seconds = opened.finished(progress)
+    return LoadedModel(opened.config, sd, opened.tokenizer, identity, opened.source, seconds, opened.from_cache)

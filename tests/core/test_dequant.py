@@ -5,20 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quant_shape_to_byte_shape
+from gguf.quants import dequantize
 
 from specmemo_core.storage import dequant
-
-
-def random_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """Raw bytes of a tensor of ``shape`` in ``kind``: random quants, finite random fp16 scales."""
-    rng = np.random.default_rng(seed)
-    per = dequant.BLOCK_BYTES[kind.name]
-    blocks = rng.integers(0, 256, size=(int(np.prod(shape)) // dequant.BLOCK, per), dtype=np.uint8)
-    halves = 2 if kind.name == "Q4_1" else 1  # scale, and Q4_1's minimum
-    values = (rng.standard_normal((blocks.shape[0], halves)) * 0.05).astype(np.float16)
-    blocks[:, : 2 * halves] = values.view(np.uint8).reshape(blocks.shape[0], 2 * halves)
-    return blocks.reshape(quant_shape_to_byte_shape(shape, kind))
+from specmemo_core.tools.synthetic_gguf import random_blocks
 
 
 @pytest.mark.parametrize("name", sorted(dequant.BLOCK_BYTES))
@@ -26,7 +16,7 @@ def random_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], seed: int)
 def test_block_formats_match_gguf_bit_for_bit(name: str, shape: tuple[int, int]) -> None:
     kind = GGMLQuantizationType[name]
     assert dequant.KINDS[kind.value] == name  # our ids are the format's
-    raw = random_blocks(kind, shape, seed=sum(map(ord, name)) + shape[0])
+    raw = random_blocks(name, shape, np.random.default_rng(sum(map(ord, name)) + shape[0]))
     ours = dequant.dequantize_blocks(raw, kind.value, shape)
     theirs = dequantize(raw, kind)
     assert ours.dtype == np.float32 and ours.shape == theirs.shape == shape

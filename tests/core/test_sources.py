@@ -16,6 +16,7 @@ import torch
 from specmemo_core.storage import sources
 from specmemo_core.errors import FetchError, ModelFileError
 from specmemo_core.storage.sources import DEFAULT_MODEL, ensure_default_model, load_model, model_name
+from specmemo_core.tools.synthetic_gguf import NO_QUANTIZER, random_blocks
 
 
 def _byte_chars() -> list[str]:
@@ -28,7 +29,8 @@ def _byte_chars() -> list[str]:
 def write_tiny_gguf(path: Path, seed: int = 0, hidden: int = 16, layers: int = 2, *, arch: str = "llama",
                     quant: str = "F32", tied: bool = True) -> Path:
     """A valid, tiny GGUF (llama or qwen2) with random weights and a byte-level tokenizer;
-    ``quant`` names the gguf type of the matrices (norms and biases stay float32)."""
+    ``quant`` names the gguf type of the matrices (norms and biases stay float32): quantized
+    by ``gguf`` where it has a quantizer, else random blocks (``synthetic_gguf``)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -70,6 +72,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, hidden: int = 16, layers: int = 2
         values = rng.standard_normal(shape).astype(np.float32)  # [rows, cols] numpy order
         if len(shape) == 1 or kind == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, values)
+        elif quant in NO_QUANTIZER:  # K-quants: random codes and scales (a multiple of 256 wide)
+            w.add_tensor(name, random_blocks(quant, shape, rng), raw_dtype=kind)
         else:
             w.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
     w.write_header_to_file()
