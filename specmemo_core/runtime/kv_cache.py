@@ -22,10 +22,11 @@ from specmemo_core.errors import ContextFullError
 MIN_SPAN = 256  # the smallest span a static step attends over (``StaticKVCache.spans``)
 
 
-def span_ladder(capacity: int) -> tuple[int, ...]:
-    """The spans fixed-shape steps attend over: powers of two from ``MIN_SPAN`` below
-    ``capacity``, then ``capacity`` (``StaticKVCache.spans``, ``BatchKVCache.span_for``)."""
-    spans, span = [], MIN_SPAN
+def span_ladder(capacity: int, smallest: int = MIN_SPAN) -> tuple[int, ...]:
+    """The spans fixed-shape steps attend over: powers of two from ``smallest`` below
+    ``capacity``, then ``capacity`` (``StaticKVCache.spans``, ``BatchKVCache.span_for``; the
+    staged prefill's prompt lengths, ``staged_prefill.py``)."""
+    spans, span = [], smallest
     while span < capacity:
         spans.append(span)
         span *= 2

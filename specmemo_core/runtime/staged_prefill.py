@@ -26,6 +26,7 @@ import torch
 
 from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
+from specmemo_core.runtime.kv_cache import span_ladder
 from specmemo_core.runtime.model import CausalLM
 from specmemo_core.runtime.step import StepParts, capture_graph, contextualize
 
@@ -34,11 +35,7 @@ MIN_BUCKET = 16
 
 def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
     """Prompt lengths a staged prefill runs at: 16, 32, … up to ``max_tokens`` (included)."""
-    out, t = [], MIN_BUCKET
-    while t < max_tokens:
-        out.append(t)
-        t *= 2
-    return (*out, max_tokens)
+    return span_ladder(max_tokens, MIN_BUCKET)
 
 
 class StagedPrefill:
