@@ -228,8 +228,8 @@ def _model_inputs(args: argparse.Namespace, real, target, link, cards=()):
             planned = make_plan(first, plan_choices(args))
             if planned.streamed_layers or planned.split or not planned.fits:
                 return first, None
-        engine = Engine.load(loaded, heads="auto", dtype=torch_dtype(args.precision), device=real.torch_device,
-                             progress=progress, precision=args.precision)
+        engine = Engine.load(loaded, heads="auto", dtype=torch_dtype(args.precision, real.kind),
+                             device=real.torch_device, progress=progress, precision=args.precision)
         timing = (timing_for(engine, real.name, data_dir(), args.precision, progress)
                   if target.kind == real.kind else None)
     finally:

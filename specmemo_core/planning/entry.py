@@ -273,10 +273,14 @@ def find_device(name: str | None) -> DeviceInfo:
                       "found, or leave --device out to use the best one")
 
 
-def torch_dtype(precision: str | None):
-    """The dtype the model is loaded in for a precision (int8/int4: weight-only, fp32 around)."""
+def torch_dtype(precision: str | None, device_kind: str | None = None):
+    """The dtype the model is loaded in for a precision. int8/int4 are weight-only: bf16
+    around them on a GPU (as the planner counts and ``plan --verify`` measures), fp32 on a
+    CPU (its int4 kernel takes fp32 only; ``memory.weight_bytes`` counts that)."""
     import torch
 
+    if precision in ("int8", "int4") and device_kind in ("cuda", "rocm"):
+        return torch.bfloat16
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision or "", torch.float32)
 
 
@@ -323,7 +327,8 @@ def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices:
         from specmemo_core.runtime.split import LayerSplit
 
         split = LayerSplit.of([s.device for s in first.split], [s.layers for s in first.split])
-    engine = Engine.load(source, heads=heads, dtype=torch_dtype(choices.precision), device=device.torch_device,
+    dtype = torch_dtype(choices.precision, device.kind)
+    engine = Engine.load(source, heads=heads, dtype=dtype, device=device.torch_device,
                          progress=progress, precision=choices.precision, resident_layers=resident, split=split)
     timing = (timing_for(engine, device.name, data_folder, choices.precision, progress) if wait_for_timing
               else timing_without_waiting(engine, device.name, data_folder, choices.precision))

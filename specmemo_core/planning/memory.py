@@ -109,10 +109,17 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
       ``group_size`` inputs of each output row; the rest as for int8. On CUDA the
       tinygemm kernel pads each Linear to in' = ⌈in/1024⌉·1024, out' = ⌈out/8⌉·8 first
       (a 576-wide model stores 1024 columns), so there the sizes are the padded ones.
+    CPU, int8/int4: the model around the quantized layers is fp32 (``entry.torch_dtype``:
+      the CPU int4 kernel takes fp32 activations only), so embeddings, LM head and norms
+      take 4 bytes, and int4 keeps its scales and zero points in fp32 too. (A
+      Llama-3-8B-shaped model in int4 holds 9.44 GB on CPU, where 16-bit counting said 6.46.)
     CPU, fp32: the linear layers are packed for oneDNN (``cpu_linear.py``); a packed LM
       head tied to the embedding is a copy of it: + vocab × hidden × 4.
     """
     b = activation_bytes(precision)
+    cpu_quantized = device_kind == "cpu" and precision in ("int8", "int4")
+    if cpu_quantized:
+        b = ACTIVATION_BYTES["fp32"]
     if precision in ACTIVATION_BYTES:
         packed_copy = (shape.vocab_size * shape.hidden_size * b
                        if device_kind == "cpu" and precision == "fp32" and shape.tie_word_embeddings else 0)
@@ -124,7 +131,8 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
         if device_kind == "cuda":
             linears = [(-(-o // INT4_CUDA_OUT_MULTIPLE) * INT4_CUDA_OUT_MULTIPLE,
                         -(-i // INT4_CUDA_IN_MULTIPLE) * INT4_CUDA_IN_MULTIPLE) for o, i in linears]
-        per_layer = sum(o * i // 2 + o * -(-i // group_size) * 2 * QUANT_SCALE_BYTES for o, i in linears)
+        scale = ACTIVATION_BYTES["fp32"] if cpu_quantized else QUANT_SCALE_BYTES
+        per_layer = sum(o * i // 2 + o * -(-i // group_size) * 2 * scale for o, i in linears)
     unquantized = shape.params - sum(o * i for o, i in shape.layer_linear_params()) * shape.num_layers
     return per_layer * shape.num_layers + unquantized * b
 

@@ -257,7 +257,8 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
     config = shape_config(shape)
     spec = ModelSpec.from_config(config)
     quant = QuantSpec(precision)
-    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(precision, torch.bfloat16)
+    around = torch.float32 if device.type == "cpu" else torch.bfloat16  # int8/int4 as Engine.load has them
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, around)
     with torch.device("meta"):
         model = CausalLM(spec, (torch.empty(spec.head_dim // 2), 1.0))
     at = _layer_devices(spec.num_layers, device, split)

@@ -36,8 +36,11 @@ def test_vicuna_7b_by_hand():
     rest = (6_738_415_616 - linear) * 2
     assert weight_bytes(s, "int8") == linear + scales_int8 + rest
     groups = 32 * (4 * 4096 * 4096 // 128 + 2 * 11008 * 4096 // 128 + 4096 * 11008 // 128)
-    assert weight_bytes(s, "int4", group_size=128, device_kind="cpu") == linear // 2 + groups * 4 + rest
-    assert weight_bytes(s, "int4", device_kind="cpu") == linear // 2 + groups * 4 * 4 + rest  # group 32
+    assert weight_bytes(s, "int4", group_size=128, device_kind="rocm") == linear // 2 + groups * 4 + rest
+    assert weight_bytes(s, "int4", device_kind="rocm") == linear // 2 + groups * 4 * 4 + rest  # group 32
+    rest_fp32 = (6_738_415_616 - linear) * 4  # on CPU the model around int8/int4 layers is fp32, int4 scales too
+    assert weight_bytes(s, "int4", group_size=128, device_kind="cpu") == linear // 2 + groups * 8 + rest_fp32
+    assert weight_bytes(s, "int8", device_kind="cpu") == linear + scales_int8 + rest_fp32
     # a hydra head is 2 D^2 + D parameters, not SpecMemo's 0.6 GB
     assert heads_bytes(HeadsShape("hydra", 4, 1), s, "bf16") == 4 * (2 * 4096 * 4096 + 4096) * 2
 
@@ -48,7 +51,7 @@ def test_int4_on_cuda_counts_tinygemm_padding():
     per_layer = sum(o * i // 2 + o * (i // 32) * 4 for o, i in padded)
     linear = sum(o * i for o, i in s.layer_linear_params()) * 30
     assert weight_bytes(s, "int4", device_kind="cuda") == 30 * per_layer + (s.params - linear) * 2
-    assert weight_bytes(s, "int4", device_kind="cpu") < weight_bytes(s, "int4", device_kind="cuda")
+    assert weight_bytes(s, "int4", device_kind="rocm") < weight_bytes(s, "int4", device_kind="cuda")  # no padding
 
 
 def test_model_shape_matches_real_parameters():
@@ -121,3 +124,15 @@ def test_a_drafting_vocabulary_costs_its_lm_head_rows():
     plain = heads_bytes(HeadsShape("hydra", 4, 1), s, "fp32")
     cut = heads_bytes(HeadsShape("hydra", 4, 1, draft_vocab=8192), s, "fp32")
     assert cut - plain == 8192 * 576 * 4 + 8192 * 8
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_cpu_quantized_weights_are_what_the_quantized_model_holds(precision):
+    """On CPU the layers around the quantized ones stay fp32, as do int4's scales: the
+    count is the model's own bytes (its rotary buffer aside)."""
+    from specmemo_core.runtime.quantize import QuantSpec, held_bytes, quantize_model
+
+    model = quantize_model(tiny_model(vocab_size=300), QuantSpec(precision))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    shape = ModelShape.from_spec(ModelSpec.from_config(tiny_config(vocab_size=300)))
+    assert held_bytes(model) - buffers == weight_bytes(shape, precision, device_kind="cpu")
