@@ -49,3 +49,11 @@ def tiny_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
     fast.chat_template = CHATML
     return fast
+
+
+def save_tiny_model_folder(folder, *, layers: int, seed: int = 21, **sizes):
+    """A tiny random-weight model saved as a Hugging Face folder (weights and tokenizer),
+    as ``Engine.load`` reads one; returns ``folder``."""
+    tiny_hf_model(seed=seed, layers=layers, **sizes).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder

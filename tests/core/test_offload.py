@@ -218,12 +218,9 @@ def test_an_interrupted_forward_does_not_desynchronise_the_stream():
 @pytest.fixture(scope="module")
 def tiny_model_folder(tmp_path_factory):
     """A tiny random-weight model of 5 layers saved as a Hugging Face folder, as ``Engine.load`` reads one."""
-    from tests.tiny import tiny_hf_model
+    from tests.tiny import save_tiny_model_folder
 
-    folder = tmp_path_factory.mktemp("tiny-llama-5")
-    tiny_hf_model(seed=21, layers=LAYERS).save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_model_folder(tmp_path_factory.mktemp("tiny-llama-5"), layers=LAYERS)
 
 
 @pytest.mark.parametrize("precision", [None, "int8"])

@@ -150,12 +150,9 @@ def test_split_over_gpus_greedy_equals_one_gpu(devices):
 
 @pytest.fixture(scope="module")
 def tiny_model_folder(tmp_path_factory):
-    from tests.tiny import tiny_hf_model, tiny_tokenizer
+    from tests.tiny import save_tiny_model_folder
 
-    folder = tmp_path_factory.mktemp("tiny-llama-5")
-    tiny_hf_model(seed=21, layers=LAYERS).save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_model_folder(tmp_path_factory.mktemp("tiny-llama-5"), layers=LAYERS)
 
 
 @pytest.mark.parametrize("precision", [None, "int8"])
