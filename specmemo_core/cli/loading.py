@@ -50,11 +50,11 @@ def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:
 
 def kv_room_tokens(planned: PlannedEngine) -> int:
     """Committed tokens whose KV cache fits beside everything else the plan keeps on the device."""
-    from specmemo_core.planning.memory import kv_bytes
+    from specmemo_core.planning.memory import around_precision, kv_bytes
 
     plan = planned.plan
     others = plan.total_bytes - plan.predicted_bytes.get("kv_cache", 0)
-    per_token = max(kv_bytes(planned.inputs.model, 1, plan.precision), 1)
+    per_token = max(kv_bytes(planned.inputs.model, 1, around_precision(plan.precision, plan.device)), 1)
     return max((plan.budget_bytes - others) // per_token - plan.tree_nodes, 0)
 
 

@@ -97,6 +97,13 @@ def activation_bytes(precision: str) -> int:
     return ACTIVATION_BYTES.get(precision, 2)
 
 
+def around_precision(precision: str, device_kind: str) -> str:
+    """The precision of what surrounds the weights (KV cache, activations, heads, tree
+    buffers): int8/int4 on a CPU run with fp32 there (``entry.torch_dtype``), elsewhere as
+    ``activation_bytes`` says."""
+    return "fp32" if device_kind == "cpu" and precision in ("int8", "int4") else precision
+
+
 def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP_SIZE,
                  device_kind: str = "cuda") -> int:
     """Weights.

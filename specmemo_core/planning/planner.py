@@ -37,8 +37,8 @@ from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, H
                                             offload_refusal)
 from specmemo_core.planning.split import DeviceShare
 from specmemo_core.planning.memory import (
-    OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, heads_bytes, kv_bytes,
-    overhead_bytes, tree_buffer_bytes, weight_bytes,
+    OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, around_precision, heads_bytes,
+    kv_bytes, overhead_bytes, tree_buffer_bytes, weight_bytes,
 )
 
 QUALITY_ORDER = ("fp32", "bf16", "int8", "int4")  # best first; fp16 only when asked for
@@ -157,15 +157,16 @@ def memory_terms(model: ModelShape, heads: HeadsShape | None, *, precision: str,
     chunk = min(PREFILL_CHUNK, max(kv_tokens, 1))
     nodes = tree.nodes
     slot = kv_tokens + nodes  # one conversation's slots, its tree's scratch included
+    around = around_precision(precision, kind)
     terms = {
         "weights": weight_bytes(model, precision, device_kind=kind),
-        "heads": heads_bytes(heads, model, precision, batch * slot) if nodes > 1 else 0,
-        "kv_cache": kv_bytes(model, batch * slot, precision),
+        "heads": heads_bytes(heads, model, around, batch * slot) if nodes > 1 else 0,
+        "kv_cache": kv_bytes(model, batch * slot, around),
         # on CPU the LM head is packed for oneDNN (fp32) and scored whole
-        "tree_buffers": tree_buffer_bytes(model, tree, slot, precision, heads=heads, sampling=sampling,
+        "tree_buffers": tree_buffer_bytes(model, tree, slot, around, heads=heads, sampling=sampling,
                                           whole_head=kind == "cpu", batch=batch),
-        "activations": max(activation_peak_bytes(model, chunk, slot, precision, kind),
-                           activation_peak_bytes(model, batch * nodes, slot, precision, kind)),
+        "activations": max(activation_peak_bytes(model, chunk, slot, around, kind),
+                           activation_peak_bytes(model, batch * nodes, slot, around, kind)),
     }
     terms["overhead"] = overhead_bytes(kind, sum(terms.values()))
     return terms
@@ -219,7 +220,7 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     nodes, depth = shape.nodes, shape.depth
     terms = terms_for(want_tokens, shape)
     # What is left (the turns share) extends every conversation's KV cache, up to the model's context.
-    per_token = kv_bytes(model, request.batch, precision) * KV_TOKEN_GROWTH
+    per_token = kv_bytes(model, request.batch, around_precision(precision, budget.kind)) * KV_TOKEN_GROWTH
     extra_tokens = int((usable - sum(terms.values())) // per_token)
     kv_tokens = min(model.max_context, want_tokens + max(extra_tokens, 0))
     terms = terms_for(kv_tokens, shape)
@@ -325,7 +326,8 @@ def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, reques
     precision = smallest.precision
     fixed = memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=0, sampling=request.sampling,
                          batch=request.batch)
-    per_turn = kv_bytes(model, request.tokens_per_turn * request.batch, precision)  # a turn of every conversation
+    around = around_precision(precision, budget.kind)
+    per_turn = kv_bytes(model, request.tokens_per_turn * request.batch, around)  # a turn of every conversation
     suggestions = []
     room = usable - sum(fixed.values())
     if room > per_turn:
@@ -333,7 +335,7 @@ def _refusal(budget: Budget, model: ModelShape, heads: HeadsShape | None, reques
         suggestions.append(f"ask for at most {turns} turns (of {request.tokens_per_turn} tokens) at {precision}"
                            + (f" for each of {request.batch} conversations" if request.batch > 1 else ""))
     want = min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context)
-    conversations = int(room // (kv_bytes(model, want, precision) * KV_TOKEN_GROWTH)) if room > 0 else 0
+    conversations = int(room // (kv_bytes(model, want, around) * KV_TOKEN_GROWTH)) if room > 0 else 0
     if 1 <= conversations < request.batch:
         suggestions.append(f"decode fewer conversations at once: {conversations} fit with {request.turns} turns each")
     if request.precision and request.precision != "int4":

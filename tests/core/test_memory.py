@@ -136,3 +136,18 @@ def test_cpu_quantized_weights_are_what_the_quantized_model_holds(precision):
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     shape = ModelShape.from_spec(ModelSpec.from_config(tiny_config(vocab_size=300)))
     assert held_bytes(model) - buffers == weight_bytes(shape, precision, device_kind="cpu")
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_cpu_quantized_kv_cache_is_counted_as_allocated(precision):
+    """On CPU an int8/int4 model keeps its KV cache in fp32 (the dtype around its layers):
+    the plan's KV term is the cache the model really allocates, not a 16-bit one."""
+    from specmemo_core.planning.planner import memory_terms
+    from specmemo_core.runtime.quantize import QuantSpec, quantize_model
+
+    model = quantize_model(tiny_model(vocab_size=300), QuantSpec(precision))
+    shape = ModelShape.from_spec(model.spec)
+    terms = memory_terms(shape, None, precision=precision, kind="cpu", kv_tokens=999)
+    assert terms["kv_cache"] == model.new_cache(1000).nbytes  # 999 tokens + the plain tree's one node
+    gpu = memory_terms(shape, None, precision=precision, kind="cuda", kv_tokens=999)
+    assert gpu["kv_cache"] * 2 == terms["kv_cache"]
