@@ -12,6 +12,7 @@ from specmemo_core.errors import SpecMemoError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    _add_speed_up(subparsers)
     _add_train_heads(subparsers)
     _add_calibrate(subparsers)
     _add_eval_acceptance(subparsers)
@@ -49,6 +50,51 @@ def _add_train_heads(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts-file", default=None, help="JSONL prompts instead of ShareGPT")
     _add_heldout_args(p)
     p.set_defaults(run=run_train_heads)
+
+
+def _add_speed_up(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "speed-up", help="train draft heads for your model (what the app's 'Speed up this model' does)",
+        description="Train draft heads for a model by self-distillation on the prompts shipped with the app "
+                    "(or your own), calibrate them, and store them where the app and every command find them "
+                    "next time. Prints a time estimate first; running it again resumes.")
+    p.add_argument("--model", default="default", help="'default', a .gguf file or a model folder; "
+                                                      "shape:NAME estimates a model of that shape (--estimate)")
+    p.add_argument("--prompts-file", default=None, help="your own prompts (JSONL, one {\"turns\": [...]} a line)")
+    p.add_argument("--prompts", type=int, default=None, help="train on this many prompts (default 8000)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 4000)")
+    p.add_argument("--estimate", action="store_true", help="only time the job on this device and print the estimate")
+    p.add_argument("--device", default=device_default())
+    p.add_argument("--json", action="store_true")
+    add_threads_arg(p)
+    p.set_defaults(run=run_speed_up)
+
+
+def run_speed_up(args: argparse.Namespace) -> int:
+    from specmemo_core.storage.data_folder import data_dir
+    from specmemo_core.tools.train.speed_up import (base_model_for, estimate_training, speed_up_job,
+                                                    train_speed_up_heads)
+
+    if args.model.startswith("shape:") and not args.estimate:
+        raise SpecMemoError("a shape: model has random weights: heads trained on it would be of no use; "
+                            "add --estimate to time the job, or give a real model file")
+    with StageProgress() as progress:
+        hf, name, fingerprint = base_model_for(args.model, args.device, progress)
+        job = speed_up_job(args.model, name=name, fingerprint=fingerprint, device=args.device,
+                           data_folder=data_dir(), prompts_file=args.prompts_file, prompts=args.prompts,
+                           steps=args.steps)
+        estimate = estimate_training(job, hf, progress=progress)
+        del hf
+        print(f"training heads for {name}: {estimate.describe()}" + ("; resuming" if job.started else ""),
+              file=sys.stderr)
+        if args.estimate:
+            print(json.dumps({"model": name, "estimate": estimate.as_dict()}, indent=1) if args.json
+                  else estimate.describe())
+            return 0
+        card = train_speed_up_heads(job, progress=progress, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps({"heads": str(job.out), "estimate": estimate.as_dict(), "card": card}, indent=1) if args.json
+          else f"heads stored in {job.out}; every command and the app use them from now on")
+    return 0
 
 
 def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:

@@ -70,7 +70,7 @@ def resolve_tree(spec: str | Path, heads_folder: Path | None) -> Tree:
 class HeadsChoice(Enum):
     """Which draft heads to load, when not a file or folder of heads."""
 
-    SHIPPED = "auto"  # the heads shipped for this model under assets/heads/, else none
+    SHIPPED = "auto"  # heads trained here for this model, else those shipped under assets/heads/, else none
     NONE = "none"
     RANDOM = "random"  # random weights, 5 heads: output unchanged, only slower (checks exactness)
 
@@ -99,6 +99,16 @@ def shipped_heads_dir(identity: ModelIdentity) -> Path | None:
     return folder if (folder / "heads.safetensors").exists() else None
 
 
+def default_heads_dir(identity: ModelIdentity) -> Path | None:
+    """The heads ``HeadsChoice.SHIPPED`` loads: those trained on this computer for this very
+    model (``storage/trained_heads.py``), else those shipped with the app, else none."""
+    from specmemo_core.storage.data_folder import data_dir
+    from specmemo_core.storage.trained_heads import finished, trained_heads_dir
+
+    trained = trained_heads_dir(data_dir(), identity.name, identity.fingerprint)
+    return trained if finished(trained) else shipped_heads_dir(identity)
+
+
 def load_draft_heads(source: HeadsSource, spec: ModelSpec, identity: ModelIdentity, dtype: torch.dtype,
                      device: str | torch.device) -> tuple[DraftHeads | None, Path | None]:
     """The draft heads ``source`` names for the model of ``spec``, and the folder they came from."""
@@ -108,7 +118,7 @@ def load_draft_heads(source: HeadsSource, spec: ModelSpec, identity: ModelIdenti
         heads = random_heads(5, spec.hidden_size, spec.vocab_size, base_name=identity.name,
                              base_fingerprint=identity.fingerprint)
         return heads.to(device=device, dtype=dtype), None
-    folder = shipped_heads_dir(identity) if source is HeadsChoice.SHIPPED else (
+    folder = default_heads_dir(identity) if source is HeadsChoice.SHIPPED else (
         source if source.is_dir() else source.parent)
     if folder is None:
         return None, None

@@ -7,6 +7,7 @@ is fetched once into data_dir()/data and checked against its pinned sha256.
 from __future__ import annotations
 
 import codecs
+import gzip
 import json
 import logging
 import re
@@ -30,13 +31,15 @@ _SEPARATORS = re.compile(r"[\s,]*")
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    """(line number, object) for each non-blank line; bad lines name file and line."""
+    """(line number, object) for each non-blank line (a ``.gz`` file is read through gzip);
+    bad lines name file and line."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = Path(path).read_bytes()
+        text = (gzip.decompress(raw) if Path(path).suffix == ".gz" else raw).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise SpecMemoError(f"{path}: cannot read the prompt file ({exc}). Check the path.") from exc
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):  # JSONL: lines end at \n only (not U+2028)
         if not line.strip():
             continue
         try:

@@ -158,8 +158,8 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     card = {
         "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
         "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "context_layer": cfg.context,
-        "data": f"ShareGPT V3 (train split), up to {cfg.turns} user turn(s) per conversation, "
-                f"{len(train_seqs.starts)} replies, "
+        "data": f"{Path(cfg.prompts_file).name if cfg.prompts_file else 'ShareGPT V3 (train split)'}, "
+                f"up to {cfg.turns} user turn(s) per conversation, {len(train_seqs.starts)} replies, "
                 f"{train_seqs.reply_tokens} tokens self-distilled (greedy, ≤{cfg.max_new_tokens} new tokens)",
         "train": asdict(cfg.train), "seed": cfg.train.seed, "train_seconds": round(train_s, 1),
         "total_seconds": round(time.perf_counter() - t_start, 1),
