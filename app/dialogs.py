@@ -5,6 +5,15 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from specmemo_core.errors import SpecMemoError
+
+
+def describe(exc: BaseException) -> str:
+    """Our typed errors say what to do; anything else is named by its type (a bug or a broken file)."""
+    if isinstance(exc, SpecMemoError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
 
 class Dialogs:
     """``ask`` returns the chosen button's text (None if closed); ``tell`` warns; ``inform`` just informs."""

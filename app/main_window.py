@@ -24,6 +24,7 @@ from specmemo_core.errors import (
 from specmemo_core.storage.atomic import write_text_atomic
 from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.storage.chatstore import ChatStore, ChatStoreError
+from specmemo_core.tools.train.speed_up import SpeedUpJob
 
 from . import theme
 from .chat_input import ChatInput
@@ -31,7 +32,8 @@ from .chat_view import ChatView
 from .context_window import TooLongError
 from .conversation_list import ConversationList
 from .device_timing import DeviceTimer
-from .dialogs import Dialogs
+from .dialogs import Dialogs, describe
+from .heads_training import HeadsTrainer, free_memory, job_for_runtime
 from .menus import Command, about_html, build_menus, shortcuts_html
 from .model_manager import Loader, ModelManager
 from .planning import smaller_settings
@@ -39,6 +41,7 @@ from .runtime import EngineBackend, LoadCancelled, Runtime, load_runtime, memory
 from .settings import ChatSettings, model_path_problem, save_settings
 from .serving import LocalServing
 from .settings_panel import SettingsDialog
+from .speed_up_dialog import SpeedUpDialog
 from .status_bar import ChatStatusBar
 from .welcome import WelcomePanel
 from .worker import ChatThread, Job, NoModelError, ReplyStats
@@ -46,18 +49,14 @@ from .worker import ChatThread, Job, NoModelError, ReplyStats
 TITLE_WORDS = 8
 SAVE_EVERY_S = 2.0  # a streaming reply is saved (as incomplete) this often, so a crash keeps most of it
 NO_MODEL_HINT = "Load one from the Model menu: the default model, or a model file of your own."
+SPEED_UP = "Speed up this model…"
+BUSY_TRAINING = ("Busy: training heads needs the memory a reply would use, so the chat waits. Your message stays "
+                 "in the box: send it when training ends, or cancel training (Model ▸ Speed up this model…).")
 
 
 def title_from(text: str) -> str:
     words = text.split()
     return " ".join(words[:TITLE_WORDS]) + ("…" if len(words) > TITLE_WORDS else "")
-
-
-def describe(exc: BaseException) -> str:
-    """Our typed errors say what to do; anything else is named by its type (a bug or a broken file)."""
-    if isinstance(exc, SpecMemoError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
 
 
 def chip_text(runtime: Runtime) -> str:
@@ -82,6 +81,9 @@ class MainWindow(QMainWindow):
         self._reply_id: int | None = None  # the streaming reply's row in the store
         self._reply_saved = 0.0
         self._progress: QProgressDialog | None = None
+        self.trainer: HeadsTrainer | None = None  # made on first use (Model ▸ Speed up this model…)
+        self._speed_up: SpeedUpDialog | None = None
+        self.training_heads: str | None = None  # "background" (the chat answers meanwhile) or "blocking"
         self._colours = theme.apply(settings.theme)
         self._build()
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_scheme_changed)
@@ -181,6 +183,7 @@ class MainWindow(QMainWindow):
             Command("&Chat", "Quit", self.close, "Ctrl+Q"),
             Command("&Model", "Load the default model", self.load_default_model),
             Command("&Model", "Choose a model file…", self.choose_model_file),
+            Command("&Model", SPEED_UP, self.speed_up),
             Command("&Model", "Settings…", self.open_settings, "Ctrl+,"),
             Command("&View", "Theme: System", lambda: self.set_theme("system")),
             Command("&View", "Theme: Light", lambda: self.set_theme("light")),
@@ -203,6 +206,10 @@ class MainWindow(QMainWindow):
         self.regenerate_button.setEnabled(not self.generating and any(r == "user" for _, r, _ in self.history))
         self.copy_button.setEnabled(has_reply or bool(self.view.reply_text))
         self.sidebar.setEnabled(not self.generating)
+        speed_up = self.actions[SPEED_UP]
+        speed_up.setEnabled(self.runtime is not None)
+        speed_up.setStatusTip("Train draft heads for the loaded model on this computer" if self.runtime else
+                              "Load a model first: heads are trained for the model in use")
 
     def _show_page(self) -> None:
         """The welcome panel while the chat is empty, the conversation otherwise."""
@@ -349,6 +356,7 @@ class MainWindow(QMainWindow):
         self.chip.setText(chip_text(runtime))
         self._save_settings(runtime.settings)
         self.serving.update(runtime, runtime.settings)  # starts, restarts or stops off the GUI thread
+        self._update_buttons()
 
     def _on_serving(self, url: str) -> None:
         """The server started or stopped: the chat decodes through it, or on its own again."""
@@ -414,6 +422,55 @@ class MainWindow(QMainWindow):
     def _show_memory(self) -> None:
         if self.runtime is not None:
             self.status.show_memory(memory_in_use(self.runtime.device))
+
+    # -- draft heads ---------------------------------------------------------------
+    def speed_up(self) -> None:
+        """Model ▸ Speed up this model…: the dialog for the loaded model (the running one, if any)."""
+        if self._speed_up is not None and self.trainer is not None and self.trainer.busy:
+            self._speed_up.show()
+            self._speed_up.raise_()
+            return
+        if self.runtime is None:
+            self.say("Load a model first: heads are trained for the model in use. " + NO_MODEL_HINT, "warning")
+            return
+        try:
+            job = job_for_runtime(self.runtime, self.data_folder)
+        except SpecMemoError as exc:
+            self.dialogs.tell("Cannot speed up this model", str(exc))
+            return
+        self.open_speed_up(job, model_name=self.runtime.backend.name)
+
+    def open_speed_up(self, job: SpeedUpJob, *, model_name: str,
+                      free_bytes: Callable[[], int] = free_memory) -> SpeedUpDialog:
+        """Show the dialog for ``job`` (it starts by timing the device); returns it."""
+        if self.trainer is None:
+            self.trainer = HeadsTrainer(parent=self)
+            self.trainer.progress.connect(self._on_training_progress)
+        if self._speed_up is not None:
+            self._speed_up.deleteLater()
+        dialog = self._speed_up = SpeedUpDialog(job, self.trainer, model_name=model_name, free_bytes=free_bytes,
+                                                parent=self)
+        dialog.training_started.connect(self._on_training_started)
+        dialog.training_ended.connect(self._on_training_ended)
+        dialog.reload_requested.connect(lambda: self.load_model(self.settings.with_(heads="auto")))
+        dialog.show()
+        return dialog
+
+    def _on_training_started(self, chat_usable: bool) -> None:
+        self.training_heads = "background" if chat_usable else "blocking"
+        self._on_training_progress("starting", 0.0)
+        if not chat_usable:
+            self.say(BUSY_TRAINING, "warning")
+
+    def _on_training_progress(self, stage: str, fraction: float) -> None:
+        if self.training_heads is not None:
+            busy = "busy: " if self.training_heads == "blocking" else ""
+            self.status.show_training(f"{busy}training heads · {stage} {round(100 * fraction)}%")
+
+    def _on_training_ended(self, message: str) -> None:
+        self.training_heads = None
+        self.status.show_training("")
+        self.say(message)
 
     # -- settings --------------------------------------------------------------
     def settings_dialog(self) -> SettingsDialog:
@@ -498,6 +555,9 @@ class MainWindow(QMainWindow):
         if not text.strip():
             self.say("Type a message first: empty messages are not sent.")
             return
+        if self.training_heads == "blocking":
+            self.say(BUSY_TRAINING, "warning")
+            return
         if self.runtime is None and self.models.busy:
             self.say("The model is not loaded yet; your message stays in the box. Send it once loading finishes.")
             return
@@ -521,6 +581,9 @@ class MainWindow(QMainWindow):
     def regenerate(self) -> None:
         """Answer the last user message again: later messages leave the history and the view."""
         if self.generating or self.runtime is None:
+            return
+        if self.training_heads == "blocking":
+            self.say(BUSY_TRAINING, "warning")
             return
         last = max((i for i, (_, role, _) in enumerate(self.history) if role == "user"), default=None)
         if last is None:
@@ -684,4 +747,6 @@ class MainWindow(QMainWindow):
         self.serving.shutdown()
         self.chat.shutdown()
         self.models.shutdown()
+        if self.trainer is not None:
+            self.trainer.shutdown()  # training stops at its next step and resumes next time
         super().closeEvent(event)

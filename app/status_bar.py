@@ -1,5 +1,5 @@
 """The status bar: device and free memory, CPU threads, the turns the plan holds, live speed, memory in use,
-the background device timing while it runs.
+the background device timing while it runs, draft heads training.
 
 (The model, precision, tree and context are on the header's chip.)"""
 
@@ -36,10 +36,11 @@ class ChatStatusBar(QStatusBar):
         self.memory = QLabel("")
         self.timing = QLabel("")
         self.serving = QLabel("")
+        self.training = QLabel("")
         self.serving.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # the URL can be copied
         self._separators: dict[QLabel, QFrame] = {}
         for i, label in enumerate((self.device, self.threads, self.plan, self.speed, self.memory, self.timing,
-                                   self.serving)):
+                                   self.serving, self.training)):
             if i:
                 self._separators[label] = _separator()
                 self.addPermanentWidget(self._separators[label])
@@ -49,6 +50,7 @@ class ChatStatusBar(QStatusBar):
         self._set(self.memory, "")
         self._set(self.timing, "")
         self._set(self.serving, "")
+        self._set(self.training, "")
 
     def _set(self, label: QLabel, text: str) -> None:
         label.setText(text)
@@ -87,3 +89,7 @@ class ChatStatusBar(QStatusBar):
         """The local server's URL while it serves ("" : not serving)."""
         self._set(self.serving, f"serving {url}" if url else "")
         self.serving.setToolTip("OpenAI API on this computer: base_url=" + url if url else "")
+
+    def show_training(self, text: str) -> None:
+        """Draft heads training in the background ("busy: …" while the chat waits for it; "": none)."""
+        self._set(self.training, text)
