@@ -1,11 +1,12 @@
 """Screenshots of SpecMemo Chat for the README, light and dark: the welcome state, the main window
-mid-conversation (real model) and the settings panel.
+mid-conversation (real model), the settings panel and the Speed up this model dialog with its estimate.
 
-    SPECMEMO_DATA_DIR=... xvfb-run -a python scripts/screenshots.py [--out docs/screenshots]
+    SPECMEMO_DATA_DIR=... xvfb-run -a python scripts/screenshots.py [--out docs/screenshots] [--only speed_up]
 
 Uses the real default model (SPECMEMO_DATA_DIR as usual) and a throw-away chat history; the saved
 theme in the data folder is left as it was. Writes welcome.png, main_window.png, main_window_dark.png,
-settings.png and settings_dark.png.
+settings.png, settings_dark.png and speed_up.png (light; the estimate times the default model on this
+device, up to a minute or two on a CPU; nothing is trained). ``--only speed_up`` writes speed_up.png alone.
 """
 
 from __future__ import annotations
@@ -65,10 +66,27 @@ def grab_settings(app, window, path: Path) -> None:
     dialog.close()
 
 
+def grab_speed_up(app, window, path: Path) -> None:
+    """Model ▸ Speed up this model… once its estimate is shown."""
+    from app.heads_training import job_for_runtime
+
+    dialog = window.open_speed_up(job_for_runtime(window.runtime, window.data_folder),
+                                  model_name=window.runtime.backend.name)
+    wait(app, lambda: dialog.state in ("ready", "failed"))
+    if dialog.state == "failed":
+        raise RuntimeError(f"the estimate failed: {dialog.message.text()}")
+    settle(app)
+    dialog.adjustSize()
+    settle(app)
+    dialog.grab().save(str(path))
+    dialog.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     parser.add_argument("--reply-tokens", type=int, default=140)
+    parser.add_argument("--only", choices=["speed_up"], help="write only this screenshot")
     args = parser.parse_args()
     from PySide6.QtWidgets import QApplication
 
@@ -91,18 +109,22 @@ def main() -> int:
         window.start()
         wait(app, lambda: window.runtime is not None)
         settle(app)
-        window.grab().save(str(out / "welcome.png"))
-        converse(app, window, out)
-        grab_settings(app, window, out / "settings.png")
-        window.set_theme("dark")
-        settle(app)
-        window.grab().save(str(out / "main_window_dark.png"))
-        grab_settings(app, window, out / "settings_dark.png")
+        names = ["speed_up"]
+        if args.only is None:
+            window.grab().save(str(out / "welcome.png"))
+            converse(app, window, out)
+            grab_settings(app, window, out / "settings.png")
+        grab_speed_up(app, window, out / "speed_up.png")
+        if args.only is None:
+            window.set_theme("dark")
+            settle(app)
+            window.grab().save(str(out / "main_window_dark.png"))
+            grab_settings(app, window, out / "settings_dark.png")
+            names = ["welcome", "main_window", "main_window_dark", "settings", "settings_dark", "speed_up"]
         window.close()
         store.close()
     save_settings(data_dir(), saved)  # the screenshots' theme and reply length are not the user's
-    names = ", ".join(f"{n}.png" for n in ("welcome", "main_window", "main_window_dark", "settings", "settings_dark"))
-    print(f"saved {names} in {out}")
+    print(f"saved {', '.join(f'{n}.png' for n in names)} in {out}")
     return 0
 
 
