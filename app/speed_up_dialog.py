@@ -123,8 +123,8 @@ class SpeedUpDialog(QDialog):
         prompts = self.job.config.prompts_file
         self.prompts.setText("Prompts: the shipped ShareGPT conversations" if Path(prompts) == SHIPPED_PROMPTS
                              else f"Prompts: {Path(prompts).name}")
-        self.heading.setText(f"Train draft heads for <b>{html.escape(self.model_name)}</b> on "
-                             f"{html.escape(self.result.estimate.device_name if self.result else device_text(self.job.device))}.")
+        where = self.result.estimate.device_name if self.result else device_text(self.job.device)
+        self.heading.setText(f"Train draft heads for <b>{html.escape(self.model_name)}</b> on {html.escape(where)}.")
 
     def estimate(self) -> None:
         """Time the job on this device (the trainer's thread); the estimate follows as a signal."""
@@ -188,7 +188,8 @@ class SpeedUpDialog(QDialog):
 
     # -- buttons ---------------------------------------------------------------
     def choose_prompts(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Prompts to train on", "", "JSONL (*.jsonl *.jsonl.gz);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Prompts to train on", "",
+                                              "JSONL (*.jsonl *.jsonl.gz);;All files (*)")
         if path:
             self.use_prompts(path)
 
