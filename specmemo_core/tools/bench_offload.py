@@ -10,9 +10,12 @@ accelerate-offload   transformers ``generate`` (greedy) on a model dispatched by
                      there (resident layers and staging slots), so both hold the same weights.
 stream-plain         our decoder on the streamed model (``runtime/offload.py``), plain decoding.
 stream-tree          the same with the shipped heads on the planner's offload tree.
-stream-random-heads  the same tree with random-weight heads: their drafts are almost never
-                     accepted, so it measures what verifying the tree costs when the link
-                     bounds a step (the claim: next to nothing beside ``stream-plain``).
+stream-random-heads  the same tree's heads part (its lookup chain left out: a chain copies
+                     from the conversation, so it is accepted whatever the heads) with
+                     random-weight heads: their drafts are almost never accepted, so it
+                     measures what verifying the tree costs when the link bounds a step (the
+                     claim: next to nothing beside ``stream-plain``; the tree's gain comes from
+                     acceptance, not from a side effect).
 
 The layout comes from the planner (``planning.entry.make_plan``) for a GPU of ``cap_bytes``
 (``--cap-gib``; ``half``: the largest cap at which at most half the decoder layers stay on
@@ -148,6 +151,12 @@ def with_random_heads(engine: Any) -> Any:
     return replace(engine, heads=heads.to(device=engine.model.device, dtype=engine.model.dtype))
 
 
+def random_heads_tree(tree: Any) -> Any:
+    """The control's tree: ``tree``'s heads' nodes alone (a lookup-only tree keeps its chain:
+    it has nothing else to verify)."""
+    return tree.with_lookup(0) if tree.lookup and tree.paths else tree
+
+
 def build_offload_methods(names: Sequence[str], *, engine: Any, hf: Any, conversations: Sequence[Sequence[str]],
                           setup: OffloadSetup, max_new_tokens: int, precision: str) -> list[Method]:
     """The offload methods by name: ``engine`` streams ``setup``'s layers, ``hf`` is the
@@ -184,8 +193,11 @@ def build_offload_methods(names: Sequence[str], *, engine: Any, hf: Any, convers
                 raise OffloadError(f"{name} needs a tree: the plan chose plain decoding")
             if name == "stream-tree":
                 tree.check_heads(engine.heads.num_heads if engine.heads is not None else None)
-            eng = engine if name == "stream-tree" else with_random_heads(engine)
-            methods.append(ours(name, eng, tree, "shipped heads" if name == "stream-tree" else "random-weight heads"))
+            if name == "stream-tree":
+                methods.append(ours(name, engine, tree, "shipped heads"))
+            else:
+                methods.append(ours(name, with_random_heads(engine), random_heads_tree(tree),
+                                    "random-weight heads, no lookup chain"))
         else:
             raise OffloadError(f"unknown offload method {name!r}: choose from {', '.join(OFFLOAD_METHODS)}")
     return methods

@@ -43,14 +43,15 @@ def test_every_offload_method_runs_on_cpu_with_a_forced_layout_and_replies_like_
     """The smoke test: accelerate dispatches to the CPU, our model streams 3 of 5 layers;
     greedy replies are the same for every method (random heads change only the speed)."""
     code = main(_bench(tiny_folder, "--methods", ",".join(OFFLOAD_METHODS), "--resident-layers", "2",
-                       "--offload-tree", "1-10-16-17", "--threads", "1"))
+                       "--offload-tree", "1-10-16-17+lookup-3", "--threads", "1"))
     assert code == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [k for k in out if not k.startswith("_")] == list(OFFLOAD_METHODS)
     for name in OFFLOAD_METHODS:
         assert out[name]["replies"] == 3 and out[name]["tokens_per_s"]["median"] > 0
         assert out[name]["identical_to_stream_plain"] >= (2 if name == "accelerate-offload" else 3), name
-    assert out["stream-tree"]["tree"] == out["stream-random-heads"]["tree"] == "1-10-16-17"
+    assert out["stream-tree"]["tree"] == "1-10-16-17+lookup-3"
+    assert out["stream-random-heads"]["tree"] == "1-10-16-17"  # the control drafts with its heads alone
     assert out["stream-plain"]["tree"] is None and "2 layers resident, 3 streamed" in out["stream-plain"]["note"]
     assert "all on the CPU" in out["accelerate-offload"]["note"]
     summary = out["_offload"]
@@ -131,3 +132,14 @@ def test_the_half_cap_of_the_default_models_shape_streams_half_its_layers():
     more = make_plan(replace(inputs, budget=Budget("cuda", setup.cap_bytes + CAP_STEP, setup.cap_bytes + CAP_STEP)),
                      choices)
     assert more.resident_layers is None or more.resident_layers > 15
+
+
+def test_the_random_heads_control_leaves_the_lookup_chain_out():
+    """A chain copies from the conversation whatever the heads: with it, random heads would
+    still speed up, and the control would not show that the gain comes from the heads."""
+    from specmemo_core.runtime.tree import load_tree
+    from specmemo_core.tools.bench_offload import random_heads_tree
+
+    assert random_heads_tree(load_tree("1-10-16-17+lookup-8")).name == "1-10-16-17"
+    assert random_heads_tree(load_tree("1-10-16-17")).name == "1-10-16-17"
+    assert random_heads_tree(load_tree("lookup-8")).name == "lookup-8"
