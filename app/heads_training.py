@@ -25,8 +25,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.storage.datasets import load_prompt_file
 from specmemo_core.tools.train.speed_up import (
-    SHIPPED_PROMPTS, SpeedUpJob, TrainingCancelled, TrainingEstimate, base_model_for, estimate_training, speed_up_job,
-    train_speed_up_heads,
+    SHIPPED_PROMPTS, SpeedUpJob, TrainingCancelled, TrainingEstimate, base_model_for, estimate_training, preflight,
+    speed_up_job, train_speed_up_heads,
 )
 
 from .runtime import EngineBackend, Runtime
@@ -34,6 +34,7 @@ from .runtime import EngineBackend, Runtime
 Trainer = Callable[..., dict]  # train_speed_up_heads's signature
 Estimator = Callable[..., TrainingEstimate]  # estimate_training's signature
 BaseModel = Callable[..., tuple[Any, str, str]]  # base_model_for's signature
+Preflight = Callable[..., Any]  # preflight's signature: raises TrainingDoesNotFitError
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,12 @@ class _TrainWorker(QObject):
     finished = Signal(object)  # the card
     failed = Signal(object)  # the exception
 
-    def __init__(self, trainer: Trainer, estimator: Estimator, base_model: BaseModel) -> None:
+    def __init__(self, trainer: Trainer, estimator: Estimator, base_model: BaseModel,
+                 preflight: Preflight = preflight) -> None:
         super().__init__()
         self.cancel = threading.Event()
         self.trainer, self.estimator, self.base_model = trainer, estimator, base_model
+        self.preflight = preflight
 
     def _checked(self, stage: str, fraction: float) -> None:
         if self.cancel.is_set():
@@ -111,6 +114,7 @@ class _TrainWorker(QObject):
     def estimate(self, job: SpeedUpJob) -> None:
         try:
             replies = replies_of(job)
+            self.preflight(job, replies)  # from the file's header: refuses before the weights are read
             hf, _, _ = self.base_model(job.config.model, job.device, self._checked)
             weights = sum(p.numel() * p.element_size() for p in hf.parameters())
             estimate = self.estimator(job, hf, prompts=replies, progress=self._checked)

@@ -72,21 +72,27 @@ def _add_speed_up(subparsers: argparse._SubParsersAction) -> None:
 
 def run_speed_up(args: argparse.Namespace) -> int:
     from specmemo_core.storage.data_folder import data_dir
-    from specmemo_core.tools.train.speed_up import (base_model_for, estimate_training, speed_up_job,
+    from specmemo_core.storage.sources import open_model
+    from specmemo_core.tools.train.speed_up import (base_model_for, estimate_training, preflight, speed_up_job,
                                                     train_speed_up_heads)
 
-    if args.model.startswith("shape:") and not args.estimate:
+    shape = args.model.startswith("shape:")
+    if shape and not args.estimate:
         raise SpecMemoError("a shape: model has random weights: heads trained on it would be of no use; "
                             "add --estimate to time the job, or give a real model file")
     with StageProgress() as progress:
-        hf, name, fingerprint = base_model_for(args.model, args.device, progress)
+        identity = None if shape else open_model(args.model, progress).identity  # the header: nothing read yet
+        name, fingerprint = (args.model[len("shape:"):], "shape") if shape else (identity.name, identity.fingerprint)
         job = speed_up_job(args.model, name=name, fingerprint=fingerprint, device=args.device,
                            data_folder=data_dir(), prompts_file=args.prompts_file, prompts=args.prompts,
                            steps=args.steps)
+        memory = preflight(job)  # refuses, with how many prompts would fit, before the weights are read
+        hf, _, _ = base_model_for(args.model, args.device, progress)
         estimate = estimate_training(job, hf, progress=progress)
         del hf
-        print(f"training heads for {name}: {estimate.describe()}" + ("; resuming" if job.started else ""),
-              file=sys.stderr)
+        print(f"training heads for {name}: {estimate.describe()}; needs {memory.host_bytes / 2**30:.1f} GiB of RAM"
+              + (f" and {memory.device_bytes / 2**30:.1f} GiB of GPU memory" if memory.device_bytes else "")
+              + ("; resuming" if job.started else ""), file=sys.stderr)
         if args.estimate:
             print(json.dumps({"model": name, "estimate": estimate.as_dict()}, indent=1) if args.json
                   else estimate.describe())

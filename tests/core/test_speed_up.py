@@ -123,3 +123,38 @@ def test_the_default_heads_are_the_ones_trained_here_once_finished(tiny_job):
     plain = Engine.load(str(folder), heads="none")
     spoken = "".join(p.text for p in engine.new_session(512).send("Hello number 3"))
     assert spoken == "".join(p.text for p in plain.new_session(512).send("Hello number 3"))
+
+
+def test_training_memory_is_checked_from_the_shape_before_anything_loads(tmp_path):
+    from specmemo_core.planning.memory import known_shape
+    from specmemo_core.tools.train.speed_up import (TrainingDoesNotFitError, check_training_fits,
+                                                    hidden_states_bytes, training_memory)
+
+    gib = 2**30
+    llama = known_shape("llama-3-8b")
+    cpu = speed_up_job("x.gguf", name="m", fingerprint="f", device="cpu", data_folder=tmp_path)
+    memory = training_memory(llama, cpu)
+    assert memory.weights_bytes == llama.params * 4 and memory.device_bytes == 0
+    assert memory.hidden_bytes == hidden_states_bytes(4096, cpu.config, 8000) == 8000 * 296 * 4096 * 2 * 2
+    with pytest.raises(TrainingDoesNotFitError, match="RAM.*does not leave room"):  # a 16 GB laptop
+        check_training_fits(llama, cpu, free_ram=16 * gib, free_device=None)
+    with pytest.raises(TrainingDoesNotFitError, match=r"--prompts (\d+)") as refused:
+        check_training_fits(llama, cpu, free_ram=100 * gib, free_device=None)
+    fits = int(refused.value.args[0].split("--prompts ")[1].split(",")[0].split(")")[0])
+    assert 0 < fits < 8000 and fits % 100 == 0
+    assert check_training_fits(llama, cpu, free_ram=100 * gib, free_device=None, replies=fits).replies == fits
+    with pytest.raises(TrainingDoesNotFitError):
+        check_training_fits(llama, cpu, free_ram=100 * gib, free_device=None, replies=fits + 100)
+    gpu = speed_up_job("x.gguf", name="m", fingerprint="f", device="cuda", data_folder=tmp_path)
+    with pytest.raises(TrainingDoesNotFitError, match="GPU memory"):  # bf16 weights alone are 16 GB
+        check_training_fits(llama, gpu, free_ram=200 * gib, free_device=12 * gib)
+    smol = known_shape("smollm2-135m")
+    assert check_training_fits(smol, cpu, free_ram=20 * gib, free_device=None).host_bytes < 8 * gib
+
+
+def test_speed_up_refuses_a_model_this_computer_cannot_train_before_reading_it(capsys):
+    from specmemo_core.cli.main import main
+
+    code = main(["speed-up", "--model", "shape:llama-3-8b", "--estimate", "--device", "cpu"])
+    assert code != 0
+    assert "GiB of RAM" in capsys.readouterr().err

@@ -130,8 +130,8 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    loaded = load_model(cfg.model, progress=progress)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    loaded = load_model(cfg.model, dtype=dtype, progress=progress)  # read in the dtype it runs in
     hf = hf_model_from(loaded, device, dtype)
     t0 = time.perf_counter()
     train_seqs = _distilled(out, hf, loaded, cfg, False, progress)

@@ -40,6 +40,14 @@ JOB_FILE = "job.json"  # the job a folder is being trained for (a resumed run mu
 HELDOUT_REPLY_TOKENS = 128  # the shipped heads' calibration replies
 ESTIMATE_PROMPT_TOKENS = 96  # a typical templated ShareGPT first turn of the shipped file
 ESTIMATE_TRAIN_STEPS = 3  # timed training steps (after one untimed)
+MEAN_REPLY_TOKENS = 200.0  # the shipped heads' distilled replies averaged 198 tokens of 256
+LONGEST_PROMPT_TOKENS = 1024  # generate_replies drops longer prompts
+MEMORY_MARGIN = 1.10  # allocator slack and what the estimates leave out
+
+
+class TrainingDoesNotFitError(SpecMemoError):
+    """Training heads for this model would need more memory than this computer has free; the
+    message says how much, and how many prompts would fit."""
 
 
 class TrainingCancelled(SpecMemoError):
@@ -234,7 +242,8 @@ def _train_step_time(hf: Any, config: PipelineConfig, device: torch.device, repl
 
 
 def estimate_training(job: SpeedUpJob, hf: Any, *, prompts: int | None = None, heldout_replies: int = 280,
-                      mean_reply_tokens: float = 200.0, progress: Progress | None = None) -> TrainingEstimate:
+                      mean_reply_tokens: float = MEAN_REPLY_TOKENS, progress: Progress | None = None
+                      ) -> TrainingEstimate:
     """Time ``job`` on this device with ``hf`` (the base model as transformers runs it: real
     weights, or random ones of a real shape) and multiply it out:
 
@@ -271,8 +280,7 @@ def estimate_training(job: SpeedUpJob, hf: Any, *, prompts: int | None = None, h
         "calibration": held_batches * (prefill + HELDOUT_REPLY_TOKENS * per_token)
                        + 2 * math.ceil(heldout_replies / 32) * held_feature,
     }
-    positions = int(count * (ESTIMATE_PROMPT_TOKENS + mean_reply_tokens))
-    features_bytes = positions * hf.config.hidden_size * 2 * (2 if cfg.context else 1)
+    features_bytes = hidden_states_bytes(hf.config.hidden_size, cfg, count, mean_reply_tokens)
     times = {"prefill_s": prefill, "per_token_s": per_token, "feature_batch_s": feature_batch,
              "train_step_s": train_step, "gen_batch": cfg.gen_batch}
     return TrainingEstimate(stages, _device_name(device), features_bytes, times)
@@ -284,7 +292,7 @@ def base_model_for(model: str, device: str, progress: Progress | None = None) ->
     of models that are not here)."""
     from specmemo_core.tools.train.pipeline import hf_model_from
 
-    dtype = torch.float32 if str(device).startswith("cpu") else torch.bfloat16
+    dtype = trainer_dtype(device)
     if str(model).startswith("shape:"):
         from transformers import AutoModelForCausalLM
 
@@ -297,5 +305,98 @@ def base_model_for(model: str, device: str, progress: Progress | None = None) ->
         return hf.eval().requires_grad_(False), name, "shape"
     from specmemo_core.storage.sources import load_model
 
-    loaded = load_model(model, progress=progress)
+    loaded = load_model(model, dtype=dtype, progress=progress)  # read in the trainer's dtype: half the RAM on a GPU
     return hf_model_from(loaded, device, dtype), loaded.identity.name, loaded.identity.fingerprint
+
+
+def trainer_dtype(device: str) -> torch.dtype:
+    """What the base model runs in while heads train: bf16 on a GPU, fp32 on a CPU."""
+    return torch.float32 if str(device).startswith("cpu") else torch.bfloat16
+
+
+def hidden_states_bytes(hidden_size: int, config: PipelineConfig, replies: int,
+                        mean_reply_tokens: float = MEAN_REPLY_TOKENS) -> int:
+    """The training features (``features.build_features``, bf16): every training position's
+    hidden state, and with a context layer every position's too."""
+    positions = int(replies * (ESTIMATE_PROMPT_TOKENS + mean_reply_tokens))
+    return positions * hidden_size * 2 * (2 if config.context else 1)
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """What training ``replies`` replies needs, before anything is loaded (``training_memory``)."""
+
+    replies: int
+    weights_bytes: int  # the base model in the trainer's dtype
+    hidden_bytes: int  # the features (host memory, and on a GPU the device too: training moves them there)
+    host_bytes: int  # RAM: the weights read and built once more, the features
+    device_bytes: int  # GPU: the weights, the features, the fp32 embedding and LM head, a reply batch's KV (0 on a CPU)
+
+
+def training_memory(shape: Any, job: SpeedUpJob, replies: int | None = None) -> TrainingMemory:
+    """The memory ``job`` needs for a model of ``shape`` (``planning.memory.ModelShape``)."""
+    from specmemo_core.planning.memory import kv_bytes
+
+    cfg = job.config
+    count = cfg.train_prompts if replies is None else replies
+    dtype = trainer_dtype(job.device)
+    weights = shape.params * dtype.itemsize
+    hidden = hidden_states_bytes(shape.hidden_size, cfg, count)
+    host = int((2 * weights + hidden) * MEMORY_MARGIN)  # the weights read, the model built from them
+    device = 0
+    if not job.device.startswith("cpu"):
+        frozen = 2 * shape.vocab_size * shape.hidden_size * 4  # frozen_io's fp32 embedding and LM head
+        kv = kv_bytes(shape, cfg.gen_batch * (LONGEST_PROMPT_TOKENS + cfg.max_new_tokens), "bf16")
+        device = int((weights + hidden + frozen + kv) * MEMORY_MARGIN)
+    return TrainingMemory(count, weights, hidden, host, device)
+
+
+def _fitting_replies(shape: Any, job: SpeedUpJob, free: int, need: Callable[[TrainingMemory], int]) -> int:
+    """The most replies (a multiple of 100) whose training fits in ``free`` bytes, 0 if none."""
+    best, step = 0, 100
+    while best + step <= job.config.train_prompts and need(training_memory(shape, job, best + step)) <= free:
+        best += step
+    return best
+
+
+def check_training_fits(shape: Any, job: SpeedUpJob, *, free_ram: int, free_device: int | None,
+                        replies: int | None = None) -> TrainingMemory:
+    """``training_memory`` for ``job``, or ``TrainingDoesNotFitError`` saying what is short and
+    how many prompts would fit. ``free_device``: the GPU's free bytes (None on a CPU)."""
+    memory = training_memory(shape, job, replies)
+    gib = 2 ** 30
+    checks = [("RAM", memory.host_bytes, free_ram, lambda m: m.host_bytes)]
+    if free_device is not None and memory.device_bytes:
+        checks.append(("GPU memory", memory.device_bytes, free_device, lambda m: m.device_bytes))
+    for what, need, free, of in checks:
+        if need <= free:
+            continue
+        fits = min(_fitting_replies(shape, job, f, g) for _, _, f, g in checks)
+        advice = (f"train on {fits} prompts or fewer (--prompts {fits}, or a prompt file that short)" if fits
+                  else "the model itself does not leave room: train on a computer with more memory")
+        raise TrainingDoesNotFitError(
+            f"training heads needs about {need / gib:.1f} GiB of {what} ({memory.weights_bytes / gib:.1f} GiB of "
+            f"weights, {memory.hidden_bytes / gib:.1f} GiB of hidden states for {memory.replies} replies) and "
+            f"{free / gib:.1f} GiB is free: {advice}, or close other programs")
+    return memory
+
+
+def preflight(job: SpeedUpJob, replies: int | None = None) -> TrainingMemory:
+    """Check ``job`` against this computer's free RAM (and GPU memory) from the model file's
+    header alone, before its weights are read; see ``check_training_fits``."""
+    import psutil
+
+    from specmemo_core.planning.memory import ModelShape, known_shape
+    from specmemo_core.runtime.model import ModelSpec
+    from specmemo_core.storage.sources import open_model
+
+    source = job.config.model
+    if source.startswith("shape:"):
+        shape = known_shape(source[len("shape:"):])
+    else:
+        shape = ModelShape.from_spec(ModelSpec.from_config(open_model(source).config))
+    free_device = None
+    if not job.device.startswith("cpu") and torch.cuda.is_available():
+        free_device = int(torch.cuda.mem_get_info(torch.device(job.device))[0])
+    return check_training_fits(shape, job, free_ram=int(psutil.virtual_memory().available),
+                               free_device=free_device, replies=replies)
