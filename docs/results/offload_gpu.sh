@@ -12,6 +12,9 @@
 #          Estimated 5 min (~350 streamed forwards per plan at 0.13-0.24 s each at ~50 GB/s,
 #          plus building the random weights); the timeouts add up to 8.5 min.
 #
+#   short  (after `copy`, which only puts the first GGUF part in place) the call1 methods on 8
+#          queries of 64 new tokens, 3 rounds in one call.
+#
 # Run from the repository root with $OUT set:  bash docs/results/offload_gpu.sh call1
 # then:                                        bash docs/results/offload_gpu.sh call2
 # and here, with both calls' files:  python3 scripts/collect_offload_results.py OUT1 OUT2 --readme
@@ -50,6 +53,18 @@ call2)
     --sizes 1,16,64 --repeats 5 > "$OUT/probe_default_r15.json" 2> "$OUT/probe.err"
   echo "probe rc=$?"; cat "$OUT/probe_default_r15.json"
   ;;
+short)
+  # the same four methods on a shorter workload (8 MT-Bench queries, 64 new tokens), so that 3
+  # rounds fit one call: checks the random-heads control (heads' nodes only, no lookup chain)
+  timeout 400 python3 -m specmemo_core.cli bench --device cuda --dtype bf16 \
+    --methods accelerate-offload,stream-plain,stream-tree,stream-random-heads --cap-gib half \
+    --queries 8 --max-new-tokens 64 --repeats 3 --warmup 0 --json --save "$OUT/bench_offload_short.json" \
+    > "$OUT/bench_offload_short_stdout.json" 2> "$OUT/bench_offload_short.err"
+  echo "bench rc=$?"; tail -c 1500 "$OUT/bench_offload_short.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['_offload'], indent=1)); print(d['_run']['rounds_done'])" "$OUT/bench_offload_short.json"
+  ;;
+copy)
+  echo "part copied to /tmp"; ls -la /tmp/part_aa ;;
 *)
-  echo "usage: bash docs/results/offload_gpu.sh call1|call2"; exit 2 ;;
+  echo "usage: bash docs/results/offload_gpu.sh call1|call2|short|copy"; exit 2 ;;
 esac
