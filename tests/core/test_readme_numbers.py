@@ -91,3 +91,40 @@ def test_serve_throughput_in_the_readme_is_the_measured_one():
         assert figure in readme, f"README's serve throughput is not {figure}"
     direct = f"{measured['direct']['total_tokens_per_s']:.1f} tok/s for the same"
     assert direct in readme, f"README's decoding without the server is not {direct}"
+
+
+def test_the_short_offload_table_holds_its_measured_figures():
+    """README's short offload run (8 queries × 64 tokens) against its bench file."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split(OFFLOAD_SECTION + "\n", 1)[1].split("\n## ", 1)[0]
+    bench = json.loads((REPO / "docs/results/offload_h200_short/bench_offload_short.json").read_text(encoding="utf-8"))
+    plain = bench["stream-plain"]["tokens_per_s"]["median"]
+    for name in OFFLOAD_METHODS:
+        r = bench[name]
+        s = r["tokens_per_s"]
+        label = f"`{name}`" + (f" (`{r['tree']}`)" if r["tree"] else "")
+        row = (f"| {label} | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | {r['mean_accepted']:.2f} | "
+               f"{s['median'] / plain:.2f}× |")
+        assert row in section.splitlines(), f"README's short offload table lacks the row {row!r}"
+    assert bench["_run"]["queries"] == 8 and bench["_run"]["max_new_tokens"] == 64 and bench["_run"]["rounds_done"] == 3
+
+
+def test_the_speed_up_figures_are_the_measured_ones():
+    """README's "Heads for your own model": tokens per step of the shipped and the trained
+    heads, and the Llama-3-8B estimate, against docs/results/speed_up_h200/."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    results = REPO / "docs/results/speed_up_h200"
+    shipped, trained = (json.loads((results / f"eval_{h}_cpu_fp32.json").read_text(encoding="utf-8"))
+                        for h in ("shipped", "trained"))
+    trees = ("calibrated-48+lookup-8", "medusa-64")
+    for report in (shipped, trained):
+        assert all(report[t]["identical_turns"] == report[t]["turns"] == 20 for t in trees)
+    assert f"| shipped | {shipped[trees[0]]['mean_accepted']:.2f} | {shipped[trees[1]]['mean_accepted']:.2f} |" in readme
+    gains = [trained[t]["mean_accepted"] / shipped[t]["mean_accepted"] - 1 for t in trees]
+    assert all(abs(g) <= 0.05 for g in gains)  # the issue's goal: within 5% of the shipped heads
+    row = (f"| trained by Speed up this model | {trained[trees[0]]['mean_accepted']:.2f} ({gains[0]:+.1%}) | "
+           f"{trained[trees[1]]['mean_accepted']:.2f} ({gains[1]:+.1%}) |")
+    assert row in readme, row
+    estimate = json.loads((results / "estimate_llama3_8b.json").read_text(encoding="utf-8"))["estimate"]
+    assert f"**about {estimate['total_s'] / 60:.0f} min**" in readme
+    assert f"{estimate['features_bytes'] / 1e9:.1f} GB of host memory" in readme
