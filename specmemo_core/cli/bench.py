@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from specmemo_core.cli.common import (DTYPES, StageProgress, add_devices_arg, add_threads_arg, device_default,
                                       parse_devices)
 from specmemo_core.errors import SpecMemoError, SplitError
@@ -25,8 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="untimed rounds first (default 1; 0 when time is short: the median of 3 repeats then "
                         "absorbs the first round's warm-up)")
     p.add_argument("--methods", default=None,
-                   help="comma list of hf, hf-pld, vanilla, plan and tree names (default: all of "
-                        "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan)")
+                   help="comma list of hf, hf-pld, vanilla, plan, llamacpp and tree names (default: all of "
+                        "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan, and on a CPU llamacpp: llama.cpp on the same "
+                        "GGUF, skipped with a line where llama-cpp-python is not installed)")
     p.add_argument("--cap-gib", default=None, metavar="GIB",
                    help="offload methods (accelerate-offload, stream-plain, stream-tree, stream-random-heads): plan "
                         "for a GPU of GIB and cap this process's GPU memory to it (as plan --verify does); 'half': "
@@ -56,10 +59,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _method_names(args: argparse.Namespace) -> list[str]:
     """The checks made before anything loads, so a typo costs no loading time."""
     from specmemo_core.tools.bench import ALL_METHODS
+    from specmemo_core.tools.bench_llamacpp import LLAMACPP
 
-    names = [m.strip() for m in (args.methods or ",".join(ALL_METHODS)).split(",") if m.strip()]
+    default = ALL_METHODS + ((LLAMACPP,) if torch.device(args.device).type == "cpu" and not args.batch else ())
+    names = [m.strip() for m in (args.methods or ",".join(default)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
         raise SpecMemoError(f"--methods needs distinct names, e.g. {','.join(ALL_METHODS)}; got {args.methods!r}")
+    names = _without_unavailable(names, args)
     if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100 or not 0 <= args.warmup <= 10:
         raise SpecMemoError("--max-new-tokens must be 1…4095, --repeats 1…100 and --warmup 0…10")
     if args.plot and not args.plot.lower().endswith(".png"):  # refused now, not after the run
@@ -71,11 +77,33 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     return names
 
 
+def _without_unavailable(names: list[str], args: argparse.Namespace) -> list[str]:
+    """``names`` less the llamacpp method where it cannot run (not installed, or not on a
+    CPU), said in one line on stderr and kept in the report's ``_run.skipped``."""
+    from specmemo_core.tools.bench_llamacpp import LLAMACPP, missing_reason
+
+    args.skipped = []
+    if LLAMACPP not in names:
+        return names
+    reason = missing_reason()
+    if reason is None and torch.device(args.device).type != "cpu":
+        reason = "llamacpp skipped: it runs on the CPU here; bench it with --device cpu"
+    if reason is None:
+        return names
+    print(reason, file=sys.stderr)
+    args.skipped = [{"method": LLAMACPP, "reason": reason}]
+    left = [n for n in names if n != LLAMACPP]
+    if not left:
+        raise SpecMemoError(reason)
+    return left
+
+
 def _tree_names(names: list[str]) -> list[str]:
     from specmemo_core.tools.bench import HF_METHODS
     from specmemo_core.tools.bench_offload import OFFLOAD_METHODS
 
-    return [n for n in names if n not in HF_METHODS and n not in OFFLOAD_METHODS and n not in ("vanilla", "plan")]
+    return [n for n in names if n not in HF_METHODS and n not in OFFLOAD_METHODS
+            and n not in ("vanilla", "plan", "llamacpp")]
 
 
 def _load_engine(args: argparse.Namespace, progress: StageProgress):
@@ -96,8 +124,6 @@ def _load_engine(args: argparse.Namespace, progress: StageProgress):
 
 def _check_offload_names(args: argparse.Namespace, names: list[str]) -> None:
     """Offload methods run alone (the model is streamed for all of them), with a valid cap."""
-    import torch
-
     from specmemo_core.errors import OffloadError
     from specmemo_core.tools.bench_offload import OFFLOAD_METHODS
 
@@ -190,6 +216,7 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
                                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names,
                                   warmup=args.warmup)
         result["_run"]["rounds_done"] = len(next(iter(passes.values())))
+        result["_run"]["skipped"] = getattr(args, "skipped", [])
         return result
 
     def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured
@@ -206,6 +233,7 @@ def _resident_methods(args: argparse.Namespace, names: list[str], progress: Stag
     from specmemo_core.runtime.engine import Engine
     from specmemo_core.storage.data_folder import data_dir
     from specmemo_core.tools.bench import HF_METHODS, build_methods
+    from specmemo_core.tools.bench_llamacpp import LLAMACPP, llamacpp_method
 
     convs = _conversations(args)
     dtype = DTYPES[args.dtype]
@@ -216,8 +244,13 @@ def _resident_methods(args: argparse.Namespace, names: list[str], progress: Stag
         from specmemo_core.tools.train.pipeline import hf_model_from
 
         hf = hf_model_from(load_model(args.model), args.device, dtype)
-    methods = build_methods(names, engine, hf, convs, max_new_tokens=args.max_new_tokens, precision=args.dtype,
+    ours = [n for n in names if n != LLAMACPP]
+    methods = build_methods(ours, engine, hf, convs, max_new_tokens=args.max_new_tokens, precision=args.dtype,
                             data_folder=data_dir())  # the plan method reads the device timing the chat cached
+    if LLAMACPP in names:  # in its place in the order asked for
+        methods.insert(names.index(LLAMACPP), llamacpp_method(args.model, engine, convs,
+                                                              max_new_tokens=args.max_new_tokens,
+                                                              threads=torch.get_num_threads()))
     return methods, engine, convs
 
 

@@ -1,0 +1,108 @@
+"""``specmemo bench``'s ``llamacpp`` method: llama.cpp (what LM Studio, Ollama and GPT4All run)
+on the same GGUF and the same workload as our methods, in the same process and window.
+
+Through ``llama-cpp-python`` (an optional extra, ``pip install -e '.[llamacpp]'``: it builds
+llama.cpp from source, ~30 min on 2 cores). Where it is not installed the method is left out
+of the run with a line that says so (``missing_reason``).
+
+Each turn hands llama.cpp the conversation so far as token ids from our own chat template and
+tokenizer (``encode_conversation``, the model's earlier replies as the ids it produced), so
+both engines see the same prompt ids; llama.cpp keeps the KV of the prefix it has already
+evaluated, as our sessions keep theirs. Greedy: ``temp=0`` (llama.cpp's argmax), no repeat
+penalty, no top-k/top-p/min-p cut. llama.cpp computes in its own quantized kernels (here the
+file's Q4_1 blocks), so its replies need not equal ours token for token; the report counts
+how many do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.chat import encode_conversation
+from specmemo_core.text import encodable
+from specmemo_core.tools.bench import BENCH_CONTEXT, Method, Pass
+
+LLAMACPP = "llamacpp"
+INSTALL_HINT = ("install it with: pip install -e '.[llamacpp]' (llama-cpp-python builds llama.cpp from source: "
+                "about 30 min on 2 cores)")
+
+
+def missing_reason() -> str | None:
+    """Why the method cannot run here (None: it can)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return f"llamacpp skipped: llama-cpp-python is not installed; {INSTALL_HINT}"
+    return None
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file llama.cpp reads for ``model`` ("default" or a .gguf path)."""
+    if str(model) == "default":
+        from specmemo_core.storage.sources import ensure_default_model
+
+        return ensure_default_model()
+    path = Path(model).expanduser()
+    if path.suffix.lower() != ".gguf":
+        raise SpecMemoError(f"the llamacpp method reads GGUF files; {model} is not one: bench it on a .gguf model")
+    return path
+
+
+def open_llama(path: Path, threads: int) -> Any:
+    """llama.cpp's model on ``path``, CPU threads as given, context as our bench's."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(path), n_ctx=BENCH_CONTEXT, n_threads=threads, n_threads_batch=threads,
+                 n_gpu_layers=0, verbose=False, seed=0)
+
+
+def llamacpp_runner(llm: Any, tokenizer: Any, stop_ids: frozenset[int], conversations: Sequence[Sequence[str]],
+                    max_new_tokens: int) -> Callable[[], Pass]:
+    """llama.cpp's greedy decoding over the conversations, one token per forward."""
+
+    def run() -> Pass:
+        replies: list[list[int]] = []
+        firsts: list[float] = []
+        steps = 0
+        start = time.perf_counter()
+        for turns in conversations:
+            messages: list[dict[str, str]] = []
+            known: dict[int, list[int]] = {}
+            for turn in turns:
+                messages.append({"role": "user", "content": encodable(turn)})
+                ids = encode_conversation(tokenizer, messages, known)
+                turn_start = time.perf_counter()
+                reply: list[int] = []
+                for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                          reset=True):  # reset: keeps the prefix it already evaluated
+                    if not reply:
+                        firsts.append(time.perf_counter() - turn_start)
+                    if token in stop_ids:
+                        break
+                    reply.append(int(token))
+                    if len(reply) >= max_new_tokens:
+                        break
+                steps += max(len(reply) - 1, 0)
+                replies.append(reply)
+                messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
+                known[len(messages) - 1] = reply
+        return Pass(replies, sum(map(len, replies)), time.perf_counter() - start, steps, steps, tuple(firsts))
+
+    return run
+
+
+def llamacpp_method(model: str, engine: Any, conversations: Sequence[Sequence[str]], *, max_new_tokens: int,
+                    threads: int) -> Method:
+    """The ``llamacpp`` bench method on ``model``'s GGUF (the engine gives the tokenizer and stops)."""
+    from importlib.metadata import version
+
+    from specmemo_core.runtime.chat import end_of_turn_ids
+
+    path = gguf_path(model)
+    llm = open_llama(path, threads)
+    stops = frozenset(end_of_turn_ids(engine.tokenizer, engine.config))
+    run = llamacpp_runner(llm, engine.tokenizer, stops, conversations, max_new_tokens)
+    return Method(LLAMACPP, run, note=f"llama.cpp via llama-cpp-python {version('llama-cpp-python')}, "
+                                      f"{path.name}, {threads} threads, greedy")
