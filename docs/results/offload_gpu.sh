@@ -30,15 +30,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 free -g >> "$OUT/gpu_$1.txt"
 python3 -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> "$OUT/gpu_$1.txt"
 
+bench_offload() {  # name timeout_s queries new_tokens: the four methods in one process, 3 rounds
+  local name=$1
+  timeout "$2" python3 -m specmemo_core.cli bench --device cuda --dtype bf16 \
+    --methods accelerate-offload,stream-plain,stream-tree,stream-random-heads --cap-gib half \
+    --queries "$3" --max-new-tokens "$4" --repeats 3 --warmup 0 --json --save "$OUT/$name.json" \
+    > "$OUT/${name}_stdout.json" 2> "$OUT/$name.err"
+  echo "bench rc=$?"; tail -c 1500 "$OUT/$name.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['_offload'], indent=1)); print(d['_run']['rounds_done'])" "$OUT/$name.json"
+}
+
 case "$1" in
 call1)
-  timeout 530 python3 -m specmemo_core.cli bench --device cuda --dtype bf16 \
-    --methods accelerate-offload,stream-plain,stream-tree,stream-random-heads --cap-gib half \
-    --queries 20 --max-new-tokens 128 --repeats 3 --warmup 0 --json --save "$OUT/bench_offload.json" \
-    > "$OUT/bench_offload_stdout.json" 2> "$OUT/bench_offload.err"
-  echo "bench rc=$?"; tail -c 1500 "$OUT/bench_offload.err"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['_offload'], indent=1)); print(d['_run']['rounds_done'])" "$OUT/bench_offload.json"
-  ;;
+  bench_offload bench_offload 530 20 128 ;;
 call2)
   verify() {  # name timeout_s plan-args...
     local name=$1 limit=$2; shift 2
@@ -56,13 +60,7 @@ call2)
 short)
   # the same four methods on a shorter workload (8 MT-Bench queries, 64 new tokens), so that 3
   # rounds fit one call: checks the random-heads control (heads' nodes only, no lookup chain)
-  timeout 400 python3 -m specmemo_core.cli bench --device cuda --dtype bf16 \
-    --methods accelerate-offload,stream-plain,stream-tree,stream-random-heads --cap-gib half \
-    --queries 8 --max-new-tokens 64 --repeats 3 --warmup 0 --json --save "$OUT/bench_offload_short.json" \
-    > "$OUT/bench_offload_short_stdout.json" 2> "$OUT/bench_offload_short.err"
-  echo "bench rc=$?"; tail -c 1500 "$OUT/bench_offload_short.err"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['_offload'], indent=1)); print(d['_run']['rounds_done'])" "$OUT/bench_offload_short.json"
-  ;;
+  bench_offload bench_offload_short 400 8 64 ;;
 copy)
   echo "part copied to /tmp"; ls -la /tmp/part_aa ;;
 *)

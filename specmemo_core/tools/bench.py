@@ -157,34 +157,52 @@ def hf_runner(hf: Any, tokenizer: Any, stop_ids: frozenset[int], conversations: 
     extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
     device = input_device if input_device is not None else hf.device
 
-    def run() -> Pass:
-        replies: list[list[int]] = []
-        firsts: list[float] = []
-        steps = step_tokens = 0
-        start = time.perf_counter()
-        for turns in conversations:
-            messages: list[dict[str, str]] = []
-            known: dict[int, list[int]] = {}
-            for turn in turns:
-                messages.append({"role": "user", "content": encodable(turn)})
-                ids = torch.tensor([encode_conversation(tokenizer, messages, known)], device=device)  # [1, P]
-                clock = clock_type()
-                with torch.inference_mode():
-                    out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                      max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=stops[0],
-                                      streamer=clock, **extra)  # [1, P + new]
-                reply = out[0, ids.shape[1]:].tolist()
-                cut = next((i for i, t in enumerate(reply) if t in stop_ids), len(reply))
-                reply = reply[:cut]
-                replies.append(reply)
-                firsts.append(clock.first_token_s)
-                steps += clock.steps
-                step_tokens += clock.step_tokens
-                messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
-                known[len(messages) - 1] = reply
-        return Pass(replies, sum(map(len, replies)), time.perf_counter() - start, steps, step_tokens, tuple(firsts))
+    def turn(prompt: list[int]) -> Turn:
+        ids = torch.tensor([prompt], device=device)  # [1, P]
+        clock = clock_type()
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=stops[0],
+                              streamer=clock, **extra)  # [1, P + new]
+        reply = out[0, ids.shape[1]:].tolist()
+        cut = next((i for i, t in enumerate(reply) if t in stop_ids), len(reply))
+        return Turn(reply[:cut], clock.first_token_s, clock.steps, clock.step_tokens)
 
-    return run
+    return lambda: run_turns(tokenizer, conversations, turn)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One reply of an engine that is not ours, as a bench pass counts it."""
+
+    reply: list[int]  # token ids, stop token excluded
+    first_token_s: float
+    steps: int  # forwards after the first token
+    step_tokens: int  # tokens those forwards emitted
+
+
+def run_turns(tokenizer: Any, conversations: Sequence[Sequence[str]],
+              turn: Callable[[list[int]], Turn]) -> Pass:
+    """A pass of another engine (transformers, llama.cpp) over the conversations: each turn
+    hands ``turn`` the conversation so far as prompt ids from our chat template, the model's
+    earlier replies as the token ids it produced (as our sessions keep them)."""
+    replies: list[list[int]] = []
+    firsts: list[float] = []
+    steps = step_tokens = 0
+    start = time.perf_counter()
+    for turns in conversations:
+        messages: list[dict[str, str]] = []
+        known: dict[int, list[int]] = {}
+        for text in turns:
+            messages.append({"role": "user", "content": encodable(text)})
+            done = turn(encode_conversation(tokenizer, messages, known))
+            replies.append(done.reply)
+            firsts.append(done.first_token_s)
+            steps += done.steps
+            step_tokens += done.step_tokens
+            messages.append({"role": "assistant", "content": tokenizer.decode(done.reply, skip_special_tokens=True)})
+            known[len(messages) - 1] = done.reply
+    return Pass(replies, sum(map(len, replies)), time.perf_counter() - start, steps, step_tokens, tuple(firsts))
 
 
 # -- the benchmark ------------------------------------------------------------

@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.runtime.chat import encode_conversation
-from specmemo_core.text import encodable
-from specmemo_core.tools.bench import BENCH_CONTEXT, Method, Pass
+from specmemo_core.tools.bench import BENCH_CONTEXT, Method, Pass, Turn, run_turns
 
 LLAMACPP = "llamacpp"
 INSTALL_HINT = ("install it with: pip install -e '.[llamacpp]' (llama-cpp-python builds llama.cpp from source: "
@@ -62,35 +60,22 @@ def llamacpp_runner(llm: Any, tokenizer: Any, stop_ids: frozenset[int], conversa
                     max_new_tokens: int) -> Callable[[], Pass]:
     """llama.cpp's greedy decoding over the conversations, one token per forward."""
 
-    def run() -> Pass:
-        replies: list[list[int]] = []
-        firsts: list[float] = []
-        steps = 0
+    def turn(prompt: list[int]) -> Turn:
         start = time.perf_counter()
-        for turns in conversations:
-            messages: list[dict[str, str]] = []
-            known: dict[int, list[int]] = {}
-            for turn in turns:
-                messages.append({"role": "user", "content": encodable(turn)})
-                ids = encode_conversation(tokenizer, messages, known)
-                turn_start = time.perf_counter()
-                reply: list[int] = []
-                for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                                          reset=True):  # reset: keeps the prefix it already evaluated
-                    if not reply:
-                        firsts.append(time.perf_counter() - turn_start)
-                    if token in stop_ids:
-                        break
-                    reply.append(int(token))
-                    if len(reply) >= max_new_tokens:
-                        break
-                steps += max(len(reply) - 1, 0)
-                replies.append(reply)
-                messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
-                known[len(messages) - 1] = reply
-        return Pass(replies, sum(map(len, replies)), time.perf_counter() - start, steps, steps, tuple(firsts))
+        first, reply = 0.0, []
+        for token in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                  reset=True):  # reset: keeps the prefix it already evaluated
+            if not reply:
+                first = time.perf_counter() - start
+            if token in stop_ids:
+                break
+            reply.append(int(token))
+            if len(reply) >= max_new_tokens:
+                break
+        steps = max(len(reply) - 1, 0)
+        return Turn(reply, first, steps, steps)
 
-    return run
+    return lambda: run_turns(tokenizer, conversations, turn)
 
 
 def llamacpp_method(model: str, engine: Any, conversations: Sequence[Sequence[str]], *, max_new_tokens: int,
