@@ -78,9 +78,9 @@ def _method_names(args: argparse.Namespace) -> list[str]:
 
 
 def _without_unavailable(names: list[str], args: argparse.Namespace) -> list[str]:
-    """``names`` less the llamacpp method where it cannot run (not installed, or not on a
-    CPU), said in one line on stderr and kept in the report's ``_run.skipped``."""
-    from specmemo_core.tools.bench_llamacpp import LLAMACPP, missing_reason
+    """``names`` less the llamacpp method where it cannot run (not installed, not on a CPU,
+    or its build crashes here), said in one line on stderr and kept in ``_run.skipped``."""
+    from specmemo_core.tools.bench_llamacpp import LLAMACPP, crash_reason, gguf_path, missing_reason
 
     args.skipped = []
     if LLAMACPP not in names:
@@ -88,6 +88,8 @@ def _without_unavailable(names: list[str], args: argparse.Namespace) -> list[str
     reason = missing_reason()
     if reason is None and torch.device(args.device).type != "cpu":
         reason = "llamacpp skipped: it runs on the CPU here; bench it with --device cpu"
+    if reason is None:
+        reason = crash_reason(gguf_path(args.model), torch.get_num_threads())
     if reason is None:
         return names
     print(reason, file=sys.stderr)

@@ -36,6 +36,35 @@ def missing_reason() -> str | None:
     return None
 
 
+PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), n_gpu_layers=0, verbose=False)
+tokens = llm.tokenize(b"Hello, how are you today?")
+next(iter(llm.generate(tokens, temp=0.0, top_k=1)))
+"""
+
+
+def crash_reason(path: Path, threads: int) -> str | None:
+    """Why llama.cpp cannot decode ``path`` here, from a short run in a child process (a
+    build whose kernels this CPU cannot run dies of a signal; it would take the bench with
+    it). None: it decodes."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE, str(path), str(threads)], capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "llamacpp skipped: llama.cpp did not answer a 7-token prompt within 5 minutes"
+    if done.returncode == 0:
+        return None
+    why = f"signal {-done.returncode}" if done.returncode < 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+    return (f"llamacpp skipped: llama.cpp failed on a 7-token prompt ({why}); its build may use CPU "
+            "instructions this machine does not allow (AMX in a virtual machine: rebuild llama-cpp-python with "
+            "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF')")
+
+
 def gguf_path(model: str) -> Path:
     """The GGUF file llama.cpp reads for ``model`` ("default" or a .gguf path)."""
     if str(model) == "default":

@@ -51,3 +51,14 @@ def test_gguf_path_takes_gguf_files_only(tmp_path):
     assert gguf_path(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
     with pytest.raises(SpecMemoError, match="GGUF"):
         gguf_path(str(tmp_path))
+
+
+def test_a_llama_cpp_that_fails_on_the_file_is_reported_not_crashing_the_bench(tmp_path):
+    """The probe runs in a child process: a file llama.cpp cannot read (or no llama.cpp at
+    all) gives a reason, and this process lives on."""
+    from specmemo_core.tools.bench_llamacpp import crash_reason
+
+    bogus = tmp_path / "not-a-model.gguf"
+    bogus.write_bytes(b"GGUF" + b"\0" * 64)
+    reason = crash_reason(bogus, 1)
+    assert reason is not None and reason.startswith("llamacpp skipped: llama.cpp failed on a 7-token prompt")
