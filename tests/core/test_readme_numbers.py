@@ -128,3 +128,18 @@ def test_the_speed_up_figures_are_the_measured_ones():
     estimate = json.loads((results / "estimate_llama3_8b.json").read_text(encoding="utf-8"))["estimate"]
     assert f"**about {estimate['total_s'] / 60:.0f} min**" in readme
     assert f"{estimate['features_bytes'] / 1e9:.1f} GB of host memory" in readme
+
+
+def test_the_llamacpp_table_holds_its_measured_figures():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    bench = json.loads((REPO / "docs/results/bench_cpu_llamacpp.json").read_text(encoding="utf-8"))
+    ref = bench["llamacpp"]["tokens_per_s"]["median"]
+    for name in ("llamacpp", "vanilla", "plan"):
+        s = bench[name]["tokens_per_s"]
+        cells = f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) |"
+        line = next((ln for ln in readme.splitlines() if f"`{name}`" in ln and "vs llama.cpp" not in ln
+                     and cells in ln), None)
+        assert line is not None, f"README's llama.cpp table lacks {name}: {cells}"
+        assert line.endswith(f"| {s['median'] / ref:.2f}× |"), line
+    assert f"`plan`: `{bench['plan']['tree']}`" in readme
+    assert bench["vanilla"]["identical_to_vanilla"] == bench["plan"]["identical_to_vanilla"] == 8
