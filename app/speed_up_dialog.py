@@ -17,16 +17,18 @@ from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QDialog, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget,
+    QComboBox, QDialog, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget,
 )
 
 from specmemo_core.tools.train.speed_up import SHIPPED_PROMPTS, SpeedUpJob, TrainingCancelled
 
 from .dialogs import describe
-from .heads_training import HeadsTrainer, SpeedUpEstimate, chat_stays_usable, free_memory, with_prompts
+from .heads_training import (QUICK_PROMPTS, QUICK_STEPS, HeadsTrainer, SpeedUpEstimate, chat_stays_usable,
+                             free_memory, with_prompts, with_size)
 from .memory_chart import gib
 
 TIMING = "Timing this device…"
+SIZES = ("Full: like the shipped heads", f"Quick: {QUICK_PROMPTS:,} replies, {QUICK_STEPS:,} steps (heads accept less)")
 
 
 def device_text(device: str) -> str:
@@ -56,6 +58,7 @@ class SpeedUpDialog(QDialog):
         self.setWindowTitle("Speed up this model")
         self.setModal(False)
         self.job, self.trainer, self.model_name, self.free_bytes = job, trainer, model_name, free_bytes
+        self.full_job = job  # what "Full" goes back to
         self.result: SpeedUpEstimate | None = None
         self.state = ""
         self._build()
@@ -85,8 +88,14 @@ class SpeedUpDialog(QDialog):
         self.prompts_button = QPushButton("Use my own prompts…")
         self.prompts_button.setToolTip('A JSONL file, one conversation a line: {"turns": ["a question", ...]}')
         self.prompts_button.clicked.connect(self.choose_prompts)
+        self.size = QComboBox()
+        self.size.addItems(SIZES)
+        self.size.setToolTip("Quick trains on fewer replies and steps: much shorter on a CPU, "
+                             "heads that guess less often")
+        self.size.currentIndexChanged.connect(lambda index: self.use_size(quick=index == 1))
         prompts_row = QHBoxLayout()
         prompts_row.addWidget(self.prompts, 1)
+        prompts_row.addWidget(self.size)
         prompts_row.addWidget(self.prompts_button)
         self.reload_button = QPushButton("Reload now")
         self.reload_button.clicked.connect(self._reload)
@@ -115,6 +124,7 @@ class SpeedUpDialog(QDialog):
         self.bar.setVisible(busy)
         self.stage.setVisible(busy)
         self.prompts_button.setEnabled(not busy and state != "done")
+        self.size.setEnabled(not busy and state != "done")
         self.start_button.setVisible(state != "done")
         self.start_button.setEnabled(state in ("ready", "stopped") or (state == "failed" and self.result is not None))
         self.start_button.setText("Resume" if self.job.started else "Start")
@@ -198,6 +208,13 @@ class SpeedUpDialog(QDialog):
         if self.trainer.busy:
             return
         self.job = with_prompts(self.job, path)
+        self.estimate()
+
+    def use_size(self, *, quick: bool) -> None:
+        """Train the quick or the full job (the prompt file stays), timed again."""
+        if self.trainer.busy:
+            return
+        self.job = with_size(self.job, quick=quick, full=self.full_job)
         self.estimate()
 
     def cancel_or_close(self) -> None:

@@ -210,3 +210,22 @@ def test_the_action_explains_for_a_model_it_cannot_train(qtbot, make_window):
     window.dialogs = Answers()
     window.actions[SPEED_UP].trigger()
     assert window.dialogs.told and "loaded itself" in window.dialogs.told[0][1]
+
+
+def test_the_quick_job_trains_less_and_is_timed_again(qtbot, tiny_job, trainer):
+    from app.heads_training import QUICK_PROMPTS, QUICK_STEPS
+
+    dialog = make_dialog(qtbot, tiny_job, trainer)
+    qtbot.waitUntil(lambda: dialog.state == "ready", timeout=60000)
+    full = dialog.result.estimate
+    dialog.size.setCurrentIndex(1)
+    assert dialog.state == "timing"
+    qtbot.waitUntil(lambda: dialog.state == "ready", timeout=60000)
+    cfg = dialog.job.config
+    assert (cfg.train_prompts, cfg.train.steps) == (QUICK_PROMPTS, QUICK_STEPS)
+    quick = dialog.result.estimate
+    assert quick.stages["training"] == pytest.approx(QUICK_STEPS * quick.step_times["train_step_s"])
+    assert full.stages["training"] == pytest.approx(tiny_job.config.train.steps * full.step_times["train_step_s"])
+    dialog.size.setCurrentIndex(0)  # back to the full job, prompt file kept
+    qtbot.waitUntil(lambda: dialog.state == "ready", timeout=60000)
+    assert dialog.job.config == tiny_job.config
