@@ -93,9 +93,11 @@ class SpeedUpDialog(QDialog):
         self.size.setToolTip("Quick trains on fewer replies and steps: much shorter on a CPU, "
                              "heads that guess less often")
         self.size.currentIndexChanged.connect(lambda index: self.use_size(quick=index == 1))
+        size_row = QHBoxLayout()
+        size_row.addWidget(QLabel("Length:"))
+        size_row.addWidget(self.size, 1)
         prompts_row = QHBoxLayout()
         prompts_row.addWidget(self.prompts, 1)
-        prompts_row.addWidget(self.size)
         prompts_row.addWidget(self.prompts_button)
         self.reload_button = QPushButton("Reload now")
         self.reload_button.clicked.connect(self._reload)
@@ -111,9 +113,10 @@ class SpeedUpDialog(QDialog):
         layout = QVBoxLayout(self)
         for widget in (self.heading, about, self.message, self.memory, self.stage, self.bar):
             layout.addWidget(widget)
+        layout.addLayout(size_row)
         layout.addLayout(prompts_row)
         layout.addLayout(buttons)
-        self.setMinimumWidth(560)
+        self.setMinimumWidth(600)
 
     # -- states ----------------------------------------------------------------
     def _show(self, state: str, message: str, *, tone: str = "") -> None:
