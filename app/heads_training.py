@@ -25,8 +25,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.storage.datasets import load_prompt_file
 from specmemo_core.tools.train.speed_up import (
-    SHIPPED_PROMPTS, SpeedUpJob, TrainingCancelled, TrainingEstimate, base_model_for, estimate_training, preflight,
-    speed_up_job, train_speed_up_heads,
+    SHIPPED_PROMPTS, SpeedUpJob, TrainingCancelled, TrainingEstimate, TrainingMemory, base_model_for,
+    estimate_training, preflight, speed_up_job, train_speed_up_heads,
 )
 
 from .runtime import EngineBackend, Runtime
@@ -34,17 +34,22 @@ from .runtime import EngineBackend, Runtime
 Trainer = Callable[..., dict]  # train_speed_up_heads's signature
 Estimator = Callable[..., TrainingEstimate]  # estimate_training's signature
 BaseModel = Callable[..., tuple[Any, str, str]]  # base_model_for's signature
-Preflight = Callable[..., Any]  # preflight's signature: raises TrainingDoesNotFitError
+Preflight = Callable[..., TrainingMemory]  # preflight's signature: raises TrainingDoesNotFitError
 
 
 @dataclass(frozen=True)
 class SpeedUpEstimate:
-    """What the dialog shows before training: the job, its timed estimate, and the bytes of the
-    base model's weights as the trainer holds them (fp32 on a CPU, bf16 on a GPU)."""
+    """What the dialog shows before training: the job, its timed estimate, and its memory as
+    ``preflight`` counted it from the model's header."""
 
     job: SpeedUpJob
     estimate: TrainingEstimate
-    weights_bytes: int
+    memory: TrainingMemory
+
+    @property
+    def weights_bytes(self) -> int:
+        """The base model's weights as the trainer holds them (fp32 on a CPU, bf16 on a GPU)."""
+        return self.memory.weights_bytes
 
     @property
     def memory_bytes(self) -> int:
@@ -126,15 +131,14 @@ class _TrainWorker(QObject):
     def estimate(self, job: SpeedUpJob) -> None:
         try:
             replies = replies_of(job)
-            self.preflight(job, replies)  # from the file's header: refuses before the weights are read
+            memory = self.preflight(job, replies)  # from the file's header: refuses before the weights are read
             hf, _, _ = self.base_model(job.config.model, job.device, self._checked)
-            weights = sum(p.numel() * p.element_size() for p in hf.parameters())
             estimate = self.estimator(job, hf, prompts=replies, progress=self._checked)
             del hf  # training loads its own copy: two would double the memory
         except Exception as exc:  # noqa: BLE001 - typed by the core, or torch/transformers on an odd file
             self.failed.emit(exc)
             return
-        self.estimated.emit(SpeedUpEstimate(job, estimate, int(weights)))
+        self.estimated.emit(SpeedUpEstimate(job, estimate, memory))
 
     @Slot(object)
     def train(self, job: SpeedUpJob) -> None:

@@ -64,7 +64,8 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The options of the commands that load a model and chat with it (chat, generate)."""
     p.add_argument("--model", default="default", help="'default', a .gguf file or a Hugging Face model folder")
-    p.add_argument("--heads", default="auto", help="'auto' (heads trained here by speed-up, else shipped ones), 'none', 'random', "
+    p.add_argument("--heads", default="auto",
+                   help="'auto' (heads trained here by speed-up, else shipped ones), 'none', 'random', "
                         "or a heads folder/file")
     p.add_argument("--tree", default="auto",
                    help="'auto' (the planner's choice), or force a tree: a name (medusa-64, 1-10-16-17, "

@@ -81,12 +81,13 @@ def run_speed_up(args: argparse.Namespace) -> int:
         raise SpecMemoError("a shape: model has random weights: heads trained on it would be of no use; "
                             "add --estimate to time the job, or give a real model file")
     with StageProgress() as progress:
-        identity = None if shape else open_model(args.model, progress).identity  # the header: nothing read yet
-        name, fingerprint = (args.model[len("shape:"):], "shape") if shape else (identity.name, identity.fingerprint)
+        opened = None if shape else open_model(args.model, progress)  # the header: no weight read yet
+        name, fingerprint = ((args.model[len("shape:"):], "shape") if shape
+                             else (opened.identity.name, opened.identity.fingerprint))
         job = speed_up_job(args.model, name=name, fingerprint=fingerprint, device=args.device,
                            data_folder=data_dir(), prompts_file=args.prompts_file, prompts=args.prompts,
                            steps=args.steps)
-        memory = preflight(job)  # refuses, with how many prompts would fit, before the weights are read
+        memory = preflight(job, opened=opened)  # refuses, with how many prompts fit, before the weights are read
         hf, _, _ = base_model_for(args.model, args.device, progress)
         estimate = estimate_training(job, hf, progress=progress)
         del hf

@@ -123,10 +123,9 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
     CPU, fp32: the linear layers are packed for oneDNN (``cpu_linear.py``); a packed LM
       head tied to the embedding is a copy of it: + vocab × hidden × 4.
     """
-    b = activation_bytes(precision)
-    cpu_quantized = device_kind == "cpu" and precision in ("int8", "int4")
-    if cpu_quantized:
-        b = ACTIVATION_BYTES["fp32"]
+    around = around_precision(precision, device_kind)  # the layers that are not quantized
+    b = activation_bytes(around)
+    cpu_quantized = around != precision  # int8/int4 on a CPU: fp32 around them, and fp32 int4 scales
     if precision in ACTIVATION_BYTES:
         packed_copy = (shape.vocab_size * shape.hidden_size * b
                        if device_kind == "cpu" and precision == "fp32" and shape.tie_word_embeddings else 0)

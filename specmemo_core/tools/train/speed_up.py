@@ -381,9 +381,10 @@ def check_training_fits(shape: Any, job: SpeedUpJob, *, free_ram: int, free_devi
     return memory
 
 
-def preflight(job: SpeedUpJob, replies: int | None = None) -> TrainingMemory:
+def preflight(job: SpeedUpJob, replies: int | None = None, *, opened: Any = None) -> TrainingMemory:
     """Check ``job`` against this computer's free RAM (and GPU memory) from the model file's
-    header alone, before its weights are read; see ``check_training_fits``."""
+    header alone, before its weights are read; see ``check_training_fits``. ``opened``: the
+    model's header already opened (``storage.sources.open_model``), so it is not read again."""
     import psutil
 
     from specmemo_core.planning.memory import ModelShape, known_shape
@@ -394,7 +395,7 @@ def preflight(job: SpeedUpJob, replies: int | None = None) -> TrainingMemory:
     if source.startswith("shape:"):
         shape = known_shape(source[len("shape:"):])
     else:
-        shape = ModelShape.from_spec(ModelSpec.from_config(open_model(source).config))
+        shape = ModelShape.from_spec(ModelSpec.from_config((opened or open_model(source)).config))
     free_device = None
     if not job.device.startswith("cpu") and torch.cuda.is_available():
         free_device = int(torch.cuda.mem_get_info(torch.device(job.device))[0])
