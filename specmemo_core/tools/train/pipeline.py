@@ -61,6 +61,19 @@ def hf_model_from(loaded: LoadedModel, device: str, dtype: torch.dtype) -> Any:
     return model.to(device).eval().requires_grad_(False)
 
 
+def trainer_dtype(device: str) -> torch.dtype:
+    """What the base model runs in while heads are made: bf16 on a GPU, fp32 on a CPU."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def trainer_model(source: str, device: str, progress: Progress | None = None) -> tuple[LoadedModel, Any]:
+    """The base model read in the trainer's dtype (a bf16 read halves the RAM of an fp32 one)
+    and transformers' model over it on ``device``."""
+    dtype = trainer_dtype(device)
+    loaded = load_model(source, dtype=dtype, progress=progress)
+    return loaded, hf_model_from(loaded, device, dtype)
+
+
 def frozen_io(hf: Any) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
     """fp32 copies of the input embedding and LM head (heads train and score in fp32)."""
     emb = hf.get_input_embeddings().weight.detach().float()
@@ -130,9 +143,7 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    loaded = load_model(cfg.model, dtype=dtype, progress=progress)  # read in the dtype it runs in
-    hf = hf_model_from(loaded, device, dtype)
+    loaded, hf = trainer_model(cfg.model, device, progress)
     t0 = time.perf_counter()
     train_seqs = _distilled(out, hf, loaded, cfg, False, progress)
     log(f"distilled {len(train_seqs.starts)} replies, {train_seqs.reply_tokens} tokens ({time.perf_counter() - t0:.0f} s)")
@@ -189,8 +200,6 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
 
 def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: Progress | None = None) -> dict[str, Any]:
     """``specmemo calibrate``: held-out replies (reused if present) → calibration.json."""
-    loaded = load_model(cfg.model, progress=progress)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    hf = hf_model_from(loaded, device, dtype)
+    loaded, hf = trainer_model(cfg.model, device, progress)
     heldout = _distilled(folder, hf, loaded, cfg, True, progress)
     return run_calibration(folder, loaded, hf, cfg, device=device, progress=progress, heldout=heldout)

@@ -28,7 +28,7 @@ import torch
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.storage.trained_heads import CARD_FILE, finished, trained_heads_dir
-from specmemo_core.tools.train.pipeline import PipelineConfig, run_training
+from specmemo_core.tools.train.pipeline import PipelineConfig, run_training, trainer_dtype, trainer_model
 from specmemo_core.tools.train.trainer import TrainConfig
 
 Progress = Callable[[str, float], None]
@@ -287,12 +287,9 @@ def estimate_training(job: SpeedUpJob, hf: Any, *, prompts: int | None = None, h
 
 
 def base_model_for(model: str, device: str, progress: Progress | None = None) -> tuple[Any, str, str]:
-    """The base model as the trainer runs it (transformers, bf16 on a GPU, fp32 on a CPU) and
-    its (name, fingerprint). ``shape:NAME``: random weights of that real shape (for estimates
-    of models that are not here)."""
-    from specmemo_core.tools.train.pipeline import hf_model_from
-
-    dtype = trainer_dtype(device)
+    """The base model as the trainer runs it (``pipeline.trainer_model``) and its (name,
+    fingerprint). ``shape:NAME``: random weights of that real shape (for estimates of models
+    that are not here)."""
     if str(model).startswith("shape:"):
         from transformers import AutoModelForCausalLM
 
@@ -301,17 +298,10 @@ def base_model_for(model: str, device: str, progress: Progress | None = None) ->
 
         name = str(model)[len("shape:"):]
         with torch.device(device):
-            hf = AutoModelForCausalLM.from_config(shape_config(known_shape(name)), dtype=dtype)
+            hf = AutoModelForCausalLM.from_config(shape_config(known_shape(name)), dtype=trainer_dtype(device))
         return hf.eval().requires_grad_(False), name, "shape"
-    from specmemo_core.storage.sources import load_model
-
-    loaded = load_model(model, dtype=dtype, progress=progress)  # read in the trainer's dtype: half the RAM on a GPU
-    return hf_model_from(loaded, device, dtype), loaded.identity.name, loaded.identity.fingerprint
-
-
-def trainer_dtype(device: str) -> torch.dtype:
-    """What the base model runs in while heads train: bf16 on a GPU, fp32 on a CPU."""
-    return torch.float32 if str(device).startswith("cpu") else torch.bfloat16
+    loaded, hf = trainer_model(model, device, progress)
+    return hf, loaded.identity.name, loaded.identity.fingerprint
 
 
 def hidden_states_bytes(hidden_size: int, config: PipelineConfig, replies: int,
