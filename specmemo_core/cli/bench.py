@@ -56,16 +56,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _method_names(args: argparse.Namespace) -> list[str]:
+def _method_names(args: argparse.Namespace) -> tuple[list[str], list[dict[str, str]]]:
     """The checks made before anything loads, so a typo costs no loading time."""
     from specmemo_core.tools.bench import ALL_METHODS
     from specmemo_core.tools.bench_llamacpp import LLAMACPP
 
-    default = ALL_METHODS + ((LLAMACPP,) if torch.device(args.device).type == "cpu" and not args.batch else ())
+    default = ALL_METHODS + ((LLAMACPP,) if torch.device(args.device).type == "cpu" else ())
     names = [m.strip() for m in (args.methods or ",".join(default)).split(",") if m.strip()]
     if not names or len(set(names)) != len(names):
         raise SpecMemoError(f"--methods needs distinct names, e.g. {','.join(ALL_METHODS)}; got {args.methods!r}")
-    names = _without_unavailable(names, args)
     if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100 or not 0 <= args.warmup <= 10:
         raise SpecMemoError("--max-new-tokens must be 1…4095, --repeats 1…100 and --warmup 0…10")
     if args.plot and not args.plot.lower().endswith(".png"):  # refused now, not after the run
@@ -74,30 +73,29 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     if len(parse_devices(args.devices)) > 1 and set(names) - {"vanilla", "plan"} - set(_tree_names(names)):
         raise SplitError("with --devices only our decoders run split (vanilla, plan and tree names); bench "
                          "transformers' and the offload methods on one --device")
-    return names
+    return _without_unavailable(names, args)  # last: it may start llama.cpp once to see that it runs
 
 
-def _without_unavailable(names: list[str], args: argparse.Namespace) -> list[str]:
+def _without_unavailable(names: list[str], args: argparse.Namespace) -> tuple[list[str], list[dict[str, str]]]:
     """``names`` less the llamacpp method where it cannot run (not installed, not on a CPU,
-    or its build crashes here), said in one line on stderr and kept in ``_run.skipped``."""
+    or its build crashes here), said in one line on stderr, and what was left out (the
+    report's ``_run.skipped``)."""
     from specmemo_core.tools.bench_llamacpp import LLAMACPP, crash_reason, gguf_path, missing_reason
 
-    args.skipped = []
     if LLAMACPP not in names:
-        return names
+        return names, []
     reason = missing_reason()
     if reason is None and torch.device(args.device).type != "cpu":
         reason = "llamacpp skipped: it runs on the CPU here; bench it with --device cpu"
     if reason is None:
         reason = crash_reason(gguf_path(args.model), torch.get_num_threads())
     if reason is None:
-        return names
+        return names, []
     print(reason, file=sys.stderr)
-    args.skipped = [{"method": LLAMACPP, "reason": reason}]
     left = [n for n in names if n != LLAMACPP]
     if not left:
         raise SpecMemoError(reason)
-    return left
+    return left, [{"method": LLAMACPP, "reason": reason}]
 
 
 def _tree_names(names: list[str]) -> list[str]:
@@ -198,7 +196,8 @@ def _measure_offload(args: argparse.Namespace, names: list[str], progress: Stage
     return methods, engine, convs, setup
 
 
-def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress) -> dict:
+def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress,
+             skipped: list[dict[str, str]]) -> dict:
     from specmemo_core.tools.bench import report, run_bench, run_info
     from specmemo_core.tools.bench_offload import OFFLOAD_METHODS, identical_to_stream_plain, offload_summary
 
@@ -218,7 +217,7 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
                                   max_new_tokens=args.max_new_tokens, repeats=args.repeats, methods=names,
                                   warmup=args.warmup)
         result["_run"]["rounds_done"] = len(next(iter(passes.values())))
-        result["_run"]["skipped"] = getattr(args, "skipped", [])
+        result["_run"]["skipped"] = skipped
         return result
 
     def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured
@@ -301,9 +300,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch is not None:
         return _run_batches(args)
-    names = _method_names(args)
+    names, skipped = _method_names(args)
     with StageProgress() as progress:
-        result = _measure(args, names, progress)
+        result = _measure(args, names, progress, skipped)
     if args.json:
         print(json.dumps(result))
     else:
