@@ -12,6 +12,11 @@
 #          Estimated 5 min (~350 streamed forwards per plan at 0.13-0.24 s each at ~50 GB/s,
 #          plus building the random weights); the timeouts add up to 8.5 min.
 #
+#   start  the call1 bench at its full size (20 queries, 128 new tokens, 3 rounds: ~19 min,
+#          accelerate alone ~210 s a round) in its own process session, so it outlives the
+#          call; the call then waits ~9 min. `collect`, in the next call made at once, waits
+#          for it to finish (or ~9.5 min) and copies its files to $OUT.
+#
 #   short  (after `copy`, which only puts the first GGUF part in place) the call1 methods on 8
 #          queries of 64 new tokens, 3 rounds in one call.
 #
@@ -61,6 +66,16 @@ short)
   # the same four methods on a shorter workload (8 MT-Bench queries, 64 new tokens), so that 3
   # rounds fit one call: checks the random-heads control (heads' nodes only, no lookup chain)
   bench_offload bench_offload_short 400 8 64 ;;
+start)
+  mkdir -p /tmp/offload_full
+  OUT=/tmp/offload_full setsid nohup bash -c "$(declare -f bench_offload); bench_offload bench_offload 1500 20 128; touch /tmp/offload_full/done" \
+    > /tmp/offload_full/driver.log 2>&1 < /dev/null &
+  for _ in $(seq 54); do sleep 10; [ -f /tmp/offload_full/done ] && break; done
+  python3 -c "import json; print(json.load(open('/tmp/offload_full/bench_offload.json'))['_run'])" 2>/dev/null
+  tail -c 600 /tmp/offload_full/bench_offload.err ;;
+collect)
+  for _ in $(seq 56); do [ -f /tmp/offload_full/done ] && break; sleep 10; done
+  cp /tmp/offload_full/* "$OUT"/; cat "$OUT/driver.log" | tail -40 ;;
 copy)
   echo "part copied to /tmp"; ls -la /tmp/part_aa ;;
 *)
