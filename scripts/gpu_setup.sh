@@ -13,7 +13,10 @@ python3 -c "import gguf, torchao, platformdirs, accelerate, psutil" 2>/dev/null 
 cp -n .whl/data/* /tmp/smdata/data/ 2>/dev/null
 GGUF=/tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f .gguf1/part_aa ] && cp .gguf1/part_aa /tmp/part_aa
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# a file left by an earlier, cut call is checked too: only the right bytes stay
+[ -s "$GGUF" ] && { echo "$SHA  $GGUF" | sha256sum -c --status - || rm -f "$GGUF"; }
 if [ ! -s "$GGUF" ] && [ -f /tmp/part_aa ] && [ -f .gguf2/part_ab ]; then
   cat /tmp/part_aa .gguf2/part_ab > "$GGUF"
-  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $GGUF" | sha256sum -c - || rm -f "$GGUF"
+  echo "$SHA  $GGUF" | sha256sum -c - || rm -f "$GGUF"
 fi

@@ -30,7 +30,7 @@ export PYTHONPATH=/tmp/site:.
 python3 -c "import accelerate, psutil" 2>/dev/null || python3 -m pip install -q --no-index --no-deps \
   --target /tmp/site .whl/accelerate-*.whl .whl/psutil-*.whl
 GGUF=/tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -s "$GGUF" ] && [ -f .gguf1/part_aa ]; then cat .gguf1/part_aa .gguf2/part_ab > "$GGUF"; fi
+if [ ! -s "$GGUF" ] && [ -f .gguf1/part_aa ] && [ -f .gguf2/part_ab ]; then cat .gguf1/part_aa .gguf2/part_ab > "$GGUF"; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu_$1.txt"
 free -g >> "$OUT/gpu_$1.txt"
 python3 -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> "$OUT/gpu_$1.txt"
