@@ -48,7 +48,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from specmemo_core.errors import BatchError, BatchFullError, PromptTooLongError
+from specmemo_core.errors import BatchError, BatchFullError, PromptTooLongError, TreeError
 from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.decoding import PREFILL_CHUNK, GenerationConfig, acceptance_for, take_tokens
 from specmemo_core.runtime.heads import DraftHeads
@@ -89,7 +89,10 @@ class BatchDecoder:
         ``staged_prefill.StagedPrefill`` (None: where steps replay CUDA graphs, so prompts do
         too); longer prompts, and False, prefill eagerly into their row."""
         if tree is not None:
-            if not tree.paths:
+            if tree.growth is not None:
+                raise TreeError(f"tree {tree.name} is grown per sequence, which a batch does not do yet; batch "
+                                "with a fixed tree (calibrated-N, medusa-64, level counts)")
+            if not tree.drafts:
                 heads = None  # a lookup chain alone: the heads would draft nothing
             tree.check_heads(heads.num_heads if heads is not None else None)
         self.model, self.tree, self.graphs = model, tree, graphs

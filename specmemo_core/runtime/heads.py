@@ -53,7 +53,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specmemo_core.errors import HeadsError
+from specmemo_core.errors import HeadsError, TreeError
+from specmemo_core.runtime.growth import DEPTH_TIEBREAK, MIN_SCORE, Growth, pick_nodes
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import DecoderLayer, ModelSpec, apply_rope, attention_bias
 from specmemo_core.runtime.tree import TreeBuffers
@@ -276,6 +277,46 @@ class HydraHeads(nn.Module):
             tokens[..., child] = top[..., tree.parents[child] - lo, tree.rank[child]]
             prev_lo = lo
         return tokens
+
+
+    def grow(self, hidden: torch.Tensor, root: torch.Tensor, growth: Growth, embed: nn.Embedding,
+             lm_head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Grow a tree from this step's confidences (``growth.py``): the heads' nodes'
+        tokens [..., N], depths [..., N] and ancestors [..., N, D] (node positions,
+        ``pick_nodes``), from the draft state ``hidden`` [..., D] after ``root`` [...]. A
+        leading axis holds independent rows (the calibration grows one per position)."""
+        lead = root.shape
+        hidden, root = hidden.reshape(-1, hidden.shape[-1]), root.reshape(-1)  # [B, D], [B]
+        b, k, beam, device = root.shape[0], growth.topk, growth.beam, hidden.device
+        states = self.step(0, hidden[:, None], embed(root[:, None]))  # [B, 1, D] the root's state
+        score, tokens = (t.view(b, k) for t in self.scored(states, lm_head, k))  # [B, k]: level 1's candidates
+        ancestors = torch.full((b, k, growth.depth), -1, dtype=torch.long, device=device)  # [B, k, depth]
+        ancestors[..., 0] = torch.arange(k, device=device)
+        parent_rows = torch.zeros(b, k, dtype=torch.long, device=device)  # each candidate's parent's row of ``states``
+        all_scores, all_tokens, all_ancestors, first = [score], [tokens], [ancestors], 0
+        for d in range(1, growth.depth):
+            best = score.topk(beam, dim=-1).indices  # [B, beam] this level's candidates to expand
+            rows = parent_rows.gather(1, best)[..., None].expand(b, beam, states.shape[-1])
+            states = self.step(d, states.gather(1, rows), embed(tokens.gather(1, best)))  # [B, beam, D]
+            child_score, child_tokens = self.scored(states, lm_head, k)  # [B, beam, k]
+            first += score.shape[-1]  # the new level's first candidate index
+            score = (score.gather(1, best)[..., None] + child_score - DEPTH_TIEBREAK).clamp(min=MIN_SCORE)
+            score, tokens = score.view(b, beam * k), child_tokens.view(b, beam * k)
+            ancestors = ancestors.gather(1, best[..., None].expand(b, beam, growth.depth)).repeat_interleave(k, dim=1)
+            ancestors[..., d] = first + torch.arange(beam * k, device=device)
+            parent_rows = torch.arange(beam, device=device).repeat_interleave(k).expand(b, beam * k)
+            all_scores.append(score), all_tokens.append(tokens), all_ancestors.append(ancestors)
+        picked, depth, node_ancestors = pick_nodes(torch.cat(all_scores, 1), torch.cat(all_ancestors, 1), growth.nodes)
+        n = growth.nodes
+        return (torch.cat(all_tokens, 1).gather(1, picked).view(*lead, n), depth.view(*lead, n),
+                node_ancestors.view(*lead, n, growth.depth))
+
+    def scored(self, states: torch.Tensor, lm_head: nn.Module, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each state's top-``k`` next tokens [.., k] and their log-probabilities [.., k]
+        (fp32) under the heads, through the drafting vocabulary if set."""
+        logits = (lm_head if self.vocab_head is None else self.vocab_head)(states).float()
+        score, index = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        return score, (index if self.vocab_head is None else self.vocab_ids[index])
 
 
 class DraftHeads(Protocol):

@@ -38,6 +38,7 @@ from typing import Callable, ClassVar, Protocol, Sequence
 import torch
 
 from specmemo_core.runtime.batch_cache import BatchKVCache
+from specmemo_core.runtime.growth import grown_layout
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.lookup import lookup_draft
@@ -63,6 +64,7 @@ class StepParts:
 @dataclass(frozen=True)
 class Proposal:
     tokens: torch.Tensor  # [..., N] every tree node's token, the root first
+    layout: TreeBuffers  # the tree they sit in: the decoder's, or the one a grown tree grew this step
 
 
 @dataclass(frozen=True)
@@ -82,16 +84,22 @@ class Accepted:
 
 def draft_tokens(parts: StepParts, buf: TreeBuffers) -> Proposal:
     """Every tree node's token: the root, the heads' guesses, then the lookup chain (copied
-    from the committed tokens in ``cache.ids``)."""
+    from the committed tokens in ``cache.ids``); and the tree they sit in (``buf``'s, or,
+    for a grown tree, the one its heads grew this step)."""
     n, cache, m = buf.depths.shape[0], parts.cache, parts.model
-    if parts.heads is not None and len(buf.level_starts) > 2:
+    layout = buf
+    if parts.heads is not None and buf.growth is not None:  # grown this step (growth.py)
+        grown, depth, ancestors = parts.heads.grow(parts.state, parts.root, buf.growth, m.draft_embedding(), m.lm_head)
+        tokens = torch.cat((parts.root[None], grown, parts.root[None].expand(buf.lookup)))  # [N]
+        layout = grown_layout(buf, depth, ancestors)
+    elif parts.heads is not None and len(buf.level_starts) > 2:
         tokens = parts.heads.draft(parts.state, parts.root, buf, m.draft_embedding(), m.lm_head)  # [..., N]
     else:
         tokens = parts.root[..., None].expand(*parts.root.shape, n)  # [..., N]
     if not buf.lookup:
-        return Proposal(tokens)
+        return Proposal(tokens, layout)
     chain = lookup_draft(cache.ids, cache.live_length, parts.root, buf.lookup)  # [..., lookup]
-    return Proposal(torch.cat((tokens[..., : n - buf.lookup], chain), dim=-1))
+    return Proposal(torch.cat((tokens[..., : n - buf.lookup], chain), dim=-1), layout)
 
 
 def verify(parts: StepParts, proposal: Proposal, buf: TreeBuffers, span: int | None) -> Verified:
@@ -276,8 +284,9 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
 
 def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:
     """The whole step on the device: [..., 1 + W] (see ``commit``), no host read."""
-    verified = verify(parts, draft_tokens(parts, buf), buf, span)
-    return commit(parts, verified, acceptance.accept(parts.model, verified, buf), span)
+    proposal = draft_tokens(parts, buf)
+    verified = verify(parts, proposal, proposal.layout, span)
+    return commit(parts, verified, acceptance.accept(parts.model, verified, proposal.layout), span)
 
 
 def settle(parts: StepParts, out: torch.Tensor) -> list[int] | list[list[int]]:

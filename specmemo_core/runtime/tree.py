@@ -19,6 +19,9 @@ Vocabulary:
   nodes after the heads' nodes, a chain hanging off the root whose tokens are copied
   from earlier in the conversation (``lookup.py``) instead of proposed by heads.
   ``lookup-8`` alone is such a chain with no heads at all.
+* A *grown* tree (``"dynamic-8"``, ``growth.py``) has no fixed paths: each step grows
+  its N - 1 heads' nodes from the heads' own confidences. Its buffers hold a placeholder
+  layout (a star under the root) that the step replaces with the tree it grew.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Protocol
 import torch
 
 from specmemo_core.errors import TreeError
+from specmemo_core.runtime.growth import Growth, skeleton_rows
 
 MAX_TREE_NODES = 256  # root included; bounds the [N, N] mask and the verify batch
 MAX_ARITY = 10  # top-k each head proposes at most, as in Medusa
@@ -62,6 +66,7 @@ class TreeBuffers:
     leaf_count: int
     level_starts: tuple[int, ...]  # [depth + 2]: nodes of depth d are level_starts[d]:level_starts[d+1]
     lookup: int = 0  # the last ``lookup`` nodes: the lookup chain (root → first → … → last)
+    growth: Growth | None = None  # a grown tree: each step lays out its heads' nodes anew (growth.py)
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
         """The same buffers on ``device`` (moved once per decoder, not per step)."""
@@ -76,9 +81,12 @@ class Tree:
     name: str
     paths: Paths
     lookup: int = 0  # nodes of the lookup chain, after the heads' nodes (module doc)
+    growth: Growth | None = None  # a grown tree (no paths): its heads' nodes are chosen each step
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", _validate_paths(self.paths))
+        if self.growth is not None and self.paths:
+            raise TreeError(f"tree {self.name}: a grown tree has no fixed paths")
         if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or self.lookup < 0:
             raise TreeError(f"lookup chain length {self.lookup!r} must be an integer >= 0")
         if self.num_nodes > MAX_TREE_NODES:
@@ -91,7 +99,8 @@ class Tree:
         """This tree plus a lookup chain of ``count`` nodes, named ``NAME+lookup-count``."""
         parts = split_lookup(self.name)
         base = parts[0] if parts and parts[0] else self.name
-        return Tree(name=f"{base}+lookup-{count}" if count else base, paths=self.paths, lookup=count)
+        return Tree(name=f"{base}+lookup-{count}" if count else base, paths=self.paths, lookup=count,
+                    growth=self.growth)
 
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]], name: str | None = None) -> Tree:
@@ -101,11 +110,18 @@ class Tree:
 
     @property
     def num_nodes(self) -> int:
-        return len(self.paths) + 1 + self.lookup
+        return len(self.paths) + 1 + self.lookup + (self.growth.nodes if self.growth else 0)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the heads propose any of this tree's nodes (fixed paths or grown ones)."""
+        return bool(self.paths) or self.growth is not None
 
     @property
     def depth(self) -> int:
         """Levels the heads draft (the lookup chain needs no head)."""
+        if self.growth is not None:
+            return self.growth.depth
         return max((len(p) for p in self.paths), default=0)
 
     def speculates(self, heads: "HasNumHeads | None") -> bool:
@@ -135,7 +151,10 @@ class Tree:
     @property
     def widest_drafting_level(self) -> int:
         """Most states one drafting level scores at once (chained heads draft level by
-        level; the last level's states are not scored): the memory model's draft rows."""
+        level; the last level's states are not scored): the memory model's draft rows.
+        A grown tree scores its ``beam`` expanded nodes per level."""
+        if self.growth is not None:
+            return self.growth.beam
         return max(self.level_counts[:-1], default=1)
 
     @cached_property
@@ -187,6 +206,8 @@ def _validate_paths(paths: object) -> Paths:
 def build_tree_buffers(tree: Tree) -> TreeBuffers:
     """Derive the verifier's tensors from the sorted path list (and the lookup chain,
     whose nodes come last: node ``first + j`` sits at depth j + 1 under node ``first + j - 1``)."""
+    if tree.growth is not None:  # its placeholder layout: a star of depth 1 under the root
+        return _grown_skeleton(tree)
     paths, n, depth, chain = tree.paths, tree.num_nodes, tree.depth, tree.lookup
     first = len(paths) + 1  # the chain's first node
     index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
@@ -220,6 +241,21 @@ def build_tree_buffers(tree: Tree) -> TreeBuffers:
     )
 
 
+def _grown_skeleton(tree: Tree) -> TreeBuffers:
+    """A grown tree's buffers: the lookup chain's as usual; its heads' nodes laid out as a
+    star under the root until a step grows them (``growth.grown_layout``)."""
+    star = build_tree_buffers(Tree(name="star", paths=tuple((i,) for i in range(tree.growth.nodes)),
+                                   lookup=tree.lookup))
+    width = tree.width
+    retrieve = torch.full((star.leaf_count, width), -1, dtype=torch.long)  # [L, width]: as deep as the growth
+    retrieve[:, : star.retrieve_indices.shape[1]] = star.retrieve_indices
+    parents, depths = skeleton_rows(tree.growth)
+    assert star.parents[1:1 + len(parents)].tolist() == parents and star.depths[1:1 + len(depths)].tolist() == depths
+    return replace(star, retrieve_indices=retrieve, head_index=torch.full_like(star.head_index, -1),
+                   rank=torch.full_like(star.rank, -1), topk_needed=(), level_starts=(0, 1, 1 + tree.growth.nodes),
+                   growth=tree.growth)
+
+
 def _level_counts(paths: Paths) -> tuple[int, ...]:
     counts = [1] + [0] * max((len(p) for p in paths), default=0)
     for p in paths:
@@ -229,7 +265,9 @@ def _level_counts(paths: Paths) -> tuple[int, ...]:
 
 def tree_name(tree: Tree) -> str:
     """Level-count name of any tree, e.g. ``"1-10-28-23-2"`` (``"1"`` for the root alone),
-    with ``+lookup-N`` for a lookup chain."""
+    with ``+lookup-N`` for a lookup chain; a grown tree's is ``dynamic-N``."""
+    if tree.growth is not None:
+        return f"dynamic-{tree.growth.nodes + 1}" + (f"+lookup-{tree.lookup}" if tree.lookup else "")
     return "-".join(map(str, tree.level_counts)) + (f"+lookup-{tree.lookup}" if tree.lookup else "")
 
 
@@ -374,8 +412,9 @@ MEDUSA_64_PATHS = [
 
 _LEVELS_RE = re.compile(r"^1(-\d+)+$")
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
+_DYNAMIC_RE = re.compile(r"^dynamic-(\d+)$")
 _LOOKUP_RE = re.compile(r"^(?:(.+)\+)?lookup-(\d+)$")
-_NAMES_HELP = ("medusa-64, single, chain-N, level counts like 1-10-16-17, or a .json file; "
+_NAMES_HELP = ("medusa-64, single, chain-N, dynamic-N, level counts like 1-10-16-17, or a .json file; "
                "any of them with +lookup-N, or lookup-N alone")
 
 
@@ -404,7 +443,8 @@ def is_lookup_only(name: str) -> bool:
 
 
 def load_tree(spec: str | Path) -> Tree:
-    """Resolve ``medusa-64``, ``single``, ``chain-N``, level counts or a JSON file, each
+    """Resolve ``medusa-64``, ``single``, ``chain-N``, ``dynamic-N`` (a grown tree of N
+    nodes, ``growth.py``), level counts or a JSON file, each
     optionally with ``+lookup-N`` (a lookup chain of N nodes), or ``lookup-N`` alone.
 
     JSON may be a bare path list, ``{"paths": [...]}``, or
@@ -426,6 +466,11 @@ def load_tree(spec: str | Path) -> Tree:
                     f"{text} has {n + 1} nodes; at most {MAX_TREE_NODES} are allowed"
                 )
             return Tree.from_paths([(0,) * d for d in range(1, n + 1)], name=text)
+        if m := _DYNAMIC_RE.match(text):
+            n = int(m.group(1))
+            if n > MAX_TREE_NODES:
+                raise TreeError(f"{text} has {n} nodes; at most {MAX_TREE_NODES} are allowed")
+            return Tree(name=text, paths=(), growth=Growth.for_nodes(n, MAX_ARITY))
         if _LEVELS_RE.match(text):
             return tree_from_level_counts([int(c) for c in text.split("-")], name=text)
     path = Path(spec)

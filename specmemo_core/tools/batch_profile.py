@@ -91,7 +91,7 @@ def profile_phases(decoder: BatchDecoder, prompts: Sequence[Sequence[int]], conf
             mark()
             proposal = draft_tokens(parts, buf)
             mark()
-            verified = verify(parts, proposal, buf, span)
+            verified = verify(parts, proposal, proposal.layout, span)
             mark()
             accepted = GreedyAcceptance().accept(parts.model, verified, buf)
             mark()

@@ -154,7 +154,7 @@ def with_random_heads(engine: Any) -> Any:
 def random_heads_tree(tree: Any) -> Any:
     """The control's tree: ``tree``'s heads' nodes alone (a lookup-only tree keeps its chain:
     it has nothing else to verify)."""
-    return tree.with_lookup(0) if tree.lookup and tree.paths else tree
+    return tree.with_lookup(0) if tree.lookup and tree.drafts else tree
 
 
 def build_offload_methods(names: Sequence[str], *, engine: Any, hf: Any, conversations: Sequence[Sequence[str]],

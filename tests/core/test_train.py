@@ -268,3 +268,36 @@ def test_user_turns_keep_the_split_and_the_order():
     assert all(len(t) == 2 for t in train) and all(len(t) == 1 for t in held)
     assert len(train) + len(held) == 299  # the empty conversation is dropped
     assert held == [[f"q{i}a"] for i in range(300) if is_held_out(i) and i != 5]
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_grown_depths_are_what_the_decoder_accepts_on_a_grown_tree(context):
+    """On the model's own greedy reply, each decoder step on a grown tree accepts exactly
+    the calibration's grown depth where that step starts (hydra heads, with and without
+    a context layer), so the walked figure of ``dynamic-N`` is the decoder's own."""
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.tree import load_tree
+    from specmemo_core.tools.train.calibrate import grown_depths
+    from specmemo_core.tools.train.pipeline import base_rope
+    from tests.tiny import tiny_model
+
+    hf = tiny_hf_model(seed=4, vocab_size=12)
+    model = tiny_model(seed=4, vocab_size=12)
+    ctx = (64, 4, 2, 16) if context else None
+    heads = random_heads(4, 64, 12, seed=3, scale=0.5, kind="hydra", context=ctx)
+    prompt = torch.randint(0, 12, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    config = GenerationConfig(max_new_tokens=60)
+    plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, config) for t in s.token_ids]
+    tree = load_tree("dynamic-8")
+    decoded = list(Decoder(model, model.new_cache(128 + tree.num_nodes), heads, tree).generate(prompt, config))[1:]
+    seqs = Sequences.from_pairs([(prompt, plain)])
+    feats = build_features(hf, seqs, 4, store_dtype=torch.float32, keep_all=context)
+    embed, lm_head = frozen_io(hf)
+    reach = grown_depths(heads, feats, embed, lm_head, tree.growth, rope=base_rope(hf.config)).tolist()
+    assert max(len(s.token_ids) for s in decoded) > (1 if context else 2)  # grown drafts were accepted
+    i = 0
+    for step in decoded[:-1]:
+        assert len(step.token_ids) == 1 + reach[i], i
+        i += len(step.token_ids)
+    assert walked_tokens_per_step(torch.tensor(reach), seqs) == pytest.approx(
+        sum(len(s.token_ids) for s in decoded[:-1]) / len(decoded[:-1]), rel=0.1)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -37,6 +37,7 @@ from torch import nn
 from specmemo_core.runtime.calibration import (  # noqa: F401  (re-exported for the training tools)
     CALIBRATION_NAME, expected_accepted, load_calibration, tree_from_calibration,
 )
+from specmemo_core.runtime.growth import Growth
 from specmemo_core.runtime.heads import DraftHeads
 from specmemo_core.runtime.lookup import lookup_draft
 from specmemo_core.runtime.tree import MAX_ARITY, load_tree
@@ -45,6 +46,7 @@ from specmemo_core.tools.train.features import IGNORE, Features
 from specmemo_core.tools.train.trainer import Rope, context_hidden, head_lm, head_states
 
 MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY
+GrownDepths = Callable[[int], torch.Tensor]  # tree size n -> [M] accepted depths of ``dynamic-n`` (``grown_depths``)
 
 
 @torch.inference_mode()
@@ -71,6 +73,34 @@ def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head:
             r = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(tgt, MISS))
             ranks[sl, j] = torch.where(ok, r, torch.full_like(r, -1)).cpu()
     return ranks
+
+
+@torch.inference_mode()
+def grown_depths(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear, growth: Growth, *,
+                 device: str | torch.device = "cpu", batch_size: int = 2048, rope: Rope | None = None,
+                 hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """[M] the heads' accepted depth at each held-out position on a tree grown by
+    ``growth`` (``growth.py``), as the decoder's step would grow it there: the deepest
+    grown node whose path spells the true next tokens. Along the true path a hydra head's
+    states are the teacher-forced ones, which is what the decoder has at that position.
+    Drafts through the heads' drafting vocabulary, as the decoder does. ``hidden``: the
+    draft states at every row (``context_hidden``), if already computed."""
+    heads = heads.to(device)
+    if heads.spec.draft_vocab and getattr(heads, "vocab_head", None) is None:
+        heads.use_draft_vocab(lm_head.weight.to(device))
+    if hidden is None:
+        hidden = context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
+    m, depth = feats.targets.shape[0], growth.depth
+    out = torch.zeros(m, dtype=torch.long)
+    for b in range(0, m, batch_size):
+        sl = slice(b, b + batch_size)
+        h = hidden[sl].to(device).to(lm_head.weight.dtype)
+        tokens, _, ancestors = heads.grow(h, feats.parents[sl, 0].to(device), growth, embed, lm_head)  # [B, N], [B, N, D]
+        path = tokens.gather(1, (ancestors - 1).clamp(min=0).flatten(1)).view(ancestors.shape)  # [B, N, D] tokens root→node
+        want = feats.targets[sl, :depth].to(device)[:, None, :]  # [B, 1, D] the true tokens after the root
+        right = ((path == want) | (ancestors < 0)).all(-1)  # [B, N] the node's whole path is the true one
+        out[sl] = torch.where(right, (ancestors >= 0).sum(-1), 0).amax(-1).cpu()
+    return out
 
 
 def path_rates(ranks: torch.Tensor, max_paths: int = 512) -> list[tuple[tuple[int, ...], float]]:
@@ -136,18 +166,22 @@ def walked_tokens_per_step(reach: torch.Tensor, seqs: Sequences) -> float:
 
 
 def walked_record(ranks: torch.Tensor, seqs: Sequences, record: dict[str, Any], sizes: Sequence[int],
-                  lookup: dict[int, torch.Tensor]) -> dict[str, float]:
+                  lookup: dict[int, torch.Tensor], grown: GrownDepths | None = None) -> dict[str, float]:
     """{tree name: walked tokens per step} for the calibrated trees of ``sizes`` nodes, each
-    also with every chain of ``lookup`` ({length: ``lookup_lengths``}) beside it, and the chains alone."""
+    also with every chain of ``lookup`` ({length: ``lookup_lengths``}) beside it, and the
+    chains alone; with ``grown`` (the accepted depths of a grown tree of n nodes, for each
+    size n), the grown trees ``dynamic-n`` too."""
     out: dict[str, float] = {}
     for n in sizes:
         if n <= 1:
             continue
-        tree = tree_from_calibration(record, n)
-        depths = tree_depths(ranks, tree.paths)
-        out[tree.name] = round(walked_tokens_per_step(depths, seqs), 4)
-        for count, matched in lookup.items():
-            out[f"{tree.name}+lookup-{count}"] = round(walked_tokens_per_step(torch.maximum(depths, matched), seqs), 4)
+        trees = [(tree_from_calibration(record, n).name, tree_depths(ranks, tree_from_calibration(record, n).paths))]
+        if grown is not None:
+            trees.append((f"dynamic-{n}", grown(n)))
+        for name, depths in trees:
+            out[name] = round(walked_tokens_per_step(depths, seqs), 4)
+            for count, matched in lookup.items():
+                out[f"{name}+lookup-{count}"] = round(walked_tokens_per_step(torch.maximum(depths, matched), seqs), 4)
     for count, matched in lookup.items():
         out[f"lookup-{count}"] = round(walked_tokens_per_step(matched, seqs), 4)
     return out
@@ -155,11 +189,12 @@ def walked_record(ranks: torch.Tensor, seqs: Sequences, record: dict[str, Any], 
 
 def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("medusa-64", "1-10-16-17"), *,
               sequences: Sequences | None = None, lookup: dict[int, torch.Tensor] | None = None,
-              sizes: Sequence[int] = ()) -> dict[str, Any]:
+              sizes: Sequence[int] = (), grown: GrownDepths | None = None) -> dict[str, Any]:
     """The calibration record written beside the heads (small JSON). With the held-out
     ``sequences`` the ranks came from, also ``record["tokens_per_step"]`` (module doc) for
     the calibrated trees of ``sizes`` nodes and the chains of ``lookup`` ({length:
-    ``lookup_lengths``})."""
+    ``lookup_lengths``}), and with ``grown`` (hydra heads: ``grown_depths`` for a tree
+    of n nodes) the grown trees of those sizes."""
     m, k = ranks.shape
     topk = []
     for j in range(k):
@@ -178,7 +213,7 @@ def calibrate(ranks: torch.Tensor, heads_kind: str, trees: Sequence[str] = ("med
     for n in (8, 16, 32, 64):
         record["expected_accepted"][f"calibrated-{n}"] = round(expected_accepted(tree_from_calibration(record, n), rates), 4)
     if sequences is not None:
-        record["tokens_per_step"] = walked_record(ranks, sequences, record, sizes, lookup or {})
+        record["tokens_per_step"] = walked_record(ranks, sequences, record, sizes, lookup or {}, grown)
         for name in trees:  # the named trees too, heads only
             record["tokens_per_step"][name] = round(
                 walked_tokens_per_step(tree_depths(ranks, load_tree(name).paths), sequences), 4)

@@ -15,18 +15,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 from safetensors.torch import load_file, save_file
 
 from specmemo_core.runtime.chat import end_of_turn_ids
 from specmemo_core.storage.datasets import load_prompt_file, sharegpt_conversations
-from specmemo_core.runtime.heads import HeadsSpec, load_heads, save_heads
+from specmemo_core.runtime.growth import MAX_GROWTH_DEPTH, Growth
+from specmemo_core.runtime.heads import DraftHeads, HeadsSpec, load_heads, save_heads
 from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
 from specmemo_core.storage.sources import LoadedModel, load_model
 from specmemo_core.planning.planner import LOOKUP_GAIN, TREE_SIZES
-from specmemo_core.tools.train.calibrate import calibrate, head_ranks, lookup_lengths, save_calibration
+from specmemo_core.runtime.tree import MAX_ARITY
+from specmemo_core.tools.train.calibrate import (GrownDepths, calibrate, grown_depths, head_ranks, lookup_lengths,
+                                                 save_calibration)
 from specmemo_core.tools.train.distill import Sequences, generate_replies, user_turns
-from specmemo_core.tools.train.features import build_features
-from specmemo_core.tools.train.trainer import TrainConfig, train_heads
+from specmemo_core.tools.train.features import Features, build_features
+from specmemo_core.tools.train.trainer import Rope, TrainConfig, context_hidden, train_heads
 
 Progress = Callable[[str, float], None]
 
@@ -193,7 +197,8 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
     embed, lm_head = frozen_io(hf)
     ranks = head_ranks(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config))
     record = calibrate(ranks, heads.spec.kind, sequences=heldout,
-                       lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN}, sizes=TREE_SIZES)
+                       lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN}, sizes=TREE_SIZES,
+                       grown=grown_calibration(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config)))
     save_calibration(record, folder)
     return record
 
@@ -203,3 +208,15 @@ def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: P
     loaded, hf = trainer_model(cfg.model, device, progress)
     heldout = _distilled(folder, hf, loaded, cfg, True, progress)
     return run_calibration(folder, loaded, hf, cfg, device=device, progress=progress, heldout=heldout)
+
+
+def grown_calibration(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear, *, device: str,
+                      rope: Rope) -> GrownDepths | None:
+    """``calibrate``'s grown trees: ``dynamic-n``'s accepted depths at every held-out row,
+    over draft states computed once; None where the heads cannot grow one (medusa heads,
+    or fewer heads than a grown tree's levels)."""
+    if heads.spec.kind != "hydra" or heads.num_heads < MAX_GROWTH_DEPTH:
+        return None
+    hidden = context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
+    return lambda n: grown_depths(heads, feats, embed, lm_head, Growth.for_nodes(n, MAX_ARITY), device=device,
+                                  hidden=hidden)
