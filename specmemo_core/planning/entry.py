@@ -128,7 +128,7 @@ def forced_tree_option(name: str, inputs: PlanInputs) -> TreeOption:
     tree.check_heads(inputs.heads.num_heads if inputs.heads is not None else None)
     accepted = (expected_accepted(tree, rates_of(inputs.calibration)) if inputs.calibration is not None
                 else prior_expected_accepted(tree))
-    return TreeOption(name, tree.num_nodes, tree.depth, accepted, tree.widest_drafting_level)
+    return TreeOption(name, tree.num_nodes, tree.depth, accepted, tree.widest_drafting_level, tree.growth is not None)
 
 
 def make_plan(inputs: PlanInputs, choices: PlanChoices) -> Plan:

@@ -112,6 +112,7 @@ class TreeOption:
     depth: int
     expected_accepted: float
     widest: int | None = None
+    grown: bool = False  # grown each step (``runtime/growth.py``): one conversation at a time
 
     @property
     def shape(self) -> TreeShape:
@@ -208,7 +209,7 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
         return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable, batch=request.batch)
     spare = usable - sum(base.values())
     speed_share = spare * request.prefer
-    options = [t for t in trees if t.nodes <= request.max_tree_nodes
+    options = [t for t in trees if t.nodes <= request.max_tree_nodes and not (t.grown and request.batch > 1)
                and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
 
     def afford(t: TreeOption) -> bool:
@@ -286,7 +287,7 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     kv = KvRange(min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context),
                  model.max_context)
-    options = [t for t in trees if t.nodes <= request.max_tree_nodes
+    options = [t for t in trees if t.nodes <= request.max_tree_nodes and not (t.grown and request.batch > 1)
                and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
     for precision in precisions:
         def terms_for(tree: TreeShape, kv_tokens: int, precision: str = precision) -> dict[str, int]:
@@ -394,16 +395,20 @@ def tree_options(record: dict | None) -> list[TreeOption]:
     base = calibrated_options(record) if record else specmemo_prior_options()
     walked = (record or {}).get("tokens_per_step", {})  # measured step by step on the calibration's text
     chained = [TreeOption(f"{t.name}+lookup-{n}", t.nodes + n, t.depth,
-                          walked.get(f"{t.name}+lookup-{n}", t.expected_accepted + gain), t.widest)
-               for t in base for n, gain in LOOKUP_GAIN.items()]
+                          walked.get(f"{t.name}+lookup-{n}", t.expected_accepted + gain), t.widest, t.grown)
+               for t in base for n, gain in LOOKUP_GAIN.items()
+               if not t.grown or f"{t.name}+lookup-{n}" in walked]  # a grown tree only at a walked figure
     alone = [TreeOption(f"lookup-{n}", n + 1, 0, walked.get(f"lookup-{n}", accepted), 1)
              for n, accepted in LOOKUP_ALONE.items()]
     return base + chained + alone
 
 
 def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[TreeOption]:
-    """Trees of each size built from the heads' calibration (their measured acceptance)."""
+    """Trees of each size built from the heads' calibration (their measured acceptance),
+    and the grown trees of each size it walked (``dynamic-N``: a grown tree is offered
+    only at the tokens per step measured for it, never at an assumed figure)."""
     from specmemo_core.runtime.calibration import expected_accepted, tree_from_calibration
+    from specmemo_core.runtime.tree import load_tree
 
     rates = {tuple(p): r for p, r in record["paths"]}
     walked = record.get("tokens_per_step", {})
@@ -414,4 +419,7 @@ def calibrated_options(record: dict, sizes: Sequence[int] = TREE_SIZES) -> list[
         t = tree_from_calibration(record, n)
         accepted = walked.get(f"calibrated-{n}", expected_accepted(t, rates))
         options.append(TreeOption(f"calibrated-{n}", t.num_nodes, t.depth, accepted, t.widest_drafting_level))
+        if f"dynamic-{n}" in walked:
+            g = load_tree(f"dynamic-{n}")
+            options.append(TreeOption(g.name, g.num_nodes, g.depth, walked[g.name], g.widest_drafting_level, True))
     return options

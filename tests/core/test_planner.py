@@ -211,3 +211,29 @@ def test_a_batch_that_does_not_fit_is_refused_with_fewer_conversations_suggested
     assert not p.fits and p.batch == 64 and any("fewer conversations at once" in s for s in p.suggestions)
     with pytest.raises(SpecMemoError, match="batch"):
         PlanRequest(batch=0)
+
+
+def test_grown_trees_are_offered_at_their_walked_figure_and_only_to_one_conversation():
+    """A calibration that walked grown trees offers ``dynamic-N`` (with and without a chain)
+    at exactly that figure; a record without them offers none; a batch never gets one
+    (a batch decodes on a fixed tree)."""
+    smol = known_shape("smollm2-135m")
+    record = json.loads(CALIBRATION.read_text())
+    walked = {k: v for k, v in record["tokens_per_step"].items() if not k.startswith("dynamic-")}
+    without = tree_options({**record, "tokens_per_step": walked})
+    assert not any(t.grown or t.name.startswith("dynamic-") for t in without)
+    # grown trees walked a good deal better than the fixed ones of their size: the planner takes them
+    grown = {f"dynamic-{n}": walked[f"calibrated-{n}"] + 0.5 for n in (8, 16)}
+    grown |= {f"dynamic-{n}+lookup-3": walked[f"calibrated-{n}+lookup-3"] + 0.5 for n in (8, 16)}
+    trees = tree_options({**record, "tokens_per_step": walked | grown})
+    by_name = {t.name: t for t in trees}
+    assert by_name["dynamic-8"].grown and by_name["dynamic-8+lookup-3"].grown
+    assert by_name["dynamic-8"].expected_accepted == grown["dynamic-8"]
+    assert (by_name["dynamic-8"].nodes, by_name["dynamic-8"].depth, by_name["dynamic-8"].widest) == (8, 4, 4)
+    assert "dynamic-16+lookup-8" not in by_name  # not walked: not offered
+    timing = linear_step_time(0.004, 0.012, 256, 0.0003)
+    one = plan(_gpu(80), smol, HYDRA, PlanRequest(turns=4), trees, timing)
+    assert one.tree.startswith("dynamic-")
+    for b in (2, 8):
+        batch = plan(_gpu(80), smol, HYDRA, PlanRequest(turns=4, batch=b), trees, timing)
+        assert batch.tree is not None and not batch.tree.startswith("dynamic-")
