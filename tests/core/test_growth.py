@@ -97,3 +97,27 @@ def test_a_grown_tree_is_refused_where_it_cannot_run():
         Decoder(model, model.new_cache(100), random_heads(4, 64, 16, kind="medusa"), load_tree("dynamic-8"))
     with pytest.raises(TreeError, match="4 draft heads"):
         Decoder(model, model.new_cache(100), random_heads(3, 64, 16, kind="hydra"), load_tree("dynamic-8"))
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree_name", ["dynamic-8", "dynamic-24+lookup-8"])
+def test_grown_trees_in_step_units_and_cuda_graphs_equal_plain_greedy(tree_name, device):
+    """The graph path: a grown tree's whole step (growing included) is one unit, captured as a
+    CUDA graph on a GPU and replayed; every replay grows that step's own tree."""
+    torch.set_num_threads(1)
+    model = tiny_model(seed=11, vocab_size=16, device=device)
+    prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = _tokens(Decoder(model, model.new_cache(300)), prompt, 100)
+    tree = load_tree(tree_name)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=CONTEXT).to(device)
+    static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
+    steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=100)))
+    assert [t for s in steps for t in s.token_ids] == plain
+    assert any(n == tree.num_nodes for n, _ in static.units)
+    assert all((s.graph is not None) == (device == "cuda") for s in static.units.values())
+    assert max(s.accepted for s in steps) > 1
+    second = static.history + [3, 4, 5]
+    assert _tokens(static, second, 40) == _tokens(Decoder(model, model.new_cache(300)), second, 40)

@@ -22,6 +22,12 @@ after them (``walked_tokens_per_step``). ``record["tokens_per_step"]`` holds tha
 for each calibrated tree of the planner's sizes, with and without a chain beside it
 (``runtime/lookup.py``: it hangs off the root, so the step takes the longer of the two),
 and for the chains alone; the planner prefers it to the positional average.
+
+Grown trees (``dynamic-N``, ``runtime/growth.py``) have no fixed paths, so no path rate
+predicts them: ``grown_depths`` grows the tree at every held-out position as the decoder
+would (the same ``HydraHeads.grow``, over all positions at once) and finds how deep the
+true continuation runs in it; the walk then gives ``dynamic-N``'s tokens per step, and the
+planner offers a grown tree only at that figure.
 """
 
 from __future__ import annotations
