@@ -1,7 +1,7 @@
 """Gather docs/results/offload_gpu.sh's output into docs/results/offload_h200.json and
 (``--readme``) write its rows into README's "Models larger than the GPU" tables.
 
-    python3 scripts/collect_offload_results.py OUT_OF_CALL1 OUT_OF_CALL2 --readme
+    python3 scripts/collect_offload_results.py OUT_OF_COLLECT OUT_OF_CALL2 --readme
 
 tests/core/test_readme_numbers.py checks the README rows against the JSON (or, before the
 GPU run, that they say "pending GPU run").
@@ -18,17 +18,18 @@ RESULTS = REPO / "docs/results/offload_h200.json"
 METHODS = ("accelerate-offload", "stream-plain", "stream-tree", "stream-random-heads")
 VERIFIES = ("vicuna-7b-bf16-8gb", "vicuna-13b-int8-12gb", "llama-3-8b-bf16-8gb")
 COMMANDS = {
-    "call1": "bash docs/results/offload_gpu.sh call1",
-    "call2": "bash docs/results/offload_gpu.sh call2",
+    "bench": "bash docs/results/offload_gpu.sh copy; ... start; ... collect (back-to-back device calls)",
+    "verify": "bash docs/results/offload_gpu.sh copy; ... call2",
 }
 
 
 def bench_row(name: str, bench: dict | None) -> str:
     if bench is None or name not in bench:
-        return f"| `{name}` | pending GPU run | | |"
-    s, base = bench[name]["tokens_per_s"], bench["accelerate-offload"]["tokens_per_s"]["median"]
+        return f"| `{name}` | pending GPU run | | | |"
+    s = bench[name]["tokens_per_s"]
+    base, plain = (bench[m]["tokens_per_s"]["median"] for m in ("accelerate-offload", "stream-plain"))
     return (f"| `{name}` | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | {bench[name]['mean_accepted']:.2f} "
-            f"| {s['median'] / base:.2f}× |")
+            f"| {s['median'] / base:.2f}× | {s['median'] / plain:.2f}× |")
 
 
 def verify_row(name: str, verify: dict | None) -> str:

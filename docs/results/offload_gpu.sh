@@ -1,28 +1,23 @@
 #!/usr/bin/env bash
-# Issue 19 (models larger than the GPU) on one H200, in two device calls of under 9 minutes:
+# Issue 19 (models larger than the GPU) on one H200, in device calls of under 10 minutes, each
+# made at once after the last (the machine keeps /tmp ~30 s between calls):
 #
-#   call1  specmemo bench's offload methods on the default model, in one process, with the
-#          GPU capped so that at most half its decoder layers fit (--cap-gib half):
-#          20 MT-Bench queries, 128 new tokens, 3 timed rounds (saved after each round).
-#          Estimated 7-9 min (eager steps of a 135M model: accelerate ~70 s a pass, ours
-#          25-55 s a pass; 3 rounds of 4 methods). A run cut by the timeout keeps its
-#          finished rounds (bench_offload.json's _run.rounds_done).
-#   call2  specmemo plan --verify for three plans that stream layers (random weights of the
-#          real shapes), 20 turns of 16 reply tokens each, then the layer-streaming probe.
-#          Estimated 5 min (~350 streamed forwards per plan at 0.13-0.24 s each at ~50 GB/s,
-#          plus building the random weights); the timeouts add up to 8.5 min.
+#   copy     puts the first GGUF part (carried in .gguf1) in place; the next call carries .gguf2.
+#   start    specmemo bench's offload methods on the default model, in one process, with the
+#            GPU capped so that at most half its decoder layers fit (--cap-gib half): 20 MT-Bench
+#            queries, 128 new tokens, 3 timed rounds, saved after each round (~19 min: accelerate
+#            alone ~210 s a round). It runs in its own process session, so it outlives the call,
+#            which waits ~9 min; then
+#   collect  waits for it to finish (or ~9.5 min; call it again if it has not) and copies its
+#            files to $OUT.
+#   call2    specmemo plan --verify for three plans that stream layers (random weights of the
+#            real shapes), 20 turns of 16 reply tokens each, then the layer-streaming probe.
+#            Estimated 5 min; the timeouts add up to 8.5 min.
+#   short    (after `copy`) the bench's methods on 8 queries of 64 new tokens, 3 rounds in one call.
 #
-#   start  the call1 bench at its full size (20 queries, 128 new tokens, 3 rounds: ~19 min,
-#          accelerate alone ~210 s a round) in its own process session, so it outlives the
-#          call; the call then waits ~9 min. `collect`, in the next call made at once, waits
-#          for it to finish (or ~9.5 min) and copies its files to $OUT.
-#
-#   short  (after `copy`, which only puts the first GGUF part in place) the call1 methods on 8
-#          queries of 64 new tokens, 3 rounds in one call.
-#
-# Run from the repository root with $OUT set:  bash docs/results/offload_gpu.sh call1
-# then:                                        bash docs/results/offload_gpu.sh call2
-# and here, with both calls' files:  python3 scripts/collect_offload_results.py OUT1 OUT2 --readme
+# Run from the repository root with $OUT set:  bash docs/results/offload_gpu.sh copy, then start,
+# then collect (bench), and copy then call2 (verify); here, with the calls' files:
+#   python3 scripts/collect_offload_results.py OUT_OF_COLLECT OUT_OF_CALL2 --readme
 set -x
 source scripts/gpu_setup.sh
 export PYTHONPATH=/tmp/site:.
@@ -46,8 +41,6 @@ bench_offload() {  # name timeout_s queries new_tokens: the four methods in one 
 }
 
 case "$1" in
-call1)
-  bench_offload bench_offload 530 20 128 ;;
 call2)
   verify() {  # name timeout_s plan-args...
     local name=$1 limit=$2; shift 2
@@ -79,5 +72,5 @@ collect)
 copy)
   echo "part copied to /tmp"; ls -la /tmp/part_aa ;;
 *)
-  echo "usage: bash docs/results/offload_gpu.sh call1|call2|short|copy"; exit 2 ;;
+  echo "usage: bash docs/results/offload_gpu.sh copy|start|collect|call2|short"; exit 2 ;;
 esac
