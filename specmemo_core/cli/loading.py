@@ -22,7 +22,7 @@ class ContextTooLargeError(SpecMemoError):
 
 def plan_choices(args: argparse.Namespace) -> PlanChoices:
     """The user's flags as the planner's choices; ``--tree auto`` (or none): the planner's tree."""
-    return PlanChoices(reply_tokens=args.max_new_tokens, temperature=args.temperature, precision=args.dtype,
+    return PlanChoices(reply_tokens=args.max_new_tokens, temperature=args.temperature, precision=None if args.dtype == "auto" else args.dtype,
                        speculate=not args.no_spec, tree=None if args.tree in (None, "auto") else args.tree,
                        batch=getattr(args, "slots", 1))  # `serve`: its slots share the device
 

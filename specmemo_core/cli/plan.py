@@ -223,14 +223,16 @@ def _model_inputs(args: argparse.Namespace, real, target, link, cards=()):
     progress = StageProgress()
     try:
         loaded = open_model(args.model, progress=progress)  # the header: weights are read by Engine.load
-        if link is not None or cards:
-            first = inputs_before_load(loaded, "auto", target, link=link, cards=cards)
-            planned = make_plan(first, plan_choices(args))
-            if planned.streamed_layers or planned.split or not planned.fits:
-                return first, None
-        engine = Engine.load(loaded, heads="auto", dtype=torch_dtype(args.precision, real.kind),
-                             device=real.torch_device, progress=progress, precision=args.precision)
-        timing = (timing_for(engine, real.name, data_dir(), args.precision, progress)
+        first = inputs_before_load(loaded, "auto", target, link=link, cards=cards)
+        planned = make_plan(first, plan_choices(args))
+        if (link is not None or cards) and (planned.streamed_layers or planned.split or not planned.fits):
+            return first, None
+        # loaded and timed at the precision the plan takes (as ``load_planned`` does), so the
+        # timing is that precision's: a bf16 plan is not timed in fp32
+        precision = args.precision or (planned.precision if planned.fits else None)
+        engine = Engine.load(loaded, heads="auto", dtype=torch_dtype(precision, real.kind),
+                             device=real.torch_device, progress=progress, precision=precision)
+        timing = (timing_for(engine, real.name, data_dir(), precision, progress)
                   if target.kind == real.kind else None)
     finally:
         progress.close()

@@ -42,6 +42,7 @@ class DeviceInfo:
     driver: str  # driver / runtime version, "" if unknown
     torch_device: str  # "cuda:0", "mps", "cpu"
     note: str = ""  # why a fallback happened
+    bf16_matmul: bool = False  # a CPU with bf16 matrix units (AMX-BF16): bf16 steps are faster than fp32 there
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,29 @@ def cpu_device() -> DeviceInfo:
 
     mem = psutil.virtual_memory()
     return DeviceInfo("cpu", 0, _cpu_name(), int(mem.total), int(min(mem.available, mem.total)),
-                      f"torch {torch.__version__}", "cpu")
+                      f"torch {torch.__version__}", "cpu", bf16_matmul="amx_bf16" in _cpu_flags())
+
+
+def _cpu_info_lines() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name") and ":" in line:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in _cpu_info_lines():
+        if line.lower().startswith("model name") and ":" in line:
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "CPU"
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (empty elsewhere: then no flag is assumed)."""
+    for line in _cpu_info_lines():
+        if line.lower().startswith("flags") and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
 def probe(timeout_s: float = 10.0, nvml: Any = None, amdsmi: Any = None, run_subprocess: bool = True,

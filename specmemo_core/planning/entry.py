@@ -75,7 +75,7 @@ class PlanInputs:
 
 
 def budget_for(device: DeviceInfo) -> Budget:
-    return Budget(device.kind, device.total_bytes, device.free_bytes, device.name)
+    return Budget(device.kind, device.total_bytes, device.free_bytes, device.name, device.bf16_matmul)
 
 
 def cards_for(devices: "tuple[DeviceInfo, ...] | None") -> tuple[Card, ...]:

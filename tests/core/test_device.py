@@ -131,6 +131,15 @@ def test_cpu_device_matches_psutil():
     assert 0 < cpu.free_bytes <= cpu.total_bytes
 
 
+def test_cpu_device_says_whether_it_has_bf16_matrix_units():
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    flags = next((line.split(":", 1)[1].split() for line in info.read_text().splitlines()
+                  if line.startswith("flags")), []) if info.exists() else []
+    assert cpu_device().bf16_matmul == ("amx_bf16" in flags)
+
+
 # --- fake NVML / amdsmi, in-process ---
 
 def test_nvml_init_failure_falls_back_with_a_note():

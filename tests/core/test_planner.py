@@ -237,3 +237,18 @@ def test_grown_trees_are_offered_at_their_walked_figure_and_only_to_one_conversa
     for b in (2, 8):
         batch = plan(_gpu(80), smol, HYDRA, PlanRequest(turns=4, batch=b), trees, timing)
         assert batch.tree is not None and not batch.tree.startswith("dynamic-")
+
+
+def test_a_cpu_with_bf16_matrix_units_plans_bf16_where_another_cpu_plans_fp32():
+    from specmemo_core.planning.planner import precisions_for
+
+    smol = known_shape("smollm2-135m")
+    plain_cpu, amx_cpu = Budget("cpu", 24 * GiB, 20 * GiB), Budget("cpu", 24 * GiB, 20 * GiB, bf16_matmul=True)
+    assert plan(plain_cpu, smol, HYDRA, PlanRequest(), specmemo_prior_options()).precision == "fp32"
+    assert plan(amx_cpu, smol, HYDRA, PlanRequest(), specmemo_prior_options()).precision == "bf16"
+    assert precisions_for(amx_cpu)[:2] == ("bf16", "fp32") and precisions_for(plain_cpu)[0] == "fp32"
+    assert "fp32" not in precisions_for(_gpu(8))
+    # asked for, fp32 is still what it gets; a model too large for fp32 still gets bf16 on either
+    assert plan(amx_cpu, smol, HYDRA, PlanRequest(precision="fp32"), specmemo_prior_options()).precision == "fp32"
+    tight = Budget("cpu", 24 * GiB, 20 * GiB)
+    assert plan(tight, VICUNA, HYDRA, PlanRequest(), specmemo_prior_options()).precision == "bf16"
