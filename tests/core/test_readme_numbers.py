@@ -138,3 +138,23 @@ def test_the_llamacpp_table_holds_its_measured_figures():
         assert line.endswith(f"| {s['median'] / ref:.2f}× |"), line
     assert f"`plan`: `{bench['plan']['tree']}`" in readme
     assert bench["vanilla"]["identical_to_vanilla"] == bench["plan"]["identical_to_vanilla"] == 8
+
+
+def test_the_grown_tree_tables_hold_the_calibration_and_the_bench():
+    """README's "Grown trees": the walked figures of the shipped calibration, and the CPU
+    bench's rows, as their files hold them."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Grown trees\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    walked = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text())["tokens_per_step"]
+    for n in (4, 8, 16, 32, 64):
+        row = (f"| {n} | {walked[f'calibrated-{n}']:.2f} | {walked[f'dynamic-{n}']:.2f} | "
+               f"{walked[f'calibrated-{n}+lookup-8']:.2f} | {walked[f'dynamic-{n}+lookup-8']:.2f} |")
+        assert row in section, f"README's grown-tree table lacks {row!r}"
+    bench = json.loads((REPO / "docs/results/growth_cpu.json").read_text(encoding="utf-8"))
+    assert bench["_run"]["rounds_done"] == 3 and bench["_run"]["dtype"] == "fp32"
+    for name in ("vanilla", "calibrated-8", "dynamic-8", "calibrated-16", "dynamic-16", "plan"):
+        r, s = bench[name], bench[name]["tokens_per_s"]
+        label = f"`{name}`" + (f" (`{r['tree']}`)" if name == "plan" else "")
+        row = (f"| {label} | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | {r['mean_accepted']:.2f} | "
+               f"{r['identical_to_vanilla']}/{r['replies']} |")
+        assert row in section, f"README's grown-tree bench table lacks {row!r}"
