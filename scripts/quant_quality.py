@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specmemo_core.planning.device import cpu_device
 from specmemo_core.runtime.chat import encode_conversation
 from specmemo_core.storage.datasets import mtbench_questions
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
@@ -83,7 +84,11 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=QuantSpec("int4").group_size)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="docs/results/quantization_cpu.json")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)} (fp32 first: the reference)")
     args = ap.parse_args()
+    chosen = args.rows.split(",")
+    if chosen[0] != "fp32" or not set(chosen) <= set(ROWS):
+        ap.error(f"--rows must start with fp32 (the reference) and name rows of {', '.join(ROWS)}")
     torch.set_num_threads(args.threads)
     src = load_model("default")
     tok = src.tokenizer
@@ -95,7 +100,8 @@ def main() -> None:
 
     rows: dict[str, dict] = {}
     reference: list[list[int]] = []
-    for row, steps in ROWS.items():
+    for row in chosen:
+        steps = ROWS[row]
         model = CausalLM.from_state_dict(src.config, src.state_dict)
         t0 = time.perf_counter()
         for precision in steps:
@@ -119,11 +125,16 @@ def main() -> None:
     print(Path(args.out).read_text())
 
 
+def _cpu_name() -> str:
+    cpu = cpu_device()
+    return cpu.name + (" (bf16 matrix units)" if cpu.bf16_matmul else "") if cpu.name else platform.machine()
+
+
 def write(out: str, src, args: argparse.Namespace, ppl_tokens: int, available: int, rows: dict) -> None:
     result = {
         "model": src.identity.name,
         "source": src.source.name,
-        "device": "cpu", "cpu": platform.processor() or platform.machine(),
+        "device": "cpu", "cpu": _cpu_name(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "torchao": version("torchao"),
         "int4_group_size": args.group_size,

@@ -250,11 +250,12 @@ def precisions_for(budget: Budget) -> tuple[str, ...]:
     """The precisions a plan may choose on ``budget``'s device, best first. A GPU never runs
     fp32 unasked (bf16 is its native speed at the same quality). A CPU prefers fp32, except
     one with bf16 matrix units (AMX-BF16), where bf16 comes first: measured on such a 2-core
-    Xeon with the default model, bf16's perplexity on the MT-Bench text equals fp32's
-    (11.055 against 11.056, ``docs/results/quantization_cpu.json``) while a plain step is
-    ~15% faster and a 32-node tree step costs 1.4× a plain one instead of 2.3×, so the
-    planner can afford the trees that pay (``docs/results/bf16_cpu.json``). Without such
-    units bf16 is slower than fp32 on a CPU (2.6× slower on a 2-core EPYC)."""
+    Xeon with the default model, bf16's perplexity on the MT-Bench text is fp32's within
+    0.05% (11.061 against 11.056, ``docs/results/quantization_cpu_xeon.json``), while its
+    steps are faster and its tree nodes far cheaper, so the planner affords the trees that
+    pay: the planner's method ran 1.66× faster in bf16 than in fp32, runs alternating
+    (``docs/results/bf16_cpu/``). Without such units bf16 is slower than fp32 on a CPU (2.6×
+    slower on a 2-core EPYC, ``docs/results/quantization_cpu.json``)."""
     if budget.kind != "cpu":
         return QUALITY_ORDER[1:]
     return ("bf16", "fp32") + QUALITY_ORDER[2:] if budget.bf16_matmul else QUALITY_ORDER

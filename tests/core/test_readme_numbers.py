@@ -158,3 +158,43 @@ def test_the_grown_tree_tables_hold_the_calibration_and_the_bench():
         row = (f"| {label} | {s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f}) | {r['mean_accepted']:.2f} | "
                f"{r['identical_to_vanilla']}/{r['replies']} |")
         assert row in section, f"README's grown-tree bench table lacks {row!r}"
+
+
+def _speed(r: dict) -> str:
+    s = r["tokens_per_s"]
+    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
+
+
+def test_the_cpu_bf16_tables_hold_their_runs():
+    """README's "bf16 on this CPU": the four alternating runs, the ratios drawn from them,
+    and the one-process table beside llama.cpp, as their files hold them."""
+    from statistics import median
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**bf16 on this CPU.**", 1)[1].split("**Beside llama.cpp**", 1)[0]
+    lines, text = section.splitlines(), " ".join(section.split())
+    runs = {tag: json.loads((REPO / f"docs/results/bf16_cpu/{tag}.json").read_text(encoding="utf-8"))
+            for tag in ("a_fp32", "b_bf16", "c_fp32", "d_bf16")}
+    for tag, run in runs.items():
+        assert run["_run"]["dtype"] == tag[2:] and run["_run"]["rounds_done"] == 3
+        plan = run["plan"]
+        row = (f"| {tag[0]} | {tag[2:]} | {_speed(run['vanilla'])} | `{plan['tree']}` | {_speed(plan)} | "
+               f"{plan['mean_accepted']:.2f} |")
+        assert row in lines, f"README's bf16 table lacks {row!r}"
+    speed = {d: median(runs[t][m]["tokens_per_s"]["median"] for t in runs if t.endswith(d)) for d in ("fp32", "bf16")
+             for m in ("plan",)}
+    plain = {d: median(runs[t]["vanilla"]["tokens_per_s"]["median"] for t in runs if t.endswith(d)) for d in ("fp32", "bf16")}
+    assert f"{speed['bf16'] / speed['fp32']:.2f}× faster in bf16" in text
+    assert f"({speed['bf16']:.1f} against {speed['fp32']:.1f} tok/s" in text
+    assert f"plain steps gain {plain['bf16'] / plain['fp32'] - 1:.0%}" in text
+    same = {runs[t]["plan"]["identical_to_vanilla"] for t in ("b_bf16", "d_bf16")}
+    assert same == {1} and "(1 of 8 equal to plain bf16 greedy" in text
+    quality = json.loads((REPO / "docs/results/quantization_cpu_xeon.json").read_text(encoding="utf-8"))["results"]
+    assert f"({quality['bf16']['perplexity']:.3f} against {quality['fp32']['perplexity']:.3f}" in text
+    bench = json.loads((REPO / "docs/results/bench_cpu_bf16.json").read_text(encoding="utf-8"))
+    assert bench["_run"]["dtype"] == "bf16" and bench["_run"]["rounds_done"] == 3
+    llama = bench["llamacpp"]["tokens_per_s"]["median"]
+    for name in ("llamacpp", "hf", "vanilla", "plan"):
+        r = bench[name]
+        row = f" | {_speed(r)} | {r['mean_accepted']:.2f} | {r['tokens_per_s']['median'] / llama:.2f}× |"
+        assert any(line.endswith(row) for line in lines), f"README's bf16 llama.cpp table lacks {name}: {row!r}"
