@@ -278,7 +278,6 @@ class HydraHeads(nn.Module):
             prev_lo = lo
         return tokens
 
-
     def grow(self, hidden: torch.Tensor, root: torch.Tensor, growth: Growth, embed: nn.Embedding,
              lm_head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Grow a tree from this step's confidences (``growth.py``): the heads' nodes'
@@ -305,7 +304,8 @@ class HydraHeads(nn.Module):
             ancestors = ancestors.gather(1, best[..., None].expand(b, beam, growth.depth)).repeat_interleave(k, dim=1)
             ancestors[..., d] = first + torch.arange(beam * k, device=device)
             parent_rows = torch.arange(beam, device=device).repeat_interleave(k).expand(b, beam * k)
-            all_scores.append(score), all_tokens.append(tokens), all_ancestors.append(ancestors)
+            for kept, new in ((all_scores, score), (all_tokens, tokens), (all_ancestors, ancestors)):
+                kept.append(new)
         picked, depth, node_ancestors = pick_nodes(torch.cat(all_scores, 1), torch.cat(all_ancestors, 1), growth.nodes)
         n = growth.nodes
         return (torch.cat(all_tokens, 1).gather(1, picked).view(*lead, n), depth.view(*lead, n),
