@@ -79,12 +79,6 @@ class Growth:
         return cls(nodes=nodes, depth=min(MAX_GROWTH_DEPTH, nodes), beam=width, topk=width)
 
 
-def skeleton_rows(growth: Growth) -> tuple[list[int], list[int]]:
-    """Parents and depths of the fixed placeholder layout of a grown tree's heads' nodes
-    (a star of depth 1 under the root): valid tree buffers until a step grows the real ones."""
-    return [0] * growth.nodes, [1] * growth.nodes
-
-
 def pick_nodes(scores: torch.Tensor, ancestors: torch.Tensor, nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``nodes`` best candidates of each row of ``scores`` [B, C] (path scores) and
     their layout: (picked candidate indices [B, N], best first; depths [B, N]; ancestors

@@ -39,7 +39,7 @@ from typing import Protocol
 import torch
 
 from specmemo_core.errors import TreeError
-from specmemo_core.runtime.growth import Growth, skeleton_rows
+from specmemo_core.runtime.growth import Growth
 
 MAX_TREE_NODES = 256  # root included; bounds the [N, N] mask and the verify batch
 MAX_ARITY = 10  # top-k each head proposes at most, as in Medusa
@@ -249,8 +249,6 @@ def _grown_skeleton(tree: Tree) -> TreeBuffers:
     width = tree.width
     retrieve = torch.full((star.leaf_count, width), -1, dtype=torch.long)  # [L, width]: as deep as the growth
     retrieve[:, : star.retrieve_indices.shape[1]] = star.retrieve_indices
-    parents, depths = skeleton_rows(tree.growth)
-    assert star.parents[1:1 + len(parents)].tolist() == parents and star.depths[1:1 + len(depths)].tolist() == depths
     return replace(star, retrieve_indices=retrieve, head_index=torch.full_like(star.head_index, -1),
                    rank=torch.full_like(star.rank, -1), topk_needed=(), level_starts=(0, 1, 1 + tree.growth.nodes),
                    growth=tree.growth)
