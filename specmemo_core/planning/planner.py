@@ -210,8 +210,7 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
         return Plan(False, budget.kind, precision, 0, None, 1, 0, 0, base, usable, batch=request.batch)
     spare = usable - sum(base.values())
     speed_share = spare * request.prefer
-    options = [t for t in trees if t.nodes <= request.max_tree_nodes and not (t.grown and request.batch > 1)
-               and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
+    options = usable_trees(trees, heads, request)
 
     def afford(t: TreeOption) -> bool:
         extra = sum(terms_for(want_tokens, t.shape).values())
@@ -240,6 +239,13 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     return Plan(True, budget.kind, precision, heads_count(heads, depth) if tree else 0,
                 tree.name if tree else None, nodes, kv_tokens, turns, terms, usable, speed, (), notes,
                 batch=request.batch)
+
+
+def usable_trees(trees: Sequence[TreeOption], heads: HeadsShape | None, request: PlanRequest) -> list[TreeOption]:
+    """The candidates a request may take: within its node cap, draftable by ``heads``, and
+    fixed-shape for a batch (a grown tree decodes one conversation)."""
+    return [t for t in trees if t.nodes <= request.max_tree_nodes and not (t.grown and request.batch > 1)
+            and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
 
 
 def heads_count(heads: HeadsShape | None, depth: int) -> int:
@@ -302,8 +308,7 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
     usable = int(budget.free_bytes * (1.0 - request.safety_margin))
     kv = KvRange(min(request.system_tokens + request.turns * request.tokens_per_turn, model.max_context),
                  model.max_context)
-    options = [t for t in trees if t.nodes <= request.max_tree_nodes and not (t.grown and request.batch > 1)
-               and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
+    options = usable_trees(trees, heads, request)
     for precision in precisions:
         def terms_for(tree: TreeShape, kv_tokens: int, precision: str = precision) -> dict[str, int]:
             return memory_terms(model, heads, precision=precision, kind=budget.kind, kv_tokens=kv_tokens, tree=tree,

@@ -90,7 +90,7 @@ def draft_tokens(parts: StepParts, buf: TreeBuffers) -> Proposal:
     layout = buf
     if parts.heads is not None and buf.growth is not None:  # grown this step (growth.py)
         grown, depth, ancestors = parts.heads.grow(parts.state, parts.root, buf.growth, m.draft_embedding(), m.lm_head)
-        tokens = torch.cat((parts.root[None], grown, parts.root[None].expand(buf.lookup)))  # [N]
+        tokens = torch.cat((parts.root[None], grown))  # [N - lookup]: the chain follows below
         layout = grown_layout(buf, depth, ancestors)
     elif parts.heads is not None and len(buf.level_starts) > 2:
         tokens = parts.heads.draft(parts.state, parts.root, buf, m.draft_embedding(), m.lm_head)  # [..., N]

@@ -52,19 +52,25 @@ from specmemo_core.tools.train.features import IGNORE, Features
 from specmemo_core.tools.train.trainer import Rope, context_hidden, head_lm, head_states
 
 MISS = MAX_ARITY  # rank recorded when the true token is not among the top MAX_ARITY
-GrownDepths = Callable[[int], torch.Tensor]  # tree size n -> [M] accepted depths of ``dynamic-n`` (``grown_depths``)
+# tree size n -> [M] accepted depths of ``dynamic-n`` (``grown_depths``), None where the heads cannot grow it
+GrownDepths = Callable[[int], "torch.Tensor | None"]
 
 
 @torch.inference_mode()
+def draft_states(heads: DraftHeads, feats: Features, rope: Rope | None, device: str | torch.device) -> torch.Tensor:
+    """What the heads read at every held-out row [M, D]: the context layer's output (heads
+    with one need ``feats`` built with ``keep_all`` and ``rope``), else the base hidden state."""
+    return context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
+
+
 def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear, *,
-               device: str | torch.device = "cpu", batch_size: int = 4096, rope: Rope | None = None) -> torch.Tensor:
+               device: str | torch.device = "cpu", batch_size: int = 4096, rope: Rope | None = None,
+               hidden: torch.Tensor | None = None) -> torch.Tensor:
     """[M, K] rank of the true token in each head's guesses (MISS if ≥ 10, -1 if no target).
-    Heads with a context layer need ``feats`` built with ``keep_all`` and ``rope``."""
+    ``hidden``: ``draft_states``, if already computed (else from ``feats`` and ``rope``)."""
     heads = heads.to(device)
     m, k = feats.targets.shape
-    hidden = feats.hidden
-    if heads.context is not None:
-        hidden = context_hidden(heads, feats, rope, device)
+    hidden = draft_states(heads, feats, rope, device) if hidden is None else hidden
     ranks = torch.full((m, k), -1, dtype=torch.long)
     for b in range(0, m, batch_size):
         sl = slice(b, b + batch_size)
@@ -89,13 +95,12 @@ def grown_depths(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_hea
     ``growth`` (``growth.py``), as the decoder's step would grow it there: the deepest
     grown node whose path spells the true next tokens. Along the true path a hydra head's
     states are the teacher-forced ones, which is what the decoder has at that position.
-    Drafts through the heads' drafting vocabulary, as the decoder does. ``hidden``: the
-    draft states at every row (``context_hidden``), if already computed."""
+    Drafts through the heads' drafting vocabulary, as the decoder does. ``hidden``:
+    ``draft_states``, if already computed."""
     heads = heads.to(device)
     if heads.spec.draft_vocab and getattr(heads, "vocab_head", None) is None:
         heads.use_draft_vocab(lm_head.weight.to(device))
-    if hidden is None:
-        hidden = context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
+    hidden = draft_states(heads, feats, rope, device) if hidden is None else hidden
     m, depth = feats.targets.shape[0], growth.depth
     out = torch.zeros(m, dtype=torch.long)
     for b in range(0, m, batch_size):
@@ -181,9 +186,10 @@ def walked_record(ranks: torch.Tensor, seqs: Sequences, record: dict[str, Any], 
     for n in sizes:
         if n <= 1:
             continue
-        trees = [(tree_from_calibration(record, n).name, tree_depths(ranks, tree_from_calibration(record, n).paths))]
-        if grown is not None:
-            trees.append((f"dynamic-{n}", grown(n)))
+        fixed = tree_from_calibration(record, n)
+        trees = [(fixed.name, tree_depths(ranks, fixed.paths))]
+        if grown is not None and (depths := grown(n)) is not None:
+            trees.append((f"dynamic-{n}", depths))
         for name, depths in trees:
             out[name] = round(walked_tokens_per_step(depths, seqs), 4)
             for count, matched in lookup.items():

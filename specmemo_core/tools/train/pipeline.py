@@ -20,17 +20,16 @@ from safetensors.torch import load_file, save_file
 
 from specmemo_core.runtime.chat import end_of_turn_ids
 from specmemo_core.storage.datasets import load_prompt_file, sharegpt_conversations
-from specmemo_core.runtime.growth import MAX_GROWTH_DEPTH, Growth
 from specmemo_core.runtime.heads import DraftHeads, HeadsSpec, load_heads, save_heads
 from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
 from specmemo_core.storage.sources import LoadedModel, load_model
 from specmemo_core.planning.planner import LOOKUP_GAIN, TREE_SIZES
-from specmemo_core.runtime.tree import MAX_ARITY
-from specmemo_core.tools.train.calibrate import (GrownDepths, calibrate, grown_depths, head_ranks, lookup_lengths,
-                                                 save_calibration)
+from specmemo_core.runtime.tree import heads_can_draft, load_tree
+from specmemo_core.tools.train.calibrate import (GrownDepths, calibrate, draft_states, grown_depths, head_ranks,
+                                                 lookup_lengths, save_calibration)
 from specmemo_core.tools.train.distill import Sequences, generate_replies, user_turns
 from specmemo_core.tools.train.features import Features, build_features
-from specmemo_core.tools.train.trainer import Rope, TrainConfig, context_hidden, train_heads
+from specmemo_core.tools.train.trainer import TrainConfig, train_heads
 
 Progress = Callable[[str, float], None]
 
@@ -195,10 +194,11 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
                        device=device)
     feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
-    ranks = head_ranks(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config))
+    hidden = draft_states(heads, feats, base_rope(loaded.config), device)  # once, for the fixed and grown trees
+    ranks = head_ranks(heads, feats, embed, lm_head, device=device, hidden=hidden)
     record = calibrate(ranks, heads.spec.kind, sequences=heldout,
                        lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN}, sizes=TREE_SIZES,
-                       grown=grown_calibration(heads, feats, embed, lm_head, device=device, rope=base_rope(loaded.config)))
+                       grown=grown_calibration(heads, feats, embed, lm_head, device=device, hidden=hidden))
     save_calibration(record, folder)
     return record
 
@@ -211,12 +211,17 @@ def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: P
 
 
 def grown_calibration(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear, *, device: str,
-                      rope: Rope) -> GrownDepths | None:
+                      hidden: torch.Tensor) -> GrownDepths | None:
     """``calibrate``'s grown trees: ``dynamic-n``'s accepted depths at every held-out row,
-    over draft states computed once; None where the heads cannot grow one (medusa heads,
-    or fewer heads than a grown tree's levels)."""
-    if heads.spec.kind != "hydra" or heads.num_heads < MAX_GROWTH_DEPTH:
+    over the draft states ``hidden``; None for medusa heads, and None for a size whose
+    grown tree is deeper than the heads (``Tree.check_heads``'s rule)."""
+    if heads.spec.kind != "hydra":
         return None
-    hidden = context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
-    return lambda n: grown_depths(heads, feats, embed, lm_head, Growth.for_nodes(n, MAX_ARITY), device=device,
-                                  hidden=hidden)
+
+    def depths(n: int) -> torch.Tensor | None:
+        tree = load_tree(f"dynamic-{n}")
+        if not heads_can_draft(tree.depth, heads.num_heads):
+            return None
+        return grown_depths(heads, feats, embed, lm_head, tree.growth, device=device, hidden=hidden)
+
+    return depths
