@@ -51,6 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="batched decoding instead of --methods: the queries as concurrent requests through "
                         "batch decoders of these sizes (e.g. 1,2,4,8,16), batched plain and batched speculation "
                         "on the planner's tree for each size; total tokens/s")
+    p.add_argument("--batch-requests", choices=["conversations", "turns"], default="conversations",
+                   help="with --batch: 'conversations' (default): each conversation a client sending its turns in "
+                        "order, each with the conversation so far, as a chat client does; 'turns': every user turn "
+                        "a request alone")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw tokens/s per method (median, min–max) as a PNG bar chart")
     p.set_defaults(run=run)
@@ -256,21 +260,21 @@ def _resident_methods(args: argparse.Namespace, names: list[str], progress: Stag
 
 
 def _measure_batches(args: argparse.Namespace, batches: list[int], progress: StageProgress) -> dict:
-    """``--batch``: every query a request of its own, through batch decoders of each size."""
-    from specmemo_core.runtime.chat import encode_conversation, end_of_turn_ids
+    """``--batch``: the queries as concurrent requests (``--batch-requests``), through batch
+    decoders of each size."""
+    from specmemo_core.runtime.chat import end_of_turn_ids
     from specmemo_core.runtime.decoding import GenerationConfig
-    from specmemo_core.runtime.engine import Engine, resolve_tree
+    from specmemo_core.runtime.engine import resolve_tree
     from specmemo_core.storage.data_folder import data_dir
     from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
-    from specmemo_core.text import encodable
-    from specmemo_core.tools.batch_bench import run_batch_bench
+    from specmemo_core.tools.batch_bench import Requests, run_batch_bench
     from specmemo_core.tools.bench import planner_choice, run_info
 
     convs = (first_queries(load_prompt_file(args.prompts), args.queries) if args.prompts
              else mtbench_conversations(args.queries))
     engine = _load_engine(args, progress)
-    prompts = [encode_conversation(engine.tokenizer, [{"role": "user", "content": encodable(turn)}], {})
-               for turns in convs for turn in turns]
+    requests = Requests.of_conversations(engine.tokenizer, convs, history=args.batch_requests == "conversations",
+                                         max_new_tokens=args.max_new_tokens)
     trees = {}
 
     def tree_for(b: int):
@@ -283,7 +287,7 @@ def _measure_batches(args: argparse.Namespace, batches: list[int], progress: Sta
 
     config = GenerationConfig(max_new_tokens=args.max_new_tokens,
                               stop_token_ids=frozenset(end_of_turn_ids(engine.tokenizer, engine.config)))
-    result = run_batch_bench(engine.model, engine.heads, prompts, batches=batches, tree_for=tree_for, config=config,
+    result = run_batch_bench(engine.model, engine.heads, requests, batches=batches, tree_for=tree_for, config=config,
                              repeats=args.repeats, device=args.device,
                              graphs=engine.model.device.type == "cuda" and engine.model.capturable,
                              progress=progress)
@@ -291,7 +295,8 @@ def _measure_batches(args: argparse.Namespace, batches: list[int], progress: Sta
                               max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                               methods=["plain", "speculative"])
     result["_run"].update(batches=batches, planner_trees={str(b): t for b, t in trees.items()},
-                          requests=len(prompts))
+                          requests=sum(requests.turns), clients=len(requests.turns),
+                          batch_requests=args.batch_requests)
     return result
 
 

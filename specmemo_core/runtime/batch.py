@@ -33,6 +33,10 @@ prompt, whatever the tree and whoever shares the batch (tests/core/test_batch_de
 Sampled sequences (temperature > 0) accept by Medusa's typical acceptance row by row, each
 with its own generator seeded from its config; the batch then runs eagerly.
 
+A grown tree (``dynamic-N``, ``growth.py``) grows one tree per sequence each step, from
+that sequence's own heads' confidences: the step's layout then has a leading batch axis
+(per-row depths, masks and retrieval rows), in the same fixed shapes.
+
 Rows: the sequences always sit in rows 0…n-1 (one leaving moves the last one into its
 row), and a step runs over the smallest batch bucket (1, 2, 4, … ``slots``) that holds
 them, so its shapes are fixed per (bucket, tree, span): one CUDA graph each.
@@ -48,7 +52,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from specmemo_core.errors import BatchError, BatchFullError, PromptTooLongError, TreeError
+from specmemo_core.errors import BatchError, BatchFullError, PromptTooLongError
 from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.decoding import PREFILL_CHUNK, GenerationConfig, acceptance_for, take_tokens
 from specmemo_core.runtime.heads import DraftHeads
@@ -89,9 +93,6 @@ class BatchDecoder:
         ``staged_prefill.StagedPrefill`` (None: where steps replay CUDA graphs, so prompts do
         too); longer prompts, and False, prefill eagerly into their row."""
         if tree is not None:
-            if tree.growth is not None:
-                raise TreeError(f"tree {tree.name} is grown per sequence, which a batch does not do yet; batch "
-                                "with a fixed tree (calibrated-N, medusa-64, level counts)")
             if not tree.drafts:
                 heads = None  # a lookup chain alone: the heads would draft nothing
             tree.check_heads(heads.num_heads if heads is not None else None)

@@ -130,16 +130,19 @@ class BatchKVCache:
         """Positions [B, T] and mask [B, T, span] for T new tokens per row at scratch slots
         ``length_t[b] + i``: token i sits at ``length + offsets[i]`` and sees its row's
         committed slots and, among the new ones, its ``ancestors[i]`` (None: the causal
-        chain). ``span``: the slots attended (default: all); it must hold every live row."""
-        t = offsets.shape[0]
+        chain). ``offsets`` [T] and ``ancestors`` [T, T] are every row's, or [B, T] and
+        [B, T, T] each row's own (trees grown per sequence). ``span``: the slots attended
+        (default: all); it must hold every live row."""
+        t = offsets.shape[-1]
         new = torch.arange(t, device=offsets.device)  # [T]
         self.slots = self.length_t[:, None] + new  # [B, T]
         rel = self.columns[: span or self.capacity] - self.length_t[:, None]  # [B, S]
         if ancestors is None:
             mask = rel[:, None, :] <= new[None, :, None]  # [B, T, S]
         else:
+            b, s = rel.shape
             in_new = ((rel >= 0) & (rel < t))[:, None, :]  # [B, 1, S]
-            seen = ancestors[:, rel.clamp(0, t - 1)].transpose(0, 1)  # [B, T, S]
+            seen = ancestors.expand(b, t, t).gather(2, rel.clamp(0, t - 1)[:, None, :].expand(b, t, s))  # [B, T, S]
             mask = (rel < 0)[:, None, :] | (in_new & seen)
         return self.length_t[:, None] + offsets, mask
 

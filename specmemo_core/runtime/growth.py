@@ -95,19 +95,27 @@ def pick_nodes(scores: torch.Tensor, ancestors: torch.Tensor, nodes: int) -> tup
 
 
 def grown_layout(buf: "TreeBuffers", depth: torch.Tensor, ancestors: torch.Tensor) -> "TreeBuffers":
-    """The step's tree buffers for heads' nodes at ``depth`` [N] with ``ancestors`` [N, D]
-    (``pick_nodes``): ``buf``'s root row and lookup chain kept, the heads' rows replaced."""
-    n, d = ancestors.shape
-    total, width = buf.depths.shape[0], buf.retrieve_indices.shape[1]
-    rows = torch.zeros(n, total, dtype=torch.bool, device=depth.device)  # [N, total]
-    rows.scatter_(1, ancestors.clamp(min=0), True)  # -1 lands on the root's column, which every node sees
-    rows[:, 0] = True
-    path = torch.cat((torch.zeros(n, 1, dtype=torch.long, device=depth.device), ancestors), dim=1)  # [N, 1 + D]
-    retrieve = torch.cat((path, torch.full((n, width - 1 - d), -1, dtype=torch.long, device=depth.device)), dim=1)
+    """The step's tree buffers for heads' nodes at ``depth`` [..., N] with ``ancestors``
+    [..., N, D] (``pick_nodes``): ``buf``'s root row and lookup chain kept, the heads' rows
+    replaced. A leading axis (a batch, one tree per sequence) gives per-row buffers:
+    parents and depths [..., total], the mask [..., total, total], retrieval rows
+    [..., L, W]."""
+    *lead, n, d = ancestors.shape
+    total, width, device = buf.depths.shape[0], buf.retrieve_indices.shape[1], depth.device
+
+    def static(t: torch.Tensor) -> torch.Tensor:  # a static tree's rows, with the leading axis
+        return t.expand(*lead, *t.shape)
+
+    rows = torch.zeros(*lead, n, total, dtype=torch.bool, device=device)  # [..., N, total]
+    rows.scatter_(-1, ancestors.clamp(min=0), True)  # -1 lands on the root's column, which every node sees
+    rows[..., 0] = True
+    path = torch.cat((torch.zeros(*lead, n, 1, dtype=torch.long, device=device), ancestors), dim=-1)  # [..., N, 1 + D]
+    retrieve = torch.cat((path, torch.full((*lead, n, width - 1 - d), -1, dtype=torch.long, device=device)), dim=-1)
+    parent = path.gather(-1, (depth - 1)[..., None])[..., 0]  # [..., N]
     return replace(
         buf,
-        parents=torch.cat((buf.parents[:1], path.gather(1, (depth - 1)[:, None])[:, 0], buf.parents[1 + n:])),
-        depths=torch.cat((buf.depths[:1], depth, buf.depths[1 + n:])),
-        attn_mask=torch.cat((buf.attn_mask[:1], rows, buf.attn_mask[1 + n:])),
-        retrieve_indices=torch.cat((retrieve, buf.retrieve_indices[n:])),
+        parents=torch.cat((static(buf.parents[:1]), parent, static(buf.parents[1 + n:])), dim=-1),
+        depths=torch.cat((static(buf.depths[:1]), depth, static(buf.depths[1 + n:])), dim=-1),
+        attn_mask=torch.cat((static(buf.attn_mask[:1]), rows, static(buf.attn_mask[1 + n:])), dim=-2),
+        retrieve_indices=torch.cat((retrieve, static(buf.retrieve_indices[n:])), dim=-2),
     )

@@ -90,7 +90,7 @@ def draft_tokens(parts: StepParts, buf: TreeBuffers) -> Proposal:
     layout = buf
     if parts.heads is not None and buf.growth is not None:  # grown this step (growth.py)
         grown, depth, ancestors = parts.heads.grow(parts.state, parts.root, buf.growth, m.draft_embedding(), m.lm_head)
-        tokens = torch.cat((parts.root[None], grown))  # [N - lookup]: the chain follows below
+        tokens = torch.cat((parts.root[..., None], grown), dim=-1)  # [..., N - lookup]: the chain follows below
         layout = grown_layout(buf, depth, ancestors)
     elif parts.heads is not None and len(buf.level_starts) > 2:
         tokens = parts.heads.draft(parts.state, parts.root, buf, m.draft_embedding(), m.lm_head)  # [..., N]
@@ -116,11 +116,20 @@ def longest_accepted(ok: torch.Tensor, retrieve: torch.Tensor) -> tuple[torch.Te
     and how many of its nodes are accepted, root included; both stay on the device (no
     host read, so a CUDA graph can hold it). ``ok`` [..., L, d]: each path's draft j
     accepted given its parent (a leading batch axis: one path per sequence, [..., d+1]
-    and [...]). Ties go to the first such path."""
-    lengths = (ok & (retrieve[:, 1:] >= 0)).int().cumprod(dim=-1).sum(dim=-1)  # [..., L] accepted drafts
-    best = lengths.argmax(dim=-1, keepdim=True)  # [..., 1] index_select/gather, not [t]: a 0-dim index syncs
-    rows = retrieve.index_select(0, best.view(-1)).view(*best.shape[:-1], retrieve.shape[1])  # [..., d+1]
+    and [...]; ``retrieve`` may carry it too, [..., L, d+1], for trees grown per
+    sequence). Ties go to the first such path."""
+    retrieve = retrieve.expand(*ok.shape[:-2], *retrieve.shape[-2:])  # [..., L, d+1]
+    lengths = (ok & (retrieve[..., 1:] >= 0)).int().cumprod(dim=-1).sum(dim=-1)  # [..., L] accepted drafts
+    best = lengths.argmax(dim=-1, keepdim=True)  # [..., 1] gather, not [t]: a 0-dim index syncs
+    rows = retrieve.gather(-2, best[..., None].expand(*best.shape, retrieve.shape[-1]))[..., 0, :]  # [..., d+1]
     return rows, lengths.gather(-1, best).squeeze(-1) + 1
+
+
+def at_nodes(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., N] at ``nodes`` [L, W], or at per-row ``nodes`` [..., L, W]: [..., L, W]."""
+    if nodes.dim() == 2:
+        return x[..., nodes]
+    return x.gather(-1, nodes.flatten(-2)).view(nodes.shape)
 
 
 class Acceptance(Protocol):
@@ -151,9 +160,10 @@ class GreedyAcceptance:
         return int(model.greedy_picks(hidden[-1:])[0])
 
     def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
-        nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1]
+        nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1] ([..., L, d+1]: grown per sequence)
         picks = model.greedy_picks(verified.hidden)  # [..., N]
-        ok = verified.tokens[..., nodes[:, 1:]] == picks[..., nodes[:, :-1]]  # [..., L, d] child equals parent's argmax
+        # [..., L, d]: a child equals its parent's argmax
+        ok = at_nodes(verified.tokens, nodes[..., 1:]) == at_nodes(picks, nodes[..., :-1])
         return _accepted(ok, picks, buf)
 
 
@@ -208,7 +218,7 @@ class RowAcceptance:
         raise TypeError("a batch's first tokens come from each sequence's own rule")
 
     def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
-        rows = [rule.accept(model, Verified(verified.tokens[b], verified.hidden[b]), buf)
+        rows = [rule.accept(model, Verified(verified.tokens[b], verified.hidden[b]), buf.row(b))
                 for b, rule in enumerate(self.rules)]
         return Accepted(torch.stack([r.nodes for r in rows]), torch.stack([r.count for r in rows]),
                         torch.stack([r.picks for r in rows]))  # [B, W], [B], [B, N]

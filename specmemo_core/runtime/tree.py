@@ -68,6 +68,14 @@ class TreeBuffers:
     lookup: int = 0  # the last ``lookup`` nodes: the lookup chain (root → first → … → last)
     growth: Growth | None = None  # a grown tree: each step lays out its heads' nodes anew (growth.py)
 
+    def row(self, b: int) -> "TreeBuffers":
+        """Sequence ``b``'s tree: the same buffers for a tree shared by a batch; row ``b`` of
+        per-sequence ones (a grown layout over a batch, ``growth.grown_layout``)."""
+        if self.depths.dim() == 1:
+            return self
+        return replace(self, parents=self.parents[b], depths=self.depths[b], attn_mask=self.attn_mask[b],
+                       retrieve_indices=self.retrieve_indices[b])
+
     def to(self, device: torch.device | str) -> "TreeBuffers":
         """The same buffers on ``device`` (moved once per decoder, not per step)."""
         return replace(self, **{name: value.to(device) for name, value in vars(self).items()

@@ -1,9 +1,13 @@
 """``specmemo bench --batch 1,2,4,8,16``: total tokens/s of many conversations decoded at once.
 
-The queries (MT-Bench's first user turns by default) are concurrent requests: a
-``runtime.batch.BatchDecoder`` of B slots takes them in order, a new one joining as soon
-as a slot frees (continuous batching), until every reply is done. For each B two methods
-run the same workload, interleaved after an untimed warm-up round (``bench.run_bench``):
+The workload is clients sending requests at once (``Requests``): by default each MT-Bench
+conversation is a client that sends its user turns in order, each request carrying the
+conversation so far (the earlier replies included, as an OpenAI client resends them);
+``--batch-requests turns`` makes every user turn a request alone. A
+``runtime.batch.BatchDecoder`` of B slots takes the requests in order, a new one joining
+as soon as a slot frees (continuous batching), until every reply is done. For each B two
+methods run the same workload, interleaved after an untimed warm-up round
+(``bench.run_bench``):
 
 plain        batched plain decoding (tree ``none``: one token per sequence per step).
 speculative  batched speculation on the tree the planner picks for B conversations
@@ -17,13 +21,15 @@ method's (greedy: all of them, whatever the tree).
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.batch import BatchDecoder
 from specmemo_core.runtime.decoding import GenerationConfig
 from specmemo_core.runtime.tree import Tree
-from specmemo_core.tools.bench import Method, Pass, Spread, identical_count, run_bench
+from specmemo_core.tools.bench import Method, Pass, Spread, identical_count, run_bench, turn_prompt
 
 METHODS = ("plain", "speculative")
 
@@ -39,42 +45,76 @@ def parse_batches(text: str) -> list[int]:
     return sizes
 
 
-def batch_runner(decoder: BatchDecoder, prompts: Sequence[Sequence[int]],
-                 config: GenerationConfig) -> Callable[[], Pass]:
-    """Every prompt through ``decoder`` (made once, reused by every pass), each joining as a slot frees."""
+@dataclass(frozen=True)
+class Requests:
+    """The workload: clients, each sending its requests one after another (a client sends
+    its next one when the reply to the last one is done, as a chat client does).
+    ``prompt(c, replies)``: the ids of client c's next request, given the replies it got
+    so far; ``longest``: no prompt is longer (the batch slots are sized for it)."""
+
+    turns: tuple[int, ...]  # requests per client
+    prompt: Callable[[int, Sequence[Sequence[int]]], list[int]]
+    longest: int
+
+    @classmethod
+    def alone(cls, prompts: Sequence[Sequence[int]]) -> Requests:
+        """Every prompt a client of its own, sending it once."""
+        fixed = [list(p) for p in prompts]
+        return cls(tuple(1 for _ in fixed), lambda c, replies: fixed[c], max(map(len, fixed)))
+
+    @classmethod
+    def of_conversations(cls, tokenizer: Any, conversations: Sequence[Sequence[str]], *, history: bool,
+                         max_new_tokens: int) -> Requests:
+        """``history``: each conversation is a client that sends its user turns in order, each
+        request the conversation so far (earlier replies as the ids the model gave, as
+        ``bench``'s conversations are); else every user turn is a request alone."""
+        if not history:
+            return cls.alone([turn_prompt(tokenizer, [turn], []) for turns in conversations for turn in turns])
+        convs = [list(turns) for turns in conversations]
+        bound = max(len(turn_prompt(tokenizer, turns, [[]] * (len(turns) - 1))) + (len(turns) - 1) * max_new_tokens
+                    for turns in convs)  # the replies' ids go in place of empty replies
+        return cls(tuple(map(len, convs)), lambda c, replies: turn_prompt(tokenizer, convs[c], replies), bound)
+
+
+def batch_runner(decoder: BatchDecoder, requests: Requests, config: GenerationConfig) -> Callable[[], Pass]:
+    """Every request through ``decoder`` (made once, reused by every pass), each joining as a
+    slot frees; a client's next request queues behind the others when its reply is done.
+    The pass's replies are in (client, request) order."""
 
     def run() -> Pass:
-        replies: list[list[int]] = [[] for _ in prompts]
-        waiting = list(range(len(prompts)))
+        replies: list[list[list[int]]] = [[[] for _ in range(n)] for n in requests.turns]
+        waiting = deque((c, 0) for c in range(len(requests.turns)))
         sequence_steps = 0
         start = time.perf_counter()
         while waiting or decoder.active:
             while waiting and decoder.free_slots:
-                i = waiting.pop(0)
-                decoder.add(i, prompts[i], max_new_tokens=config.max_new_tokens, config=config)
-            for i, tokens in decoder.step().items():
-                replies[i] += tokens
+                c, t = waiting.popleft()
+                decoder.add((c, t), requests.prompt(c, replies[c][:t]), max_new_tokens=config.max_new_tokens,
+                            config=config)
+            for (c, t), tokens in decoder.step().items():
+                replies[c][t] += tokens
             sequence_steps += len(decoder.active) + len(decoder.finished)
+            waiting.extend((c, t + 1) for c, t in sorted(decoder.finished) if t + 1 < requests.turns[c])
         seconds = time.perf_counter() - start  # the step's host read waited for the device
-        new = sum(map(len, replies))
-        return Pass(replies, new, seconds, sequence_steps, new - len(prompts), ())
+        flat = [reply for client in replies for reply in client]
+        new = sum(map(len, flat))
+        return Pass(flat, new, seconds, sequence_steps, new - len(flat), ())
 
     return run
 
 
-def batch_methods(model: Any, heads: Any, prompts: Sequence[Sequence[int]], *, batches: Sequence[int],
+def batch_methods(model: Any, heads: Any, requests: Requests, *, batches: Sequence[int],
                   tree_for: Callable[[int], Tree | None], config: GenerationConfig,
                   graphs: bool = False) -> list[Method]:
     """Plain and speculative methods for each batch size; ``tree_for(B)``: the speculative tree."""
-    longest = max(map(len, prompts))
     methods = []
     for b in batches:
         for name in METHODS:
             tree = tree_for(b) if name == "speculative" else None
             nodes = tree.num_nodes if tree is not None else 1
-            decoder = BatchDecoder(model, slots=b, capacity=longest + config.max_new_tokens + nodes + 1,
+            decoder = BatchDecoder(model, slots=b, capacity=requests.longest + config.max_new_tokens + nodes + 1,
                                    heads=heads if tree is not None else None, tree=tree, graphs=graphs)
-            methods.append(Method(f"{name}/b{b}", batch_runner(decoder, prompts, config),
+            methods.append(Method(f"{name}/b{b}", batch_runner(decoder, requests, config),
                                   tree.name if tree is not None else None, nodes))
     return methods
 
@@ -102,10 +142,10 @@ def batch_report(methods: Sequence[Method], passes: dict[str, list[Pass]]) -> di
     return out
 
 
-def run_batch_bench(model: Any, heads: Any, prompts: Sequence[Sequence[int]], *, batches: Sequence[int],
+def run_batch_bench(model: Any, heads: Any, requests: Requests, *, batches: Sequence[int],
                     tree_for: Callable[[int], Tree | None], config: GenerationConfig, repeats: int,
                     device: str = "cpu", graphs: bool = False, progress: Any = None) -> dict[str, Any]:
-    methods = batch_methods(model, heads, prompts, batches=batches, tree_for=tree_for, config=config, graphs=graphs)
+    methods = batch_methods(model, heads, requests, batches=batches, tree_for=tree_for, config=config, graphs=graphs)
     return batch_report(methods, run_bench(methods, repeats, device=device, progress=progress))
 
 

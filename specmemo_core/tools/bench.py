@@ -181,27 +181,38 @@ class Turn:
     step_tokens: int  # tokens those forwards emitted
 
 
+def turn_prompt(tokenizer: Any, turns: Sequence[str], replies: Sequence[Sequence[int]]) -> list[int]:
+    """The prompt ids of turn ``len(replies)`` of a conversation of user ``turns``, from our
+    chat template: each earlier user turn followed by the model's reply as the token ids
+    it produced (as our sessions keep them)."""
+    messages: list[dict[str, str]] = []
+    known: dict[int, list[int]] = {}
+    for text, reply in zip(turns, [*replies, None]):
+        messages.append({"role": "user", "content": encodable(text)})
+        if reply is None:
+            break
+        messages.append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
+        known[len(messages) - 1] = list(reply)
+    return encode_conversation(tokenizer, messages, known)
+
+
 def run_turns(tokenizer: Any, conversations: Sequence[Sequence[str]],
               turn: Callable[[list[int]], Turn]) -> Pass:
     """A pass of another engine (transformers, llama.cpp) over the conversations: each turn
-    hands ``turn`` the conversation so far as prompt ids from our chat template, the model's
-    earlier replies as the token ids it produced (as our sessions keep them)."""
+    hands ``turn`` the conversation so far (``turn_prompt``)."""
     replies: list[list[int]] = []
     firsts: list[float] = []
     steps = step_tokens = 0
     start = time.perf_counter()
     for turns in conversations:
-        messages: list[dict[str, str]] = []
-        known: dict[int, list[int]] = {}
-        for text in turns:
-            messages.append({"role": "user", "content": encodable(text)})
-            done = turn(encode_conversation(tokenizer, messages, known))
-            replies.append(done.reply)
+        done_turns: list[list[int]] = []
+        for _ in turns:
+            done = turn(turn_prompt(tokenizer, turns, done_turns))
+            done_turns.append(done.reply)
             firsts.append(done.first_token_s)
             steps += done.steps
             step_tokens += done.step_tokens
-            messages.append({"role": "assistant", "content": tokenizer.decode(done.reply, skip_special_tokens=True)})
-            known[len(messages) - 1] = done.reply
+        replies += done_turns
     return Pass(replies, sum(map(len, replies)), time.perf_counter() - start, steps, step_tokens, tuple(firsts))
 
 

@@ -38,16 +38,14 @@ def parse_torch_devices(text: str) -> list[torch.device]:
     return devices
 
 
-def _prompts(engine: Any, queries: int, prompt_file: str | None) -> list[list[int]]:
+def _requests(engine: Any, queries: int, prompt_file: str | None) -> Any:
     """The first ``queries`` user turns (of ``prompt_file``, JSONL with a 'turns' list per line, else
-    MT-Bench's), each a request of its own."""
-    from specmemo_core.runtime.chat import encode_conversation
+    MT-Bench's), each a request of its own (``batch_bench.Requests``)."""
     from specmemo_core.storage.datasets import first_queries, load_prompt_file, mtbench_conversations
-    from specmemo_core.text import encodable
+    from specmemo_core.tools.batch_bench import Requests
 
     convs = first_queries(load_prompt_file(prompt_file), queries) if prompt_file else mtbench_conversations(queries)
-    turns = [turn for conv in convs for turn in conv][:queries]
-    return [encode_conversation(engine.tokenizer, [{"role": "user", "content": encodable(t)}], {}) for t in turns]
+    return Requests.of_conversations(engine.tokenizer, convs, history=False, max_new_tokens=0)
 
 
 def check(*, model: str, heads: str, devices: Sequence[torch.device], dtype: torch.dtype, precision: str,
@@ -64,7 +62,7 @@ def check(*, model: str, heads: str, devices: Sequence[torch.device], dtype: tor
     loaded = load_model(model)
     split = LayerSplit.even(devices, loaded.config.num_hidden_layers)
     parted = Engine.load(loaded, heads=heads, dtype=dtype, split=split)
-    prompts = _prompts(parted, queries, prompt_file)
+    requests = _requests(parted, queries, prompt_file)
     config = GenerationConfig(max_new_tokens=max_new_tokens,
                               stop_token_ids=frozenset(end_of_turn_ids(parted.tokenizer, parted.config)))
     trees: dict[int, str | None] = {}
@@ -76,16 +74,16 @@ def check(*, model: str, heads: str, devices: Sequence[torch.device], dtype: tor
 
     graphs = parted.model.device.type == "cuda" and parted.model.capturable  # the same decoders for both models
     kwargs = dict(batches=batches, tree_for=tree_for, config=config, graphs=graphs)
-    split_methods = batch_methods(parted.model, parted.heads, prompts, **kwargs)
+    split_methods = batch_methods(parted.model, parted.heads, requests, **kwargs)
     split_passes = run_bench(split_methods, repeats, device=split.home)
     whole = Engine.load(loaded, heads=heads, dtype=dtype, device=devices[0])
-    whole_methods = batch_methods(whole.model, whole.heads, prompts, **kwargs)
+    whole_methods = batch_methods(whole.model, whole.heads, requests, **kwargs)
     whole_passes = run_bench(whole_methods, 1, warmup=0, device=devices[0])
     equal = {name: split_passes[name][-1].replies == whole_passes[name][-1].replies for name in split_passes}
     return {
         "model": parted.identity.name, "precision": precision, "devices": [str(d) for d in devices],
         "layers": list(split.layers), "graphs": graphs, "trees": {str(b): t for b, t in trees.items()},
-        "queries": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
+        "queries": sum(requests.turns), "max_new_tokens": max_new_tokens, "repeats": repeats,
         "equal": equal, "all_equal": all(equal.values()),
         "split": batch_report(split_methods, split_passes),
     }

@@ -62,7 +62,9 @@ def _drive(dec, prompts, configs=None):
     return outs, most
 
 
-TREES = [(None, None), ("1-10-16-17", "medusa"), ("lookup-8", None), ("1-3-2+lookup-4", "hydra")]
+# a grown tree: each sequence grows its own tree every step (per-row layouts)
+TREES = [(None, None), ("1-10-16-17", "medusa"), ("lookup-8", None), ("1-3-2+lookup-4", "hydra"),
+         ("dynamic-8+lookup-3", "hydra")]
 
 
 @pytest.mark.parametrize("tree_name, kind", TREES)
@@ -92,10 +94,11 @@ def test_heads_with_a_context_layer_batch_too(model, prompts, alone):
     assert all(outs[i] == alone[i] for i in range(len(prompts)) if i != REMOVED) and most > 1
 
 
-def test_greedy_and_sampled_sequences_share_a_batch(model, prompts, alone):
+@pytest.mark.parametrize("tree_name", ["1-3-2+lookup-4", "dynamic-8"])
+def test_greedy_and_sampled_sequences_share_a_batch(model, prompts, alone, tree_name):
     """Sampled rows accept by their own rule and generator: greedy rows are unchanged, and
     a sampled row's tokens are reproducible from its seed."""
-    tree, heads = load_tree("1-3-2+lookup-4"), random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra")
+    tree, heads = load_tree(tree_name), random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra")
     sampled = GenerationConfig(temperature=0.8, seed=7)
     configs = [GenerationConfig(), sampled, GenerationConfig(), sampled, GenerationConfig()]
     runs = [_drive(BatchDecoder(model, slots=5, capacity=CAPACITY, heads=heads, tree=tree), prompts, configs)[0]
@@ -214,3 +217,17 @@ def test_staged_prefill_replayed_as_graphs_matches_the_eager_prefill_on_a_gpu(pr
         if staged:
             assert dec._staged._captured  # replayed, not eager
     assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("tree_name", ["1-3-2+lookup-4", "dynamic-8+lookup-3"])
+def test_batched_steps_replayed_as_graphs_equal_batched_plain_on_a_gpu(prompts, tree_name):
+    """Every (bucket, tree, span) step captured as a CUDA graph, a grown tree's per-sequence
+    growing included: each reply is the plain one on the same device."""
+    model = tiny_model(seed=11, vocab_size=VOCAB).cuda()
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)).cuda()
+    plain, _ = _drive(BatchDecoder(model, slots=3, capacity=CAPACITY, graphs=True), prompts)
+    dec = BatchDecoder(model, slots=3, capacity=CAPACITY, heads=heads, tree=load_tree(tree_name), graphs=True)
+    outs, most = _drive(dec, prompts)
+    assert outs == plain and most > 1
+    assert all(unit.graph is not None for unit in dec._units.values())

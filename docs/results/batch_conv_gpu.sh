@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 20 on one H200 with conversations as clients: each MT-Bench conversation sends its
+# turns in order, each request the conversation so far (--batch-requests conversations, the
+# default). Two device calls made at once: `copy` (carrying .gguf1), then `run` (carrying
+# .gguf2 and .whl): the CUDA tests of batched decoding, `specmemo bench --batch 1,2,4,8,16`
+# on 40 queries (20 conversations, so 16 slots fill), 128 new tokens, 3 timed rounds; the
+# same at B = 8 with every turn a request alone (--batch-requests turns, the earlier
+# workload); and a profile at B = 8.
+source scripts/gpu_setup.sh
+[ "$1" = copy ] && { ls -la /tmp/part_aa; exit 0; }
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/core/test_batch_decoding.py -k gpu 2>&1 | tail -4
+bench() {  # name timeout_s args...
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m specmemo_core.cli bench --device cuda --dtype bf16 --repeats 3 --json \
+    --save "$OUT/$name.json" "$@" > "$OUT/${name}_stdout.json" 2> "$OUT/$name.err"
+  echo "$name rc=$?"; tail -c 400 "$OUT/$name.err"
+  python3 - "$OUT/$name.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for b, e in d.items():
+    if not b.startswith("_"):
+        print(b, e["plain"]["tokens_per_s"], e["speculative"]["tree"], e["speculative"]["tokens_per_s"],
+              e["speculative"]["tokens_per_sequence_step"], e["speedup"], e["speculative"]["identical_to_plain"])
+PY
+}
+bench batch_conversations 300 --batch 1,2,4,8,16 --queries 40
+bench batch_turns_b8 100 --batch 8 --queries 20 --batch-requests turns
