@@ -5,10 +5,10 @@
 # .gguf2 and .whl): the CUDA tests of batched decoding, `specmemo bench --batch 1,2,4,8,16`
 # on 40 queries (20 conversations, so 16 slots fill), 128 new tokens, 3 timed rounds; the
 # same at B = 8 with every turn a request alone (--batch-requests turns, the earlier
-# workload); and a profile at B = 8.
+# workload); and B = 8 on the fixed tree the planner chose before grown trees batched.
 source scripts/gpu_setup.sh
 [ "$1" = copy ] && { ls -la /tmp/part_aa; exit 0; }
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/core/test_batch_decoding.py -k gpu 2>&1 | tail -4
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/core/test_batch_decoding.py tests/core/test_growth.py -k "gpu or cuda" 2>&1 | tail -4
 bench() {  # name timeout_s args...
   local name=$1 limit=$2; shift 2
   timeout "$limit" python3 -m specmemo_core.cli bench --device cuda --dtype bf16 --repeats 3 --json \
@@ -24,4 +24,5 @@ for b, e in d.items():
 PY
 }
 bench batch_conversations 300 --batch 1,2,4,8,16 --queries 40
+bench batch_conversations_b8_fixed 100 --batch 8 --queries 40 --batch-tree calibrated-48+lookup-8
 bench batch_turns_b8 100 --batch 8 --queries 20 --batch-requests turns
