@@ -4,8 +4,10 @@
 #
 #   copy   (first call, carrying .gguf1) puts the first GGUF part in place
 #   bench  (next call at once, carrying .gguf2 and .whl) joins the GGUF and runs the bench:
-#          bf16, 20 MT-Bench first turns, 128 new tokens, 1 warm-up + 3 timed rounds; then an
+#          bf16, 20 MT-Bench queries, 128 new tokens, 1 warm-up + 3 timed rounds; then an
 #          fp32 pass (1 round) for the replies' identity to plain greedy
+#   start  the same bench in its own process session (it outlives the call), into /tmp/growth;
+#   collect (a later call at once) waits for it (up to ~9.5 min) and copies its files to $OUT
 #
 # Run from the repository root with $OUT set:  bash docs/results/growth_gpu.sh copy ; ... bench
 set -x
@@ -13,6 +15,13 @@ source scripts/gpu_setup.sh
 export PYTHONPATH=/tmp/site:.
 GGUF=/tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
 case "$1" in
+start)
+  mkdir -p /tmp/growth
+  OUT=/tmp/growth setsid nohup bash "$0" bench > /tmp/growth/run.log 2>&1 < /dev/null &
+  sleep 5; cat /tmp/growth/run.log ;;
+collect)
+  for _ in $(seq 114); do pgrep -f "growth_gpu.sh bench" > /dev/null || break; sleep 5; done
+  cp /tmp/growth/* "$OUT"/; tail -c 2000 /tmp/growth/run.log ;;
 copy)
   ls -la /tmp/part_aa ;;
 bench)

@@ -229,5 +229,6 @@ def test_batched_steps_replayed_as_graphs_equal_batched_plain_on_a_gpu(prompts, 
     plain, _ = _drive(BatchDecoder(model, slots=3, capacity=CAPACITY, graphs=True), prompts)
     dec = BatchDecoder(model, slots=3, capacity=CAPACITY, heads=heads, tree=load_tree(tree_name), graphs=True)
     outs, most = _drive(dec, prompts)
-    assert outs == plain and most > 1
-    assert all(unit.graph is not None for unit in dec._units.values())
+    for i, reference in plain.items():  # the removed sequence left after its 3rd step: a prefix
+        assert outs[i] == (reference[:len(outs[i])] if i == REMOVED else reference), f"sequence {i}"
+    assert most > 1 and all(unit.graph is not None for unit in dec._units.values())
