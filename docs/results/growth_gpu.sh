@@ -27,13 +27,16 @@ copy)
 bench)
   ls -la "$GGUF" || exit 1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
-  M=vanilla,calibrated-8,dynamic-8,calibrated-24,dynamic-24,calibrated-64+lookup-8,dynamic-64+lookup-8,plan
-  timeout 300 python3 -m specmemo_core.cli bench --device cuda --dtype bf16 --methods "$M" --queries 20 \
+  G=vanilla+graphs,calibrated-8+graphs,dynamic-8+graphs,calibrated-24+graphs,dynamic-24+graphs
+  G=$G,calibrated-64+lookup-8+graphs,dynamic-64+lookup-8+graphs,plan
+  timeout 330 python3 -m specmemo_core.cli bench --device cuda --dtype bf16 --methods "$G" --queries 20 \
     --max-new-tokens 128 --repeats 3 --warmup 1 --json --save "$OUT/growth_bf16.json" > /dev/null 2> "$OUT/growth_bf16.err"
-  echo "bf16 rc=$?"; tail -c 3000 "$OUT/growth_bf16.err"
+  echo "bf16 rc=$?"; tail -c 3000 "$OUT/growth_bf16.err" ;;
+fp32)  # eager (no graphs) and 1 round: for the replies' identity to plain greedy, not for speed
+  M=vanilla,calibrated-8,dynamic-8,calibrated-24,dynamic-24,calibrated-64+lookup-8,dynamic-64+lookup-8,plan
   timeout 200 python3 -m specmemo_core.cli bench --device cuda --dtype fp32 --methods "$M" --queries 20 \
     --max-new-tokens 128 --repeats 1 --warmup 0 --json --save "$OUT/growth_fp32.json" > /dev/null 2> "$OUT/growth_fp32.err"
   echo "fp32 rc=$?"; tail -c 3000 "$OUT/growth_fp32.err" ;;
 *)
-  echo "usage: bash docs/results/growth_gpu.sh copy|bench"; exit 2 ;;
+  echo "usage: bash docs/results/growth_gpu.sh copy|bench|fp32|start|collect"; exit 2 ;;
 esac
