@@ -162,3 +162,21 @@ def format_batch_table(result: dict[str, Any]) -> str:
                          f"{s['max']:>9.2f}{r['tokens_per_sequence_step']:>13.2f}"
                          f"{str(r['identical_to_plain']) + '/' + str(r['replies']):>10}")
     return "\n".join(lines)
+
+
+def format_batch_markdown(result: dict[str, Any]) -> str:
+    """The report as README's Markdown table: per B, total tokens/s (median, min–max) of
+    batched plain and batched speculation, the tree, tokens per sequence per step, and the
+    speed-up over plain at that B and over plain at B = 1 (when B = 1 ran)."""
+    rows = ["| B | batched plain tok/s | tree | batched speculation tok/s | tokens/seq/step | vs plain at B "
+            "| vs batch-1 plain |", "|---|---|---|---|---|---|---|"]
+    one = result.get("1", {}).get("plain", {}).get("tokens_per_s", {}).get("median")
+    for b, entry in result.items():
+        if b.startswith("_"):
+            continue
+        p, s = entry["plain"]["tokens_per_s"], entry["speculative"]["tokens_per_s"]
+        vs_one = f"{s['median'] / one:.2f}×" if one else "n/a"
+        rows.append(f"| {b} | {p['median']:.0f} ({p['min']:.0f}–{p['max']:.0f}) | {entry['speculative']['tree'] or 'none'} "
+                    f"| {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) "
+                    f"| {entry['speculative']['tokens_per_sequence_step']:.2f} | {entry['speedup']:.2f}× | {vs_one} |")
+    return "\n".join(rows)

@@ -198,3 +198,43 @@ def test_the_cpu_bf16_tables_hold_their_runs():
         r = bench[name]
         row = f" | {_speed(r)} | {r['mean_accepted']:.2f} | {r['tokens_per_s']['median'] / llama:.2f}× |"
         assert any(line.endswith(row) for line in lines), f"README's bf16 llama.cpp table lacks {name}: {row!r}"
+
+
+def test_the_grown_tree_gpu_table_holds_the_h200_run():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Grown trees\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    bench = json.loads((REPO / "docs/results/growth_h200_graphs/growth_bf16.json").read_text(encoding="utf-8"))
+    assert bench["_run"]["rounds_done"] == 3 and bench["_run"]["dtype"] == "bf16"
+    for name, r in bench.items():
+        if name.startswith("_"):
+            continue
+        s = r["tokens_per_s"]
+        label = f"`{name}`" + (f" (`{r['tree']}`)" if name == "plan" else "")
+        row = (f"| {label} | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) | {r['mean_accepted']:.2f} | "
+               f"{r['vs_vanilla+graphs']:.2f}× |")
+        assert row in section, f"README's H200 grown-tree table lacks {row!r}"
+    fp32 = json.loads((REPO / "docs/results/growth_h200_fp32/growth_fp32.json").read_text(encoding="utf-8"))
+    assert all(r["identical_to_vanilla"] == r["replies"] == 20 for n, r in fp32.items() if not n.startswith("_"))
+
+
+def test_the_batched_table_holds_the_h200_run():
+    """README's batched table is the bench's own Markdown of its saved report, and the
+    prose's figures are the files'."""
+    from specmemo_core.tools.batch_bench import format_batch_markdown
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    folder = REPO / "docs/results/batch_conv_h200"
+    run = json.loads((folder / "batch_conversations.json").read_text(encoding="utf-8"))
+    assert run["_run"]["batch_requests"] == "conversations" and run["_run"]["repeats"] == 3
+    assert format_batch_markdown(run) in readme
+    text = " ".join(readme.split())
+    assert f"batched speculation is {run['8']['speedup']:.2f}× batched plain" in text
+    one = run["1"]["plain"]["tokens_per_s"]["median"]
+    assert f"and {run['8']['speculative']['tokens_per_s']['median'] / one:.1f}× plain decoding at B = 1" in text
+    turns = json.loads((folder / "batch_turns_b8.json").read_text(encoding="utf-8"))["8"]
+    assert turns["speculative"]["tree"] == run["8"]["speculative"]["tree"]
+    assert f"1.58× ({turns['speculative']['tokens_per_s']['median']:,.0f} against " \
+           f"{turns['plain']['tokens_per_s']['median']:,.0f})" in text and turns["speedup"] == 1.577
+    fp32 = json.loads((folder / "batch_conversations_b8_fp32_grown.json").read_text(encoding="utf-8"))["8"]
+    assert fp32["speculative"]["identical_to_plain"] == fp32["speculative"]["replies"] == 40
+    assert f"{run['8']['speculative']['identical_to_plain']} of 40 are" in text
