@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from specmemo_core.errors import SpecMemoError, TreeError
+from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import CausalLM
@@ -143,10 +143,9 @@ class Decoder:
         if self.tree is not None:
             if not self.tree.drafts:
                 self.heads = None  # a lookup chain alone (or a 1-node tree): the heads would draft nothing
-            self.tree.check_heads(self.heads.num_heads if self.heads is not None else None)
-            if self.tree.growth is not None and self.heads is not None and self.heads.spec.kind != "hydra":
-                raise TreeError(f"tree {self.tree.name} grows along the heads' drafted paths, which needs hydra "
-                                "heads; with medusa heads use a fixed tree (calibrated-N, medusa-64)")
+            heads = self.heads
+            self.tree.check_heads(heads.num_heads if heads is not None else None,
+                                  kind=heads.spec.kind if heads is not None else None)
         device = self.model.device
         self._buffers = self.tree.buffers.to(device) if self.speculative else None
         self._single = load_tree("single").buffers.to(device)  # the plain step's 1-node tree

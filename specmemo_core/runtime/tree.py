@@ -137,8 +137,13 @@ class Tree:
         than one node."""
         return self.num_nodes > 1 and heads_can_draft(self.depth, heads.num_heads if heads is not None else None)
 
-    def check_heads(self, num_heads: int | None) -> None:
-        """Raise unless ``num_heads`` draft heads (None: none loaded) can draft this tree."""
+    def check_heads(self, num_heads: int | None, *, kind: str | None = None) -> None:
+        """Raise unless ``num_heads`` draft heads (None: none loaded) of ``kind`` ("hydra",
+        "medusa"; None: not known yet) can draft this tree. A grown tree grows along the
+        heads' drafted paths, which needs hydra heads."""
+        if self.growth is not None and kind is not None and kind != "hydra":
+            raise TreeError(f"tree {self.name} grows along the heads' drafted paths, which needs hydra heads; "
+                            "with medusa heads use a fixed tree (calibrated-N, medusa-64)")
         if heads_can_draft(self.depth, num_heads):
             return
         if num_heads is None:
