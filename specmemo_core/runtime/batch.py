@@ -40,9 +40,9 @@ that sequence's own heads' confidences: the step's layout then has a leading bat
 Rows: the sequences always sit in rows 0…n-1 (one leaving moves the last one into its
 row), and a step runs over the smallest batch bucket (1, 2, 4, … ``slots``) that holds
 them, so its shapes are fixed per (bucket, tree, span): one CUDA graph each.
-NOTE: ``graphs=True`` captures those greedy units on CUDA (``step.StepUnit.capture``); it
-is written graph-safe (device lengths, no host read inside a step) but has not yet been
-run on a GPU.
+``graphs=True`` captures those greedy units on CUDA (``step.StepUnit.capture``): device
+lengths, no host read inside a step; on an H200 every reply of the tiny-model tests equals
+batched plain with graphs, grown trees included (tests/core/test_batch_decoding.py).
 """
 
 from __future__ import annotations
