@@ -147,11 +147,17 @@ class BatchKVCache:
         return self.length_t[:, None] + offsets, mask
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: [B, kvh, T, hd] stored at ``slots`` [B, T]; returns every slot [B, kvh, C, hd]."""
-        index = self.slots[:, None, :, None].expand_as(k)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
+        """k, v: [B, kvh, T, hd] stored at ``slots`` [B, T]; returns every slot [B, kvh, C, hd].
+        Indexed writes, not ``scatter_`` over an expanded index: in bf16 on a CPU that took
+        time in proportion to the whole cache (7 ms a layer at 8,192 slots, against 0.01)."""
+        rows = self._rows(self.slots)
+        self.k[layer][rows, :, self.slots] = k.transpose(1, 2)
+        self.v[layer][rows, :, self.slots] = v.transpose(1, 2)
         return self.k[layer], self.v[layer]
+
+    def _rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Each row's number beside its entries of ``index`` [B, W]: [B, W]."""
+        return torch.arange(index.shape[0], device=index.device)[:, None].expand_as(index)
 
     def write_ids(self, tokens: torch.Tensor) -> None:
         """Record each row's token ids [B, T] at its scratch slots."""
@@ -166,10 +172,9 @@ class BatchKVCache:
             w = nodes.shape[-1]
             dst = self.length_t[:, None] + torch.arange(w, device=nodes.device)  # [B, W]
             src = self.length_t[:, None] + nodes.to(self.ids.device)  # [B, W]
-            for t in (self.k, self.v):  # [layers, B, kvh, C, hd]
-                size = (t.shape[0], t.shape[1], t.shape[2], w, t.shape[4])
-                moved = t.gather(3, src[None, :, None, :, None].expand(size))  # read all before writing
-                t.scatter_(3, dst[None, :, None, :, None].expand(size), moved)
+            rows = self._rows(dst)
+            for t in (self.k, self.v):  # [layers, B, kvh, C, hd]; indexed as ``write``, read whole before written
+                t[:, rows, :, dst] = t[:, rows, :, src]
             self.ids.scatter_(1, dst, self.ids.gather(1, src))
         self.length_t += self.live * count
 

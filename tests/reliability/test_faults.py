@@ -114,31 +114,40 @@ from pathlib import Path
 from specmemo_core.storage.chatstore import ChatStore, StoreWriteError
 store = ChatStore(Path(sys.argv[1]))
 conv = store.create("crash test")
+
+def said(*words):  # report a committed write, then wait for the parent's go before the next one
+    print(*words, flush=True)
+    sys.stdin.read(1)
+
 for turn in range(10_000):
     user = store.add_message(conv.id, "user", f"question {turn} " + "q" * 2000)
-    print("msg", user.id, len(user.content), flush=True)
+    said("msg", user.id, len(user.content))
     reply = store.add_message(conv.id, "assistant", "", complete=False)
     text = ""
     for piece in range(20):  # a streaming reply, saved as it grows (the app saves every 2 s)
         text += f"piece {piece} " + "r" * 500
         store.update_message(reply.id, text, complete=False)
-        print("upd", reply.id, len(text), flush=True)
+        said("upd", reply.id, len(text))
     store.update_message(reply.id, text, complete=True)
-    print("done", reply.id, len(text), flush=True)
+    said("done", reply.id, len(text))
 """
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 @pytest.mark.parametrize("after_lines", [57, 141, 230], ids=lambda n: f"killed after {n} writes")
 def test_sigkill_while_saving_a_reply(tmp_path: Path, after_lines: int) -> None:
-    """kill -9 while a streaming reply is saved: integrity_check ok, every committed message and update there."""
+    """kill -9 while a streaming reply is saved: integrity_check ok, every committed message and update there.
+    The child writes in lockstep with this test (one write per go), so the last line read is
+    where it is: the kill lands while it writes the next update, however loaded the machine."""
     path = tmp_path / "history.sqlite3"
-    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(path)], stdout=subprocess.PIPE, text=True,
-                            cwd=REPO, env=ENV)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
     lines = []
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stdin is not None
     for line in proc.stdout:
         lines.append(line.split())
+        proc.stdin.write("g")
+        proc.stdin.flush()
         if len(lines) == after_lines:
             os.kill(proc.pid, signal.SIGKILL)  # lands while the child writes the next update
             break
