@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from specmemo_core.errors import SpecMemoError, TreeError
+from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.model import CausalLM
 from specmemo_core.planning.planner import Plan, StepTime, linear_step_time
 from specmemo_core.runtime.tree import load_tree
@@ -55,10 +55,7 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
     A plain step, a chain of d levels and a ``big``-node tree are each timed whole
     (drafting, verifying, accepting, committing; the fastest of their steps after the
     first, which warm up or capture), and the cost per node and per drafted level are
-    solved from the three (``solve_step_time``). Heads that grow trees also time a grown
-    ``big``-node tree: what it takes beyond that model's figure is what growing costs a
-    step (on an H200 with CUDA graphs growing added 0.2–0.3 ms to 2.6–3.2 ms steps, on
-    this 2-core CPU about 1%). Timing bare forwards of 1 and ``big``
+    solved from the three (``solve_step_time``). Timing bare forwards of 1 and ``big``
     tokens instead, with a line between them, left out what every step pays besides the
     forward and charged small trees the big forward's slope: on this 2-core machine it
     predicted a 9-node step at 2.1× a plain one where the decoder's steps took 1.5×, and
@@ -73,7 +70,7 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
-    trees = 1 if heads is None else 3 + can_grow(heads, load_tree(f"dynamic-{big}"))
+    trees = 1 if heads is None else 3
     done = 0
 
     def fastest(tree: Any) -> float:
@@ -91,23 +88,8 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
         return linear_step_time(t1, t1, big)
     chain = load_tree(f"chain-{min(3, heads.num_heads)}")
     wide = specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big)
-    fixed = solve_step_time(t1, TimedStep(chain.num_nodes, chain.depth, fastest(chain)),
-                            TimedStep(wide.num_nodes, wide.depth, fastest(wide)), big=big)
-    grown = load_tree(f"dynamic-{big}")
-    if not can_grow(heads, grown):
-        return fixed
-    # what growing adds: a grown step against the fixed model's figure for its nodes and depth
-    extra = max(0.0, fastest(grown) - fixed(grown.num_nodes, grown.depth))
-    return linear_step_time(t1, fixed(big, 0), big, fixed(1, 1) - t1, extra)
-
-
-def can_grow(heads: Any, tree: Any) -> bool:
-    """Whether ``heads`` grow ``tree`` (a ``dynamic-N``): the tree's own rule."""
-    try:
-        tree.check_heads(heads.num_heads, kind=heads.spec.kind)
-    except TreeError:
-        return False
-    return True
+    return solve_step_time(t1, TimedStep(chain.num_nodes, chain.depth, fastest(chain)),
+                           TimedStep(wide.num_nodes, wide.depth, fastest(wide)), big=big)
 
 
 def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:

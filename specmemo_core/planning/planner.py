@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.decoding import PREFILL_CHUNK
@@ -113,7 +113,7 @@ class TreeOption:
     depth: int
     expected_accepted: float
     widest: int | None = None
-    grown: bool = False  # grown each step (``runtime/growth.py``): one conversation at a time
+    grown: bool = False  # grown each step (``runtime/growth.py``), one tree per conversation
 
     @property
     def shape(self) -> TreeShape:
@@ -149,12 +149,7 @@ class Plan:
         return sum(self.predicted_bytes.values())
 
 
-class StepTime(Protocol):
-    """Seconds per verify step on a tree of ``nodes`` nodes drafted ``depth`` levels deep;
-    ``grown``: the tree is grown each step (``runtime/growth.py``), which drafts more than
-    a fixed tree of that depth."""
-
-    def __call__(self, nodes: int, depth: int, grown: bool = False) -> float: ...
+StepTime = Callable[[int, int], float]  # (tree nodes, depth) -> seconds per verify step
 
 
 def memory_terms(model: ModelShape, heads: HeadsShape | None, *, precision: str, kind: str, kv_tokens: int,
@@ -187,8 +182,8 @@ def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], b
     if step_time is None:
         return max(fitting, key=lambda t: (t.nodes, t.expected_accepted))
     plain = 1.0 / step_time(1, 0)
-    best = max(fitting, key=lambda t: (t.expected_accepted / step_time(t.nodes, t.depth, t.grown), -t.nodes))
-    return best if best.expected_accepted / step_time(best.nodes, best.depth, best.grown) > plain else None
+    best = max(fitting, key=lambda t: (t.expected_accepted / step_time(t.nodes, t.depth), -t.nodes))
+    return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
 
 
 def batch_step_time(step_time: StepTime | None, batch: int) -> StepTime | None:
@@ -196,7 +191,7 @@ def batch_step_time(step_time: StepTime | None, batch: int) -> StepTime | None:
     ``batch`` × N tokens (drafting: one pass per level for the whole batch)."""
     if step_time is None or batch == 1:
         return step_time
-    return lambda nodes, depth, grown=False: step_time(batch * nodes, depth, grown)
+    return lambda nodes, depth: step_time(batch * nodes, depth)
 
 
 def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest, *,
@@ -236,8 +231,7 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     turns = max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn)
     speed = None
     if step_time is not None:
-        speed = (request.batch * (tree.expected_accepted if tree else 1.0)
-                 / step_time(nodes, depth, tree.grown if tree else False))
+        speed = request.batch * (tree.expected_accepted if tree else 1.0) / step_time(nodes, depth)
     notes = ()
     if request.system_tokens + request.turns * request.tokens_per_turn > model.max_context:
         notes = (f"{request.turns} turns of {request.tokens_per_turn} tokens exceed the model's "
@@ -320,7 +314,7 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
                                 sampling=request.sampling, batch=request.batch)
 
         choice = choose_offload(model, precision, usable_bytes=usable, link=link, terms_for=terms_for,
-                                compute=batch_step_time(step_time, request.batch) or (lambda nodes, depth, grown=False: 0.0),
+                                compute=batch_step_time(step_time, request.batch) or (lambda nodes, depth: 0.0),
                                 trees=options, kv=kv, prefer=request.prefer, kind=budget.kind)
         if choice is None:
             continue
@@ -378,12 +372,11 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0, grow_extra: float = 0.0) -> StepTime:
+def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0) -> StepTime:
     """Step time from a start-up timing: a forward of 1 and of ``big`` tokens, linear in
-    between, plus ``draft_level`` seconds per tree level drafted, plus ``grow_extra`` for
-    a tree grown each step (its beam expanded and scored at every level, the layout built)."""
+    between, plus ``draft_level`` seconds per tree level drafted."""
     slope = (t_big - t1) / max(big - 1, 1)
-    return lambda nodes, depth, grown=False: t1 + slope * (nodes - 1) + draft_level * depth + grow_extra * grown
+    return lambda nodes, depth: t1 + slope * (nodes - 1) + draft_level * depth
 
 
 def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:

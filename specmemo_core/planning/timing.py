@@ -57,14 +57,13 @@ class StepTiming:
     draft_level: float
     measured_at: float | None = None
     torch_version: str = ""
-    grow_extra: float = 0.0  # what growing a tree adds to a step (0: no grown tree was timed)
 
     @property
     def is_prior(self) -> bool:
         return self.measured_at is None
 
     def step_time(self) -> StepTime:
-        return linear_step_time(self.t1, self.t_big, self.big, self.draft_level, self.grow_extra)
+        return linear_step_time(self.t1, self.t_big, self.big, self.draft_level)
 
     def is_stale(self, now: float | None = None) -> bool:
         """A prior, older than MAX_AGE_DAYS, or taken under another torch version."""
@@ -77,8 +76,7 @@ class StepTiming:
         """Read the numbers back out of plan_check.time_forward's linear model (a prior
         until ``measured`` stamps it)."""
         t1 = step_time(1, 0)
-        return cls(t1, step_time(big, 0), big, step_time(1, 1) - t1,
-                   grow_extra=step_time(1, 1, True) - step_time(1, 1))
+        return cls(t1, step_time(big, 0), big, step_time(1, 1) - t1)
 
     def measured(self, at: float) -> "StepTiming":
         return replace(self, measured_at=at, torch_version=_torch_version())
@@ -108,16 +106,13 @@ def cached_timing(folder: Path, key: str) -> StepTiming | None:
     came from an older method (64-token forwards, a level cost that was not a real
     speculative step) whose numbers do not compare. One such entry on this machine,
     taken under load, charged a drafted level a quarter of a whole step, and the planner
-    chose a lookup chain alone (1.0 tokens/step on a new question) over the heads. An entry
-    without ``grow_extra`` (before grown trees were timed) reads as missing too: it would
-    charge a grown tree nothing for growing, and on an H200 the planner then chose a grown
-    tree that ran 5% slower than a fixed one."""
+    chose a lookup chain alone (1.0 tokens/step on a new question) over the heads."""
     try:
         data = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8"))[key]
-        if not data.get("measured_at") or int(data["big"]) != TIMING_BIG or "grow_extra" not in data:
+        if not data.get("measured_at") or int(data["big"]) != TIMING_BIG:
             return None
         return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]),
-                          float(data["measured_at"]), str(data.get("torch_version", "")), float(data["grow_extra"]))
+                          float(data["measured_at"]), str(data.get("torch_version", "")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -169,8 +164,7 @@ def prior_timing(weight_bytes: int, device_kind: str) -> StepTiming | None:
 
     On a CPU a plain step streams the weights once (taken at 8 GB/s: a slow laptop), each
     extra tree node adds 8 % of that and each drafted level 10 %: dearer than this 2-core
-    machine measured unloaded (6.4 % per node, 7.7 % per level), growing a tree as much as a
-    level, so the planner keeps to
+    machine measured unloaded (6.4 % per node, 7.7 % per level), so the planner keeps to
     small trees (for SmolLM2 with its shipped heads calibrated-4+lookup-3, 7 nodes, which
     the unloaded measurement picks too). Elsewhere (GPUs) None: the planner chooses by
     memory until the background timing is in.
@@ -178,7 +172,7 @@ def prior_timing(weight_bytes: int, device_kind: str) -> StepTiming | None:
     if device_kind != "cpu":
         return None
     t1 = max(weight_bytes / 8e9, 1e-3)
-    return StepTiming(t1, t1 * (1.0 + 0.08 * (TIMING_BIG - 1)), TIMING_BIG, 0.10 * t1, grow_extra=0.10 * t1)
+    return StepTiming(t1, t1 * (1.0 + 0.08 * (TIMING_BIG - 1)), TIMING_BIG, 0.10 * t1)
 
 
 def measure_timing(model: Any, heads: Any, progress: Progress | None = None,

@@ -73,9 +73,8 @@ def test_a_wide_tree_timed_faster_than_the_chain_implies_costs_nothing_per_node(
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     """The static decoder's whole steps (graph replays on CUDA) are timed: the progress
-    counts every timed step of the plain step, the chain, the wide tree and (hydra heads)
-    the grown tree up to 1.0, and a tiny model's plain step costs well under a second
-    (capture is not timed); growing is charged what it took beyond the fixed figure."""
+    counts every timed step of the plain step, the chain and the wide tree up to 1.0, and
+    a tiny model's plain step costs well under a second (capture is not timed)."""
     from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_forward
     from tests.tiny import tiny_model
 
@@ -86,12 +85,6 @@ def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     step = time_forward(model, heads, big=16, context=64, repeats=2,
                             hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
     steps = 2 * 2 + 2  # per tree: 2 × repeats + 2
-    assert [f for _, f in reports] == [n / (4 * steps) for n in range(1, 4 * steps + 1)]
+    assert [f for _, f in reports] == [n / (3 * steps) for n in range(1, 3 * steps + 1)]
     assert {stage for stage, _ in reports} == {TIMING_STAGE}
     assert 0 < step(1, 0) < 1.0
-    assert step(16, 4, True) >= step(16, 4) and step(16, 4, True) - step(16, 4) == pytest.approx(step(1, 0, True) - step(1, 0))
-    medusa = random_heads(4, 64, 64, seed=2, scale=0.5, kind="medusa").to(device)
-    reports.clear()
-    step = time_forward(model, medusa, big=16, context=64, repeats=2,
-                        hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
-    assert len(reports) == 3 * steps and step(16, 4, True) == step(16, 4)  # medusa heads grow nothing

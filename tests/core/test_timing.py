@@ -16,8 +16,8 @@ from specmemo_core.planning.entry import PlanChoices, make_plan, plan_inputs
 from specmemo_core.planning.device import cpu_device
 from specmemo_core.planning.plan_check import TimingHooks, time_forward
 from specmemo_core.planning.timing import (
-    MAX_AGE_DAYS, TIMING_FILE, StepTiming, cached_timing, engine_timing_key, prior_timing, refresh_in_background,
-    store_timing, timing_for, timing_without_waiting,
+    MAX_AGE_DAYS, StepTiming, cached_timing, engine_timing_key, prior_timing, refresh_in_background, store_timing,
+    timing_for, timing_without_waiting,
 )
 from specmemo_core.runtime.engine import Engine
 from specmemo_core.runtime.heads import random_heads
@@ -58,22 +58,7 @@ def test_cache_round_trip_and_old_entries_are_stale(tmp_path: Path) -> None:
     store_timing(tmp_path, "old", StepTiming(0.3, 1.9, 32, 0.03).measured(time.time() - (MAX_AGE_DAYS + 1) * 86400))
     old = cached_timing(tmp_path, "old")
     assert old is not None and old.t1 == 0.3 and not old.is_prior and old.is_stale()
-    grown = StepTiming(0.1, 0.5, 32, 0.01, grow_extra=0.02).measured(time.time())
-    store_timing(tmp_path, "grown", grown)
-    assert cached_timing(tmp_path, "grown") == grown
-    assert grown.step_time()(8, 4, True) - grown.step_time()(8, 4) == pytest.approx(0.02)
-    assert cached_timing(tmp_path, "k") == fresh  # the other keys stay
-
-
-def test_an_entry_timed_before_grown_trees_were_reads_as_missing(tmp_path: Path) -> None:
-    """It would charge growing nothing: re-timed once, not trusted."""
-    import json
-
-    store_timing(tmp_path, "k", StepTiming(0.1, 0.5, 32, 0.01).measured(time.time()))
-    data = json.loads((tmp_path / TIMING_FILE).read_text())
-    del data["k"]["grow_extra"]
-    (tmp_path / TIMING_FILE).write_text(json.dumps(data))
-    assert cached_timing(tmp_path, "k") is None
+    assert cached_timing(tmp_path, "k") == fresh  # the other key stays
 
 
 def test_prior_plans_a_small_tree_on_cpu_and_nothing_on_gpus(engine: Engine) -> None:
