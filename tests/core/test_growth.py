@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specmemo_core.errors import TreeError
+from specmemo_core.runtime.batch import BatchDecoder
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.growth import Growth, grown_layout, pick_nodes
 from specmemo_core.runtime.heads import random_heads
@@ -91,6 +92,9 @@ def test_a_grown_tree_is_refused_where_it_cannot_run():
     model = tiny_model(seed=13, vocab_size=16)
     with pytest.raises(TreeError, match="hydra"):
         Decoder(model, model.new_cache(100), random_heads(4, 64, 16, kind="medusa"), load_tree("dynamic-8"))
+    with pytest.raises(TreeError, match="hydra"):  # a batch grows along the same heads' paths
+        BatchDecoder(model, slots=2, capacity=100, heads=random_heads(4, 64, 16, kind="medusa"),
+                     tree=load_tree("dynamic-8"))
     with pytest.raises(TreeError, match="4 draft heads"):
         Decoder(model, model.new_cache(100), random_heads(3, 64, 16, kind="hydra"), load_tree("dynamic-8"))
 
