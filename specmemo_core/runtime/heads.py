@@ -283,7 +283,8 @@ class HydraHeads(nn.Module):
         """Grow a tree from this step's confidences (``growth.py``): the heads' nodes'
         tokens [..., N], depths [..., N] and ancestors [..., N, D] (node positions,
         ``pick_nodes``), from the draft state ``hidden`` [..., D] after ``root`` [...]. A
-        leading axis holds independent rows (the calibration grows one per position)."""
+        leading axis holds independent rows (the calibration grows one per position, a batch
+        one per sequence)."""
         lead = root.shape
         hidden, root = hidden.reshape(-1, hidden.shape[-1]), root.reshape(-1)  # [B, D], [B]
         b, k, beam, device = root.shape[0], growth.topk, growth.beam, hidden.device
