@@ -20,10 +20,13 @@ from specmemo_core.storage import quantized_cache
 Progress = Callable[[str, float], None]
 
 
-def _cache_key(precision: str, group_size: int, device: torch.device) -> str:
+def _cache_key(precision: str, group_size: int, device: torch.device, dtype: torch.dtype) -> str:
+    """Names what the cached weights were made for: int4 weights are packed for their
+    activations' dtype (scales in it), so fp32- and bf16-activation ones differ."""
     import torchao
 
-    return f"{precision}-g{group_size}-{device.type}-torch{torch.__version__}-torchao{torchao.__version__}"
+    return (f"{precision}-g{group_size}-{device.type}-{str(dtype).removeprefix('torch.')}-torch{torch.__version__}"
+            f"-torchao{torchao.__version__}")
 
 
 def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, device: torch.device,
@@ -37,7 +40,7 @@ def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, devic
 
     spec = QuantSpec(precision)
     model_dtype, filled = quantize_on_arrival(spec, dtype=dtype, device=device)  # before reading: see its config
-    key = _cache_key(precision, spec.group_size, device)
+    key = _cache_key(precision, spec.group_size, device, model_dtype)
     ready = quantized_cache.read(opened.cache, key, device) if opened.cache is not None else None
     if ready is not None and set(ready) != _decoder_linear_names(opened):
         ready = None  # not this model's layers: quantized again, and saved again below

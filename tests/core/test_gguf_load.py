@@ -243,3 +243,20 @@ def test_the_plan_picks_the_precision_before_the_weights_are_read(data_dir: Path
     planned = load_planned(path, heads="none", choices=choices, device=device, data_folder=tmp_path,
                            wait_for_timing=False)
     assert planned.engine.precision == planned.plan.precision == plan_with(high, None).precision
+
+
+def test_int4_weights_are_cached_apart_for_fp32_and_bf16_activations(data_dir: Path, tmp_path: Path) -> None:
+    """int4 weights are packed for their activations' dtype: a bf16 model after an fp32 one
+    on the same file quantizes its own instead of taking the fp32 ones (which failed with
+    "expected scalar type BFloat16 but found Float" in the first forward)."""
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.model_build import build_model
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=64, quant="Q4_1")
+    for dtype in (torch.float32, torch.bfloat16, torch.float32):
+        model = build_model(open_model(path), precision="int4", dtype=dtype, device=torch.device("cpu"))
+        assert model.dtype == dtype
+        steps = Decoder(model, model.new_cache(32)).generate([1, 2, 3], GenerationConfig(max_new_tokens=4))
+        assert sum(len(s.token_ids) for s in steps) == 4
+    keys = {p.name for p in (data_dir / "cache").rglob("*") if "int4" in p.name}
+    assert any("float32" in k for k in keys) and any("bfloat16" in k for k in keys), keys
