@@ -46,6 +46,17 @@ def lookup_draft(ids: torch.Tensor, length: torch.Tensor | int, root: torch.Tens
 def _lookup_rows(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, count: int,
                  max_ngram: int) -> torch.Tensor:
     """``lookup_draft`` over B rows: ids [B, C], length and root [B] → [B, count]."""
+    return lookup_candidates(ids, length, root, count, max_ngram=max_ngram, chains=1)[:, 0]
+
+
+def lookup_candidates(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, count: int, *,
+                      max_ngram: int = MAX_NGRAM, chains: int = 2) -> torch.Tensor:
+    """Up to ``chains`` drafts [B, chains, count] per row that disagree on their first token:
+    the first is ``lookup_draft``'s; each next one is the best remaining match (longest,
+    then latest) whose continuation starts with a token no earlier draft starts with (a
+    prompt quoted twice with different words after the same phrase gives two guesses).
+    Where no such match is left, a draft repeats the one before it (verification then
+    accepts no more from it). ids [B, C], length and root [B]."""
     b, c = ids.shape
     device = ids.device
     pos = torch.arange(c, device=device)  # [C]
@@ -60,7 +71,16 @@ def _lookup_rows(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, co
         matched = matched + run  # consecutive matches from k = 0 on
     score = torch.where(pos < length, matched * c + pos, torch.full_like(matched, -1))
     score = torch.where(matched > 0, score, torch.full_like(matched, -1))
-    best = score.argmax(dim=1, keepdim=True)  # [B, 1] latest among the longest matches (or 0 if none)
-    period = (length - best).clamp(min=1)
-    take = best + 1 + torch.arange(count, device=device) % period  # [B, count], all <= length
-    return seq.gather(1, take.clamp(max=c - 1))
+    after = seq.gather(1, (pos + 1).clamp(max=c - 1).expand(b, c))  # [B, C] the token that followed each p
+    drafts = []
+    for _ in range(chains):
+        best = score.argmax(dim=1, keepdim=True)  # [B, 1] latest among the longest matches (or 0 if none)
+        period = (length - best).clamp(min=1)
+        take = best + 1 + torch.arange(count, device=device) % period  # [B, count], all <= length
+        drafts.append(seq.gather(1, take.clamp(max=c - 1)))
+        found = score.gather(1, best) >= 0  # [B, 1] a real match, not the arbitrary fallback
+        first = torch.where(found, drafts[-1][:, :1], torch.full_like(best, -1))
+        score = torch.where(after == first, torch.full_like(score, -1), score)  # the same guess again: left out
+        if len(drafts) > 1:
+            drafts[-1] = torch.where(found, drafts[-1], drafts[-2])
+    return torch.stack(drafts, dim=1)

@@ -4,7 +4,7 @@ import torch
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.errors import TreeError
 from specmemo_core.runtime.heads import random_heads
-from specmemo_core.runtime.lookup import lookup_draft
+from specmemo_core.runtime.lookup import lookup_candidates, lookup_draft
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
@@ -102,3 +102,19 @@ def test_greedy_with_a_lookup_chain_equals_plain_greedy(tree_name, static):
     # plain would give 1 a step, random heads alone ~2; a loop fills most of the chain
     assert sum(s.accepted for s in decode) / len(decode) > 0.6 * (tree.lookup + 1)
     assert decoder.cache.ids[: decoder.cache.length].tolist() == decoder.history  # ids follow the cache
+
+
+def test_candidates_are_drafts_that_disagree_on_their_first_token():
+    """"7 8" was followed by 1 2 3 once and by 4 5 6 later; the sequence now ends in 7 and
+    its root is 8: the first draft is the latest match's, the second the other's; where
+    every match agrees, the second repeats the first."""
+    seq = [9, 7, 8, 1, 2, 3, 0, 7, 8, 4, 5, 6, 0, 7]
+    ids = torch.tensor(seq + [0] * 6)[None]
+    out = lookup_candidates(ids, torch.tensor([len(seq)]), torch.tensor([8]), 3, chains=3)[0]
+    assert out[0].tolist() == [4, 5, 6] == lookup_draft(ids[0], len(seq), 8, 3).tolist()
+    assert out[1].tolist() == [1, 2, 3]
+    assert out[2].tolist() == out[1].tolist()  # no third guess: it repeats the second
+    agree = [9, 7, 8, 1, 2, 3, 0, 7, 8, 1, 2, 5, 0, 7]
+    ids = torch.tensor(agree + [0] * 6)[None]
+    out = lookup_candidates(ids, torch.tensor([len(agree)]), torch.tensor([8]), 3)[0]
+    assert out[0].tolist() == [1, 2, 5] and out[1].tolist() == [1, 2, 5]
