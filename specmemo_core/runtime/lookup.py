@@ -71,16 +71,18 @@ def lookup_candidates(ids: torch.Tensor, length: torch.Tensor, root: torch.Tenso
         matched = matched + run  # consecutive matches from k = 0 on
     score = torch.where(pos < length, matched * c + pos, torch.full_like(matched, -1))
     score = torch.where(matched > 0, score, torch.full_like(matched, -1))
-    after = seq.gather(1, (pos + 1).clamp(max=c - 1).expand(b, c))  # [B, C] the token that followed each p
-    drafts = []
-    for _ in range(chains):
+    after = seq.gather(1, (pos + 1).clamp(max=c - 1).expand(b, c)) if chains > 1 else None  # [B, C] what followed p
+    drafts: list[torch.Tensor] = []
+    while True:
         best = score.argmax(dim=1, keepdim=True)  # [B, 1] latest among the longest matches (or 0 if none)
         period = (length - best).clamp(min=1)
         take = best + 1 + torch.arange(count, device=device) % period  # [B, count], all <= length
-        drafts.append(seq.gather(1, take.clamp(max=c - 1)))
-        found = score.gather(1, best) >= 0  # [B, 1] a real match, not the arbitrary fallback
-        first = torch.where(found, drafts[-1][:, :1], torch.full_like(best, -1))
+        draft = seq.gather(1, take.clamp(max=c - 1))
+        if not drafts:
+            drafts.append(draft)
+        else:  # no disagreeing match left: repeat the draft before
+            drafts.append(torch.where(score.gather(1, best) >= 0, draft, drafts[-1]))
+        if len(drafts) == chains:  # one chain: a view, no copy (the decoding step's own lookup)
+            return torch.stack(drafts, dim=1) if chains > 1 else draft.unsqueeze(1)
+        first = torch.where(score.gather(1, best) >= 0, draft[:, :1], torch.full_like(best, -1))
         score = torch.where(after == first, torch.full_like(score, -1), score)  # the same guess again: left out
-        if len(drafts) > 1:
-            drafts[-1] = torch.where(found, drafts[-1], drafts[-2])
-    return torch.stack(drafts, dim=1)
