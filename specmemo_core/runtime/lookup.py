@@ -37,16 +37,11 @@ def lookup_draft(ids: torch.Tensor, length: torch.Tensor | int, root: torch.Tens
     Batched: ``ids`` [B, C], ``length`` and ``root`` [B] give [B, count], each row its own.
     """
     if ids.dim() == 2:
-        return _lookup_rows(ids, torch.as_tensor(length, device=ids.device), torch.as_tensor(root, device=ids.device),
-                            count, max_ngram)
+        return lookup_candidates(ids, torch.as_tensor(length, device=ids.device),
+                                 torch.as_tensor(root, device=ids.device), count, max_ngram=max_ngram, chains=1)[:, 0]
     one = torch.as_tensor(length, device=ids.device).view(1)
-    return _lookup_rows(ids[None], one, torch.as_tensor(root, device=ids.device).view(1), count, max_ngram)[0]
-
-
-def _lookup_rows(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, count: int,
-                 max_ngram: int) -> torch.Tensor:
-    """``lookup_draft`` over B rows: ids [B, C], length and root [B] → [B, count]."""
-    return lookup_candidates(ids, length, root, count, max_ngram=max_ngram, chains=1)[:, 0]
+    root = torch.as_tensor(root, device=ids.device).view(1)
+    return lookup_candidates(ids[None], one, root, count, max_ngram=max_ngram, chains=1)[0, 0]
 
 
 def lookup_candidates(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, count: int, *,
@@ -71,18 +66,22 @@ def lookup_candidates(ids: torch.Tensor, length: torch.Tensor, root: torch.Tenso
         matched = matched + run  # consecutive matches from k = 0 on
     score = torch.where(pos < length, matched * c + pos, torch.full_like(matched, -1))
     score = torch.where(matched > 0, score, torch.full_like(matched, -1))
-    after = seq.gather(1, (pos + 1).clamp(max=c - 1).expand(b, c)) if chains > 1 else None  # [B, C] what followed p
-    drafts: list[torch.Tensor] = []
-    while True:
-        best = score.argmax(dim=1, keepdim=True)  # [B, 1] latest among the longest matches (or 0 if none)
+    def drawn(score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best match [B, 1] (latest among the longest, or 0 if none) and what followed it."""
+        best = score.argmax(dim=1, keepdim=True)
         period = (length - best).clamp(min=1)
         take = best + 1 + torch.arange(count, device=device) % period  # [B, count], all <= length
-        draft = seq.gather(1, take.clamp(max=c - 1))
-        if not drafts:
-            drafts.append(draft)
-        else:  # no disagreeing match left: repeat the draft before
-            drafts.append(torch.where(score.gather(1, best) >= 0, draft, drafts[-1]))
-        if len(drafts) == chains:  # one chain: a view, no copy (the decoding step's own lookup)
-            return torch.stack(drafts, dim=1) if chains > 1 else draft.unsqueeze(1)
-        first = torch.where(score.gather(1, best) >= 0, draft[:, :1], torch.full_like(best, -1))
+        return best, seq.gather(1, take.clamp(max=c - 1))
+
+    best, draft = drawn(score)
+    if chains == 1:  # the decoding step's own lookup: nothing more to read
+        return draft.unsqueeze(1)
+    after = seq.gather(1, (pos + 1).clamp(max=c - 1).expand(b, c))  # [B, C] the token that followed each p
+    drafts, found = [draft], score.gather(1, best) >= 0  # found [B, 1]: a real match, not the fallback
+    while len(drafts) < chains:
+        first = torch.where(found, draft[:, :1], torch.full_like(best, -1))
         score = torch.where(after == first, torch.full_like(score, -1), score)  # the same guess again: left out
+        best, draft = drawn(score)
+        found = score.gather(1, best) >= 0
+        drafts.append(torch.where(found, draft, drafts[-1]))  # no disagreeing match left: the draft before
+    return torch.stack(drafts, dim=1)

@@ -137,15 +137,19 @@ class Tree:
         than one node."""
         return self.num_nodes > 1 and heads_can_draft(self.depth, heads.num_heads if heads is not None else None)
 
-    def check_heads(self, num_heads: int | None, *, kind: str | None = None) -> None:
-        """Raise unless ``num_heads`` draft heads (None: none loaded) of ``kind`` ("hydra",
+    def fits_heads(self, num_heads: int | None, *, kind: str | None = None) -> bool:
+        """Whether ``num_heads`` draft heads (None: none loaded) of ``kind`` ("hydra",
         "medusa"; None: not known yet) can draft this tree. A grown tree grows along the
         heads' drafted paths, which needs hydra heads."""
-        if self.growth is not None and kind is not None and kind != "hydra":
+        return (self.growth is None or kind in (None, "hydra")) and heads_can_draft(self.depth, num_heads)
+
+    def check_heads(self, num_heads: int | None, *, kind: str | None = None) -> None:
+        """Raise, saying what to do, unless ``fits_heads``."""
+        if self.fits_heads(num_heads, kind=kind):
+            return
+        if self.growth is not None and kind not in (None, "hydra"):
             raise TreeError(f"tree {self.name} grows along the heads' drafted paths, which needs hydra heads; "
                             "with medusa heads use a fixed tree (calibrated-N, medusa-64)")
-        if heads_can_draft(self.depth, num_heads):
-            return
         if num_heads is None:
             raise TreeError(f"tree {self.name} needs draft heads; load heads, or decode plainly or with a "
                             "lookup chain alone (lookup-N)")

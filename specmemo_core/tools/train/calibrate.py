@@ -63,6 +63,7 @@ def draft_states(heads: DraftHeads, feats: Features, rope: Rope | None, device: 
     return context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
 
 
+@torch.inference_mode()
 def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head: nn.Linear, *,
                device: str | torch.device = "cpu", batch_size: int = 4096, rope: Rope | None = None,
                hidden: torch.Tensor | None = None) -> torch.Tensor:

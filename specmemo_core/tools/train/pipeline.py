@@ -24,7 +24,7 @@ from specmemo_core.runtime.heads import DraftHeads, HeadsSpec, load_heads, save_
 from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
 from specmemo_core.storage.sources import LoadedModel, load_model
 from specmemo_core.planning.planner import LOOKUP_GAIN, TREE_SIZES
-from specmemo_core.runtime.tree import heads_can_draft, load_tree
+from specmemo_core.runtime.tree import load_tree
 from specmemo_core.tools.train.calibrate import (GrownDepths, calibrate, draft_states, grown_depths, head_ranks,
                                                  lookup_lengths, save_calibration)
 from specmemo_core.tools.train.distill import Sequences, generate_replies, user_turns
@@ -214,13 +214,13 @@ def grown_calibration(heads: DraftHeads, feats: Features, embed: nn.Embedding, l
                       hidden: torch.Tensor) -> GrownDepths | None:
     """``calibrate``'s grown trees: ``dynamic-n``'s accepted depths at every held-out row,
     over the draft states ``hidden``; None for medusa heads, and None for a size whose
-    grown tree is deeper than the heads (``Tree.check_heads``'s rule)."""
+    grown tree the heads cannot draft (``Tree.fits_heads``)."""
     if heads.spec.kind != "hydra":
         return None
 
     def depths(n: int) -> torch.Tensor | None:
         tree = load_tree(f"dynamic-{n}")
-        if not heads_can_draft(tree.depth, heads.num_heads):
+        if not tree.fits_heads(heads.num_heads, kind=heads.spec.kind):
             return None
         return grown_depths(heads, feats, embed, lm_head, tree.growth, device=device, hidden=hidden)
 
