@@ -7,7 +7,7 @@ costs against a plain step. Speed = accepted tokens per step / step time; with t
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
-        [--modes eager,graphs] [--no-fuse] [--kernels] [--context N] [--capacity N]
+        [--modes eager,graphs] [--no-fuse] [--compile] [--kernels] [--context N] [--capacity N]
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
+    ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
     ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (a step attends over the smallest span that holds the conversation)")
@@ -93,8 +94,10 @@ def main() -> None:
     shape = known_shape(args.shape)
     model = random_model(shape, args.dtype, args.device)
     fused = False if args.no_fuse else model.fuse_projections()
+    if args.compile:
+        model.compile_layers()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "ms_per_step": {},
+    out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "compiled": args.compile, "ms_per_step": {},
            "kernels_per_step": {}, "first_step_s": {}}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)

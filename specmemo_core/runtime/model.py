@@ -193,17 +193,10 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.qkv = _fuse([self.q_proj, self.k_proj, self.v_proj])
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [..., T, D]
-        cos: torch.Tensor,  # [..., T, hd]
-        sin: torch.Tensor,  # [..., T, hd] signed (rope_tables)
-        bias: torch.Tensor,  # [..., groups·T, S] additive (attention_bias)
-        cache: KVCache,
-        residual: torch.Tensor,  # [..., T, D]
-    ) -> torch.Tensor:
-        """``residual`` + attention output [..., T, D]; a leading batch axis B goes with a
-        batched cache (its ``write`` takes and gives [B, Hkv, ·, hd])."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [..., T, D] (normed) → rotated queries [..., H, T, hd], rotated keys and values
+        [..., Hkv, T, hd]; cos, sin [..., T, hd] (signed sin: ``rope_tables``)."""
         s = self.spec
         lead, t, hd, h, hkv = x.shape[:-2], x.shape[-2], s.head_dim, s.num_heads, s.num_kv_heads
         if self.qkv is not None:
@@ -213,16 +206,40 @@ class Attention(nn.Module):
         qkv = qkv.view(*lead, t, h + 2 * hkv, hd)
         cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [..., 1, T, hd]: shared by the heads
         qk = apply_rope(qkv[..., : h + hkv, :].transpose(-3, -2), cos, sin)  # [..., H + Hkv, T, hd]
-        keys, values = cache.write(self.layer, qk[..., h:, :, :], qkv[..., h + hkv:, :].transpose(-3, -2))
+        return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + hkv:, :].transpose(-3, -2)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+               cache: KVCache) -> torch.Tensor:
+        """Store k, v in the cache and attend: [..., T, H·hd] before ``o_proj``. ``bias``
+        [..., groups·T, S] additive (``attention_bias``); a leading batch axis B goes with a
+        batched cache (its ``write`` takes and gives [B, Hkv, ·, hd])."""
+        s = self.spec
+        lead, t, hd, h, hkv = q.shape[:-3], q.shape[-2], s.head_dim, s.num_heads, s.num_kv_heads
+        keys, values = cache.write(self.layer, k, v)
         span = bias.shape[-1]  # a static cache may be attended over its first slots only
         keys, values = keys[..., :span, :], values[..., :span, :]  # [..., Hkv, S, hd]
-        q = qk[..., :h, :, :].reshape(*lead, hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [..., Hkv, g·T, hd]
+        q = q.reshape(*lead, hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [..., Hkv, g·T, hd]
         if lead:  # [B, Hkv, g·T, hd]; one bias per sequence, shared by its heads
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias.unsqueeze(-3))
         else:
             out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias)[0]  # [Hkv, gT, hd]
-        out = out.unflatten(-2, (h // hkv, t)).movedim(-2, -4).reshape(*lead, t, h * hd)  # [..., T, H·hd]
-        return _linear_add(residual, out, self.o_proj, self.qkv is not None)
+        return out.unflatten(-2, (h // hkv, t)).movedim(-2, -4).reshape(*lead, t, h * hd)  # [..., T, H·hd]
+
+    def output(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` + ``o_proj(attended)`` [..., T, D]."""
+        return _linear_add(residual, attended, self.o_proj, self.qkv is not None)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [..., T, D]
+        cos: torch.Tensor,  # [..., T, hd]
+        sin: torch.Tensor,  # [..., T, hd] signed (rope_tables)
+        bias: torch.Tensor,  # [..., groups·T, S] additive (attention_bias)
+        cache: KVCache,
+        residual: torch.Tensor,  # [..., T, D]
+    ) -> torch.Tensor:
+        """``residual`` + attention output [..., T, D]."""
+        return self.output(self.attend(*self.project(x, cos, sin), bias, cache), residual)
 
 
 class MLP(nn.Module):
@@ -246,6 +263,39 @@ class MLP(nn.Module):
         return _linear_add(residual, F.silu(gate) * up, self.down_proj, self.gate_up is not None)
 
 
+def project_layer(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer up to its cache: norm, q/k/v projections and rotary (``Attention.project``)."""
+    return layer.self_attn.project(layer.input_layernorm(x), cos, sin)
+
+
+def finish_layer(layer: "DecoderLayer", attended: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A layer after its attention: o_proj and residual, norm, MLP and residual."""
+    x = layer.self_attn.output(attended, x)
+    return layer.mlp(layer.post_attention_layernorm(x), x)
+
+
+@dataclass(frozen=True)
+class LayerRegions:
+    """How a decoder layer runs the parts around its cache write and attention: eagerly, or
+    compiled (``compiled_regions``). Every layer has the same code over its own weights, so
+    one compiled region serves them all."""
+
+    project: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = project_layer
+    finish: Callable[..., torch.Tensor] = finish_layer
+
+
+EAGER_REGIONS = LayerRegions()
+
+
+def compiled_regions() -> LayerRegions:
+    """Both regions through ``torch.compile`` (fixed shapes: one compiled graph per number of
+    tokens a step runs): the norms, rotary, SiLU and residual adds fuse into a few kernels
+    around the matmuls, so a step launches about half as many. The cache write and the
+    attention stay eager: they read the cache object and span, which differ per layer."""
+    return LayerRegions(torch.compile(project_layer, dynamic=False), torch.compile(finish_layer, dynamic=False))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
@@ -253,11 +303,12 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(spec, layer)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
+        self.regions = EAGER_REGIONS
 
     def forward(self, x, cos, sin, bias: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """``bias``: from ``attention_bias``, made once per forward by the caller."""
-        x = self.self_attn(self.input_layernorm(x), cos, sin, bias, cache, x)
-        return self.mlp(self.post_attention_layernorm(x), x)
+        q, k, v = self.regions.project(self, x, cos, sin)
+        return self.regions.finish(self, self.self_attn.attend(q, k, v, bias, cache), x)
 
     def fuse(self) -> bool:
         """Fuse q/k/v and gate/up into single matmuls where the weights are plain (CUDA;
@@ -465,6 +516,14 @@ class CausalLM(nn.Module):
         Call after the weights are on their device and in their final form (not for
         packed or quantized weights: then it does nothing and returns False)."""
         return all([layer.fuse() for layer in self.model.layers])
+
+    def compile_layers(self) -> None:
+        """Run the resident decoder layers through ``compiled_regions`` (CUDA: a step is bound by
+        kernel launches and small kernels; compiling happens at each new step shape's first run,
+        so call it before capturing graphs)."""
+        regions = compiled_regions()
+        for layer in self.model.layers:
+            layer.regions = regions
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [..., V]
