@@ -77,6 +77,17 @@ def time_steps(model, heads, tree, graphs: bool, steps: int, *, context: int = 1
     return (time.perf_counter() - t0) / n * 1e3
 
 
+H200_BYTES_PER_S = 4.8e12  # HBM3e, as NVIDIA rates it
+
+
+def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
+    """A bf16 step's floor: every decoder weight and the LM head read once (the embedding
+    only gives one row), at the memory's rated speed."""
+    d, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    layer = d * (shape.num_heads + 2 * shape.num_kv_heads) * hd + shape.num_heads * hd * d + 3 * d * i
+    return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="smollm2-135m")
@@ -97,7 +108,8 @@ def main() -> None:
     if args.compile:
         model.compile_layers()
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "compiled": args.compile, "ms_per_step": {},
+    out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "compiled": args.compile,
+           "bf16_weight_read_floor_ms": round(weight_read_floor_ms(shape), 3), "ms_per_step": {},
            "kernels_per_step": {}, "first_step_s": {}}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
