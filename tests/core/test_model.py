@@ -150,3 +150,29 @@ def test_a_packed_head_is_scored_whole():
     pack_linears(ours)
     assert type(ours.lm_head).__name__ == "PackedLinear"
     assert torch.equal(ours.greedy_picks(hidden, rows=7), expected)
+
+
+def test_compiled_layers_decode_as_eager_ones_plainly_and_on_a_tree():
+    """``compile_layers`` runs every layer's two regions through ``torch.compile`` (one
+    compiled graph shared by the layers): in fp32 the greedy tokens are the eager ones, for
+    plain steps and for a 64-node tree's, whose regions see 64 tokens at once."""
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+    from specmemo_core.runtime.heads import random_heads
+    from specmemo_core.runtime.model import EAGER_REGIONS
+    from specmemo_core.runtime.tree import load_tree
+    from tests.tiny import tiny_model
+
+    model = tiny_model(layers=3)
+    heads = random_heads(4, model.spec.hidden_size, model.spec.vocab_size)
+    prompt = list(range(5, 40))
+
+    def reply(tree: str | None) -> list[int]:
+        decoder = Decoder(model, model.new_cache(256), heads if tree else None, load_tree(tree) if tree else None)
+        return [t for step in decoder.generate(prompt, GenerationConfig(max_new_tokens=30)) for t in step.token_ids]
+
+    eager = reply(None), reply("medusa-64")
+    model.compile_layers()
+    layers = list(model.model.layers)
+    assert layers[0].regions is not EAGER_REGIONS and all(layer.regions is layers[0].regions for layer in layers)
+    assert (reply(None), reply("medusa-64")) == eager
+    assert eager[0] == eager[1]  # the tree's greedy reply is the plain one
