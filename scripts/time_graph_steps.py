@@ -7,7 +7,7 @@ costs against a plain step. Speed = accepted tokens per step / step time; with t
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
-        [--modes eager,graphs] [--no-fuse] [--compile] [--kernels] [--context N] [--capacity N]
+        [--modes eager,graphs] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--kernels] [--context N] [--capacity N]
 """
 
 from __future__ import annotations
@@ -88,6 +88,34 @@ def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
     return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
 
 
+def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
+    """Each tree's step, with eager and compiled layer regions in turn, ``args.repeats``
+    rounds (a fresh decoder and capture each time): ms per step, median (min–max)."""
+    from statistics import median
+
+    from specmemo_core.runtime.model import EAGER_REGIONS, compiled_regions
+
+    kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
+    out: dict[str, dict[str, float]] = {}
+    for name in args.trees.split(","):
+        tree = None if name == "single" else load_tree(name)
+        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(shape.hidden_size,
+                 shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=args.device, dtype=model.dtype)
+                 if tree else None)
+        times: dict[str, list[float]] = {k: [] for k in args.regions.split(",")}
+        for _ in range(args.repeats):
+            for kind in times:
+                for layer in model.model.layers:
+                    layer.regions = kinds[kind]
+                times[kind].append(time_steps(model, heads, tree, True, args.steps, context=args.context,
+                                              capacity=args.capacity))
+        for kind, ms in times.items():
+            out[f"{name}+graphs {kind}"] = {"median": round(median(ms), 3), "min": round(min(ms), 3),
+                                            "max": round(max(ms), 3), "runs": len(ms)}
+            print(json.dumps({"tree": name, "regions": kind, **out[f"{name}+graphs {kind}"]}), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="smollm2-135m")
@@ -98,6 +126,9 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
+    ap.add_argument("--regions", default="", help="eager,compiled: time both, alternating in this process "
+                    "(--repeats rounds each; medians and spread)")
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
     ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (a step attends over the smallest span that holds the conversation)")
@@ -111,6 +142,10 @@ def main() -> None:
     out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "compiled": args.compile,
            "bf16_weight_read_floor_ms": round(weight_read_floor_ms(shape), 3), "ms_per_step": {},
            "kernels_per_step": {}, "first_step_s": {}}
+    if args.regions:
+        out["alternating"] = alternate_regions(model, shape, args)
+        print(json.dumps(out))
+        return
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
         heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(shape.hidden_size,

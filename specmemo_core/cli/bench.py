@@ -29,7 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default=None,
                    help="comma list of hf, hf-pld, vanilla, plan, llamacpp and tree names (default: all of "
                         "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan, and on a CPU llamacpp: llama.cpp on the same "
-                        "GGUF, skipped with a line where llama-cpp-python is not installed)")
+                        "GGUF, skipped with a line where llama-cpp-python is not installed); a name of ours "
+                        "+graphs: on the static-shape decoder (CUDA graphs on a GPU); then +compiled: its decoder "
+                        "layers through torch.compile (e.g. vanilla+graphs+compiled)")
     p.add_argument("--cap-gib", default=None, metavar="GIB",
                    help="offload methods (accelerate-offload, stream-plain, stream-tree, stream-random-heads): plan "
                         "for a GPU of GIB and cap this process's GPU memory to it (as plan --verify does); 'half': "

@@ -521,7 +521,10 @@ class CausalLM(nn.Module):
         """Run the resident decoder layers through ``compiled_regions`` (CUDA: a step is bound by
         kernel launches and small kernels; compiling happens at each new step shape's first run,
         so call it before capturing graphs)."""
-        regions = compiled_regions()
+        self.use_regions(compiled_regions())
+
+    def use_regions(self, regions: LayerRegions) -> None:
+        """Run every resident decoder layer's regions as ``regions`` (``EAGER_REGIONS``: eagerly)."""
         for layer in self.model.layers:
             layer.regions = regions
 

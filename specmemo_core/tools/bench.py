@@ -101,16 +101,23 @@ class Method:
     note: str = ""
 
 
+COMPILED = "+compiled"  # a method name's suffix: the same method with compiled layer regions
+
+
 # -- runners ------------------------------------------------------------------
 def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, *, max_new_tokens: int,
-                graphs: bool = False) -> Callable[[], Pass]:
+                graphs: bool = False, regions: Any = None) -> Callable[[], Pass]:
     """Our decoder (plain when ``tree`` is None) over the conversations, via evaluate.run_conversations;
     ``graphs``: the static-shape decoder (CUDA graphs on a GPU, captured on the engine's one
-    stream, as the app's sessions are)."""
+    stream, as the app's sessions are); ``regions``: how the decoder layers run
+    (``model.LayerRegions``; None: eagerly), set at each pass since methods take turns."""
+    from specmemo_core.runtime.model import EAGER_REGIONS
+
     heads = engine.heads if tree is not None else None
     capture_stream = engine.graph_capture_stream()
 
     def run() -> Pass:
+        engine.model.use_regions(regions or EAGER_REGIONS)
         r = run_conversations(engine.model, engine.tokenizer, engine.config, conversations, heads=heads,
                               tree=tree, max_new_tokens=max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, capture_stream=capture_stream)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
@@ -368,19 +375,30 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
     from specmemo_core.runtime.chat import end_of_turn_ids
     from specmemo_core.runtime.engine import resolve_tree
 
+    from specmemo_core.runtime.model import compiled_regions
+
     kind = engine.model.device.type
     stops = end_of_turn_ids(engine.tokenizer, engine.config)
     methods: list[Method] = []
+    compiled: list[Any] = []  # the one compiled LayerRegions every +compiled method shares (made on first use)
 
     def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
-        run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs)
+        regions = None
+        if name.endswith(COMPILED):
+            compiled[:] = compiled or [compiled_regions()]
+            regions, note = compiled[0], note + ("; " if note else "") + "compiled layer regions"
+        run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs, regions=regions)
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
 
     for full_name in names:
-        # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU)
-        name, graphs = (full_name[: -len("+graphs")], True) if full_name.endswith("+graphs") else (full_name, False)
+        # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU); a
+        # further +compiled: its decoder layers' regions through torch.compile (model.compiled_regions)
+        base = full_name.removesuffix(COMPILED)
+        if base != full_name and base.split("+", 1)[0] in HF_METHODS:
+            raise SpecMemoError(f"method {full_name}: +compiled applies to our decoder, not to transformers")
+        name, graphs = (base[: -len("+graphs")], True) if base.endswith("+graphs") else (base, False)
         graphs = graphs or (name == "plan" and kind == "cuda" and engine.model.capturable)  # as the app runs it
         if graphs and kind == "cuda" and not engine.model.capturable:
             raise SpecMemoError(f"method {full_name}: a model split over two GPUs steps eagerly (one CUDA graph "
