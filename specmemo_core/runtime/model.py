@@ -289,11 +289,13 @@ EAGER_REGIONS = LayerRegions()
 
 
 def compiled_regions() -> LayerRegions:
-    """Both regions through ``torch.compile`` (fixed shapes: one compiled graph per number of
-    tokens a step runs): the norms, rotary, SiLU and residual adds fuse into a few kernels
-    around the matmuls, so a step launches about half as many. The cache write and the
-    attention stay eager: they read the cache object and span, which differ per layer."""
-    return LayerRegions(torch.compile(project_layer, dynamic=False), torch.compile(finish_layer, dynamic=False))
+    """Both regions through ``torch.compile``: the norms, rotary, SiLU and residual adds fuse
+    into a few kernels around the matmuls. The cache write and the attention stay eager: they
+    read the cache object and span, which differ per layer. Shapes are compiled as they come
+    (torch's automatic dynamic shapes): one token, then any number of them (tree steps and
+    prompt chunks of every length) after the second size seen, so a new prompt length does
+    not compile again."""
+    return LayerRegions(torch.compile(project_layer), torch.compile(finish_layer))
 
 
 class DecoderLayer(nn.Module):
