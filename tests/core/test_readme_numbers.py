@@ -238,3 +238,40 @@ def test_the_batched_table_holds_the_h200_run():
     fp32 = json.loads((folder / "batch_conversations_b8_fp32_grown.json").read_text(encoding="utf-8"))["8"]
     assert fp32["speculative"]["identical_to_plain"] == fp32["speculative"]["replies"] == 40
     assert f"{run['8']['speculative']['identical_to_plain']} of 40 are" in text
+
+
+def _step_ms(r: dict) -> str:
+    return f"{r['median']:.2f} ({r['min']:.2f}–{r['max']:.2f})"
+
+
+def test_the_step_floor_tables_hold_the_h200_runs():
+    """README's 7B-shaped step tables are the alternating runs' medians, floors and ratios;
+    the compiled-regions bullet quotes the default model's bench."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    results = REPO / "docs/results/step_floor_h200"
+
+    def last(name: str) -> dict:
+        return json.loads((results / name).read_text(encoding="utf-8").strip().splitlines()[-1])
+
+    for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m"):
+        run = last(f"{shape}-bf16.jsonl")
+        a, floor = run["alternating"], run["bf16_weight_read_floor_ms"]
+        assert all(r["runs"] == 3 for r in a.values())
+        plain, plain_c, tree, tree_c = (a[f"{t}+graphs {k}"] for t in ("single", "medusa-64")
+                                        for k in ("eager", "compiled"))
+        row = (f"| `{shape}` | {floor:.2f} | {_step_ms(plain)} | {_step_ms(plain_c)} | {plain_c['median'] / floor:.2f}× "
+               f"| {_step_ms(tree)} | {_step_ms(tree_c)} | {tree_c['median'] / plain_c['median']:.2f}× |")
+        assert row in readme, f"README lacks {row!r}"
+    for shape in ("vicuna-7b", "llama-3-8b"):
+        s = last(f"{shape}-int4.jsonl")["ms_per_step"]
+        row = (f"| `{shape}` | {s['single+graphs']:.2f} | {s['medusa-64+graphs']:.2f} | "
+               f"{s['medusa-64+graphs'] / s['single+graphs']:.2f}× |")
+        assert row in readme, f"README lacks {row!r}"
+    bench = json.loads((REPO / "docs/results/compile_h200/compile_bf16.json").read_text(encoding="utf-8"))
+    assert bench["_run"]["rounds_done"] == 3
+    m = {k: r["tokens_per_s"]["median"] for k, r in bench.items() if not k.startswith("_")}
+    assert (f"`vanilla+graphs` {m['vanilla+graphs+compiled']:.0f} tok/s against {m['vanilla+graphs']:.0f}\n"
+            f"  (**{m['vanilla+graphs+compiled'] / m['vanilla+graphs']:.2f}×**), `plan` (`{bench['plan']['tree']}`) "
+            f"{m['plan+compiled']:.0f} against {m['plan']:.0f} (**{m['plan+compiled'] / m['plan']:.2f}×**)") in readme
+    fp32 = json.loads((REPO / "docs/results/compile_h200/compile_fp32.json").read_text(encoding="utf-8"))
+    assert all(r["identical_to_vanilla"] == r["replies"] == 20 for k, r in fp32.items() if not k.startswith("_"))
