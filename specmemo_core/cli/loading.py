@@ -113,4 +113,10 @@ def load_for_chat(args: argparse.Namespace) -> ChatSetup:
 
     planned = load_planned_engine(args)
     capacity = checked_context(args.context, planned)
+    if args.compile:
+        if planned.device.torch_device.startswith("cuda"):
+            planned.engine.model.compile_layers()
+        else:
+            print(f"warning: --compile speeds steps up on a CUDA GPU only; on {planned.device.torch_device} the "
+                  "model runs as it is", file=sys.stderr)
     return ChatSetup(planned, capacity, args.system, args.graphs, torch.get_num_threads())

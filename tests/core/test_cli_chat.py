@@ -26,7 +26,7 @@ def run_chat(data_root: Path, lines: list[bytes], *args: str, encoding: str = "a
 
 @pytest.fixture(scope="module")
 def small_context_chat(shared_data_root: Path) -> tuple[str, str, int]:
-    done = run_chat(shared_data_root, LINES, "--context", "160", "--max-new-tokens", "24")
+    done = run_chat(shared_data_root, LINES, "--context", "160", "--max-new-tokens", "24", "--compile")
     return done.stdout.decode("ascii"), done.stderr.decode("ascii"), done.returncode
 
 
@@ -35,6 +35,7 @@ def test_the_chat_goes_on_past_a_full_context_and_says_so(small_context_chat):
     out, err, code = small_context_chat
     assert code == 0, err[-2000:]
     assert "Start a new chat" not in err and "error:" not in err
+    assert "--compile speeds steps up on a CUDA GPU only; on cpu the model runs as it is" in err
     left = [int(n) for n in re.findall(r"\[(\d+) earlier turns? left the model's context\]", err)]
     assert left and all(n >= 1 for n in left)  # the oldest turns slid out, and the chat said so
     assert out.count("bot> ") == 5  # every message got a reply: 4 before /new, 1 after
