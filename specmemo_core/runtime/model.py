@@ -521,8 +521,8 @@ class CausalLM(nn.Module):
 
     def compile_layers(self) -> None:
         """Run the resident decoder layers through ``compiled_regions`` (CUDA: a step is bound by
-        kernel launches and small kernels; compiling happens at each new step shape's first run,
-        so call it before capturing graphs)."""
+        kernel launches and small kernels; each region compiles at the first runs of the first
+        shapes it sees, so call it before capturing graphs)."""
         self.use_regions(compiled_regions())
 
     def use_regions(self, regions: LayerRegions) -> None:

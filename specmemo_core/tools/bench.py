@@ -374,20 +374,19 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
     """Methods by name over a loaded Engine (ours) and a transformers model (``hf``)."""
     from specmemo_core.runtime.chat import end_of_turn_ids
     from specmemo_core.runtime.engine import resolve_tree
-
     from specmemo_core.runtime.model import compiled_regions
 
     kind = engine.model.device.type
     stops = end_of_turn_ids(engine.tokenizer, engine.config)
     methods: list[Method] = []
-    compiled: list[Any] = []  # the one compiled LayerRegions every +compiled method shares (made on first use)
+    # one compiled LayerRegions for every +compiled method (so they share what was compiled)
+    compiled = compiled_regions() if any(n.endswith(COMPILED) for n in names) else None
 
     def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
-        regions = None
-        if name.endswith(COMPILED):
-            compiled[:] = compiled or [compiled_regions()]
-            regions, note = compiled[0], note + ("; " if note else "") + "compiled layer regions"
+        regions = compiled if name.endswith(COMPILED) else None
+        if regions is not None:
+            note += ("; " if note else "") + "compiled layer regions"
         run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs, regions=regions)
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
