@@ -88,6 +88,12 @@ def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
     return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
 
 
+def step_heads(shape, model, device: str):
+    """Random hydra heads with a context layer, of ``shape``'s sizes: what a tree step drafts with."""
+    return random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(
+        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=device, dtype=model.dtype)
+
+
 def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     """Each tree's step, with eager and compiled layer regions in turn, ``args.repeats``
     rounds (a fresh decoder and capture each time): ms per step, median (min–max)."""
@@ -99,14 +105,11 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(shape.hidden_size,
-                 shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=args.device, dtype=model.dtype)
-                 if tree else None)
+        heads = step_heads(shape, model, args.device) if tree else None
         times: dict[str, list[float]] = {k: [] for k in args.regions.split(",")}
         for _ in range(args.repeats):
             for kind in times:
-                for layer in model.model.layers:
-                    layer.regions = kinds[kind]
+                model.use_regions(kinds[kind])
                 times[kind].append(time_steps(model, heads, tree, True, args.steps, context=args.context,
                                               capacity=args.capacity))
         for kind, ms in times.items():
@@ -148,9 +151,7 @@ def main() -> None:
         return
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        heads = (random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(shape.hidden_size,
-                 shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=args.device, dtype=model.dtype)
-                 if tree else None)
+        heads = step_heads(shape, model, args.device) if tree else None
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
             ms = time_steps(model, heads, tree, mode != "eager", args.steps, context=args.context, capacity=args.capacity)

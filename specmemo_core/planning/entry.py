@@ -125,7 +125,7 @@ def forced_tree_option(name: str, inputs: PlanInputs) -> TreeOption:
     from specmemo_core.runtime.engine import resolve_tree
 
     tree = resolve_tree(name, inputs.heads_folder)
-    tree.check_heads(inputs.heads.num_heads if inputs.heads is not None else None)
+    tree.check_heads(inputs.heads)
     accepted = (expected_accepted(tree, rates_of(inputs.calibration)) if inputs.calibration is not None
                 else prior_expected_accepted(tree))
     return TreeOption(name, tree.num_nodes, tree.depth, accepted, tree.widest_drafting_level, tree.growth is not None)

@@ -244,7 +244,7 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
 def usable_trees(trees: Sequence[TreeOption], heads: HeadsShape | None, request: PlanRequest) -> list[TreeOption]:
     """The candidates a request may take: within its node cap and draftable by ``heads``."""
     return [t for t in trees if t.nodes <= request.max_tree_nodes
-            and heads_can_draft(t.depth, heads.num_heads if heads is not None else None)]
+            and heads_can_draft(t.depth, heads, grown=t.grown)]
 
 
 def heads_count(heads: HeadsShape | None, depth: int) -> int:

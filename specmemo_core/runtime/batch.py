@@ -95,8 +95,7 @@ class BatchDecoder:
         if tree is not None:
             if not tree.drafts:
                 heads = None  # a lookup chain alone: the heads would draft nothing
-            tree.check_heads(heads.num_heads if heads is not None else None,
-                             kind=heads.spec.kind if heads is not None else None)
+            tree.check_heads(heads)
         self.model, self.tree, self.graphs = model, tree, graphs
         self.speculative = tree is not None and tree.speculates(heads)
         self.heads = heads if self.speculative else None

@@ -143,9 +143,7 @@ class Decoder:
         if self.tree is not None:
             if not self.tree.drafts:
                 self.heads = None  # a lookup chain alone (or a 1-node tree): the heads would draft nothing
-            heads = self.heads
-            self.tree.check_heads(heads.num_heads if heads is not None else None,
-                                  kind=heads.spec.kind if heads is not None else None)
+            self.tree.check_heads(self.heads)
         device = self.model.device
         self._buffers = self.tree.buffers.to(device) if self.speculative else None
         self._single = load_tree("single").buffers.to(device)  # the plain step's 1-node tree

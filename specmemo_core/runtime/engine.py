@@ -199,7 +199,7 @@ class Engine:
         if self.tree is not None and not isinstance(tree, Path) and self.tree.name == tree:
             return self
         chosen = resolve_tree(tree, self.heads_folder)
-        chosen.check_heads(self.heads.num_heads if self.heads is not None else None)
+        chosen.check_heads(self.heads)
         return replace(self, tree=chosen)
 
     @property

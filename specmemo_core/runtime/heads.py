@@ -179,6 +179,10 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return self.spec.num_heads
 
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., D] → [K, ..., D], one transformed hidden state per head."""
         return torch.stack([blocks(x) for blocks in self.blocks])
@@ -241,6 +245,10 @@ class HydraHeads(nn.Module):
     @property
     def num_heads(self) -> int:
         return self.spec.num_heads
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
 
     def step(self, k: int, state: torch.Tensor, token_emb: torch.Tensor) -> torch.Tensor:
         """Head k's state for a node: parent state and the node's token embedding [..., D] → [..., D]."""
@@ -328,6 +336,9 @@ class DraftHeads(Protocol):
 
     @property
     def num_heads(self) -> int: ...
+
+    @property
+    def kind(self) -> str: ...  # ``spec.kind``
 
     def draft(self, hidden: torch.Tensor, root: torch.Tensor | int, tree: TreeBuffers, embed: nn.Embedding,
               lm_head: nn.Linear) -> torch.Tensor:

@@ -177,7 +177,8 @@ class Attention(nn.Module):
     """Self-attention over a KV cache. Query heads that share a key/value head are
     stacked along the token axis ([Hkv, groups·T, hd]), so every SDPA backend sees plain
     multi-head attention over the cache as it is stored: no key/value copies per group,
-    no fallback to the unfused kernel that grouped-query attention can force."""
+    no fallback to the unfused kernel that grouped-query attention can force. Its three
+    parts (``project``, ``attend``, ``output``) run from ``DecoderLayer``'s regions."""
 
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
@@ -228,18 +229,6 @@ class Attention(nn.Module):
     def output(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual`` + ``o_proj(attended)`` [..., T, D]."""
         return _linear_add(residual, attended, self.o_proj, self.qkv is not None)
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [..., T, D]
-        cos: torch.Tensor,  # [..., T, hd]
-        sin: torch.Tensor,  # [..., T, hd] signed (rope_tables)
-        bias: torch.Tensor,  # [..., groups·T, S] additive (attention_bias)
-        cache: KVCache,
-        residual: torch.Tensor,  # [..., T, D]
-    ) -> torch.Tensor:
-        """``residual`` + attention output [..., T, D]."""
-        return self.output(self.attend(*self.project(x, cos, sin), bias, cache), residual)
 
 
 class MLP(nn.Module):

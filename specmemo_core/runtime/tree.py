@@ -132,24 +132,23 @@ class Tree:
             return self.growth.depth
         return max((len(p) for p in self.paths), default=0)
 
-    def speculates(self, heads: "HasNumHeads | None") -> bool:
+    def speculates(self, heads: "Drafter | None") -> bool:
         """Whether decoding on this tree with ``heads`` (None: none loaded) verifies more
         than one node."""
-        return self.num_nodes > 1 and heads_can_draft(self.depth, heads.num_heads if heads is not None else None)
+        return self.num_nodes > 1 and self.fits_heads(heads)
 
-    def fits_heads(self, num_heads: int | None, *, kind: str | None = None) -> bool:
-        """Whether ``num_heads`` draft heads (None: none loaded) of ``kind`` ("hydra",
-        "medusa"; None: not known yet) can draft this tree. A grown tree grows along the
-        heads' drafted paths, which needs hydra heads."""
-        return (self.growth is None or kind in (None, "hydra")) and heads_can_draft(self.depth, num_heads)
+    def fits_heads(self, heads: "Drafter | None") -> bool:
+        """Whether ``heads`` (None: none loaded) can draft this tree (``heads_can_draft``)."""
+        return heads_can_draft(self.depth, heads, grown=self.growth is not None)
 
-    def check_heads(self, num_heads: int | None, *, kind: str | None = None) -> None:
+    def check_heads(self, heads: "Drafter | None") -> None:
         """Raise, saying what to do, unless ``fits_heads``."""
-        if self.fits_heads(num_heads, kind=kind):
+        if self.fits_heads(heads):
             return
-        if self.growth is not None and kind not in (None, "hydra"):
+        if self.growth is not None and heads is not None and heads.kind != "hydra":
             raise TreeError(f"tree {self.name} grows along the heads' drafted paths, which needs hydra heads; "
                             "with medusa heads use a fixed tree (calibrated-N, medusa-64)")
+        num_heads = heads.num_heads if heads is not None else None
         if num_heads is None:
             raise TreeError(f"tree {self.name} needs draft heads; load heads, or decode plainly or with a "
                             "lookup chain alone (lookup-N)")
@@ -433,15 +432,22 @@ _NAMES_HELP = ("medusa-64, single, chain-N, dynamic-N, level counts like 1-10-16
                "any of them with +lookup-N, or lookup-N alone")
 
 
-class HasNumHeads(Protocol):
+class Drafter(Protocol):
+    """What the heads rule reads of heads: loaded ones (``heads.DraftHeads``) or their
+    planned shape (``planning.memory.HeadsShape``)."""
+
     num_heads: int
+    kind: str  # "medusa" or "hydra"
 
 
-def heads_can_draft(depth: int, num_heads: int | None) -> bool:
+def heads_can_draft(depth: int, heads: Drafter | None, *, grown: bool = False) -> bool:
     """The one rule for "do these heads fit this tree": a tree whose head-drafted part is
     ``depth`` levels deep needs at least that many heads; depth 0 (one node, or a lookup
-    chain alone) needs none. ``num_heads`` None: no heads are loaded."""
-    return depth == 0 or (num_heads is not None and depth <= num_heads)
+    chain alone) needs none; a ``grown`` tree grows along the heads' drafted paths, which
+    needs hydra heads. ``heads`` None: none are loaded."""
+    if depth == 0:
+        return True
+    return heads is not None and depth <= heads.num_heads and (not grown or heads.kind == "hydra")
 
 
 def split_lookup(name: str) -> tuple[str | None, int] | None:

@@ -424,7 +424,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
             methods.append(ours(full_name, tree, note, graphs))
         else:
             tree = resolve_tree(name, engine.heads_folder)
-            tree.check_heads(engine.heads.num_heads if engine.heads is not None else None)
+            tree.check_heads(engine.heads)
             methods.append(ours(full_name, tree, graph_note, graphs))
     return methods
 

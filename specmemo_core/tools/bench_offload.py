@@ -192,7 +192,7 @@ def build_offload_methods(names: Sequence[str], *, engine: Any, hf: Any, convers
             if tree is None:
                 raise OffloadError(f"{name} needs a tree: the plan chose plain decoding")
             if name == "stream-tree":
-                tree.check_heads(engine.heads.num_heads if engine.heads is not None else None)
+                tree.check_heads(engine.heads)
             if name == "stream-tree":
                 methods.append(ours(name, engine, tree, "shipped heads"))
             else:

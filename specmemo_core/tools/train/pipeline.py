@@ -220,7 +220,7 @@ def grown_calibration(heads: DraftHeads, feats: Features, embed: nn.Embedding, l
 
     def depths(n: int) -> torch.Tensor | None:
         tree = load_tree(f"dynamic-{n}")
-        if not tree.fits_heads(heads.num_heads, kind=heads.spec.kind):
+        if not tree.fits_heads(heads):
             return None
         return grown_depths(heads, feats, embed, lm_head, tree.growth, device=device, hidden=hidden)
 
