@@ -55,13 +55,26 @@ class Fusion(nn.Module):
         return h + self.proj(torch.cat(parts, dim=-1))
 
 
+TOKEN = 10_000  # not a layer: the next token's embedding
+
+
 @torch.inference_mode()
-def inner_states(hf, seqs: Sequences, layers: list[int], batch_size: int = 32) -> torch.Tensor:
-    """The residual stream after each base layer of ``layers`` at every position [G, n, D] (bf16)."""
-    out = torch.zeros(seqs.tokens.numel(), len(layers), hf.config.hidden_size, dtype=torch.bfloat16)
+def inner_states(hf, seqs: Sequences, wanted: list[int], emb: nn.Embedding, batch_size: int = 32) -> torch.Tensor:
+    """At every position [G, n, D] (bf16), for each of ``wanted``: the residual stream after
+    that base layer, or for ``TOKEN`` the next token's embedding (zero at a sequence's end)."""
+    out = torch.zeros(seqs.tokens.numel(), len(wanted), hf.config.hidden_size, dtype=torch.bfloat16)
+    layers = [(i, l) for i, l in enumerate(wanted) if l != TOKEN]
+    if TOKEN in wanted:
+        nxt = torch.cat((seqs.tokens[1:], seqs.tokens[:1]))
+        col = emb(nxt.to(emb.weight.device)).to(torch.bfloat16).cpu()
+        col[seqs.ends - 1] = 0
+        out[:, wanted.index(TOKEN)] = col
+    if not layers:
+        return out
     device = next(hf.parameters()).device
     spans = list(zip(seqs.starts.tolist(), seqs.ends.tolist()))
     order = sorted(range(len(spans)), key=lambda i: spans[i][1] - spans[i][0])
+    cols = [i for i, _ in layers]
     for b in range(0, len(order), batch_size):
         batch = [spans[i] for i in order[b:b + batch_size]]
         width = max(e - s for s, e in batch)
@@ -71,9 +84,9 @@ def inner_states(hf, seqs: Sequences, layers: list[int], batch_size: int = 32) -
             ids[j, : e - s] = seqs.tokens[s:e]
             mask[j, : e - s] = 1
         hs = hf.model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True).hidden_states
-        stacked = torch.stack([hs[l] for l in layers], dim=2).to(torch.bfloat16).cpu()  # [B, W, n, D]
+        stacked = torch.stack([hs[l] for _, l in layers], dim=2).to(torch.bfloat16).cpu()  # [B, W, n, D]
         for j, (s, e) in enumerate(batch):
-            out[s:e] = stacked[j, : e - s]
+            out[s:e, cols] = stacked[j, : e - s]
     return out
 
 
@@ -177,12 +190,16 @@ def main() -> None:
     heldout = _distilled(a.out, hf, loaded, dataclasses.replace(cfg, max_new_tokens=a.heldout_reply_tokens), True, None)
     print(f"replies: {len(train_seqs.starts)} train ({train_seqs.reply_tokens} tokens), {len(heldout.starts)} held out "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    variants = [[] if v in ("base", "shipped") else [int(x) for x in v.split("+")] for v in a.variants.split(",")]
+    # an inner layer l, or TOKEN: the embedding of the token after each position (known for
+    # every committed position: the root follows the last)
+    variants = [[] if v in ("base", "shipped") else [TOKEN if x == "tok" else int(x) for x in v.split("+")]
+                for v in a.variants.split(",")]
     wanted = sorted({l for v in variants for l in v})
     feats = on(a.device, build_features(hf, train_seqs, 4, keep_all=True))
     hfeats = on(a.device, build_features(hf, heldout, 4, keep_all=True))
-    inner_t = inner_states(hf, train_seqs, wanted).to(a.device) if wanted else None
-    inner_h = inner_states(hf, heldout, wanted).to(a.device) if wanted else None
+    emb = hf.get_input_embeddings()
+    inner_t = inner_states(hf, train_seqs, wanted, emb).to(a.device) if wanted else None
+    inner_h = inner_states(hf, heldout, wanted, emb).to(a.device) if wanted else None
     print(f"features ({time.perf_counter() - t0:.0f} s)", flush=True)
     vocab = loaded.config.vocab_size
     spec = HeadsSpec("hydra", 4, 1, loaded.config.hidden_size, vocab, False, loaded.identity.name,

@@ -102,6 +102,11 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     from specmemo_core.runtime.model import EAGER_REGIONS, compiled_regions
 
     kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
+    for kind in args.regions.split(","):  # one-token regions compiled for their own shape
+        if kind == "static1":
+            kinds[kind] = compiled_regions(one_token="static")
+        elif kind == "autotune1":
+            kinds[kind] = compiled_regions(one_token="static", mode="max-autotune-no-cudagraphs")
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
@@ -129,7 +134,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled: time both, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")

@@ -277,14 +277,31 @@ class LayerRegions:
 EAGER_REGIONS = LayerRegions()
 
 
-def compiled_regions() -> LayerRegions:
+def compiled_regions(*, one_token: str = "", mode: str | None = None) -> LayerRegions:
     """Both regions through ``torch.compile``: the norms, rotary, SiLU and residual adds fuse
     into a few kernels around the matmuls. The cache write and the attention stay eager: they
     read the cache object and span, which differ per layer. Shapes are compiled as they come
     (torch's automatic dynamic shapes): one token, then any number of them (tree steps and
     prompt chunks of every length) after the second size seen, so a new prompt length does
-    not compile again."""
-    return LayerRegions(torch.compile(project_layer), torch.compile(finish_layer))
+    not compile again.
+
+    ``one_token="static"``: a step of one token (plain decoding) runs its own region compiled
+    for exactly that shape, the others the dynamic one. ``mode``: torch.compile's mode for
+    the one-token region (e.g. ``max-autotune-no-cudagraphs``: inductor times its own matmul
+    kernels against cuBLAS's)."""
+    project, finish = torch.compile(project_layer), torch.compile(finish_layer)
+    if one_token != "static":
+        return LayerRegions(project, finish)
+    project_1 = torch.compile(project_layer, dynamic=False, mode=mode)
+    finish_1 = torch.compile(finish_layer, dynamic=False, mode=mode)
+
+    def project_by_tokens(layer, x, cos, sin):
+        return (project_1 if x.shape[-2] == 1 else project)(layer, x, cos, sin)
+
+    def finish_by_tokens(layer, attended, x):
+        return (finish_1 if x.shape[-2] == 1 else finish)(layer, attended, x)
+
+    return LayerRegions(project_by_tokens, finish_by_tokens)
 
 
 class DecoderLayer(nn.Module):
