@@ -38,6 +38,8 @@ def _add_train_heads(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--context-layer", action="store_true",
                    help="hydra heads read the base states through one attention layer of their own")
+    p.add_argument("--context-next", action="store_true",
+                   help="the context layer also reads each position's next token (implies --context-layer)")
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -134,7 +136,7 @@ def run_train_heads(args: argparse.Namespace) -> int:
 
     cfg = PipelineConfig(
         model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
-        context=args.context_layer, train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
+        context=args.context_layer or args.context_next, context_next=args.context_next, train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
         heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
         gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),

@@ -151,11 +151,12 @@ class HeadsShape:
     own_lm_heads: bool = False
     context_mlp: int = 0  # width of the heads' context layer's MLP (0: no context layer)
     draft_vocab: int = 0  # rows of the LM head copied for drafting (0: drafts use the LM head itself)
+    context_next: bool = False  # the context layer reads the next token too (a D × D projection and a norm)
 
     @classmethod
     def from_spec(cls, spec: Any) -> "HeadsShape":
         return cls(spec.kind, spec.num_heads, spec.num_layers, spec.own_lm_heads,
-                   spec.context_mlp, spec.draft_vocab)
+                   spec.context_mlp, spec.draft_vocab, spec.context_next)
 
 
 def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tokens: int = 0) -> int:
@@ -165,7 +166,8 @@ def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tok
     hydra:  K × ((2D² + D) + (layers − 1)(D² + D))
     context layer (optional): the base model's attention shape, q and o (2 × D × H × hd),
       k and v (2 × D × Hkv × hd), an MLP of width M (3 × D × M) and two norms (2D), plus
-      its own one-layer KV cache for ``tokens`` tokens (2 × Hkv × hd × tokens).
+      its own one-layer KV cache for ``tokens`` tokens (2 × Hkv × hd × tokens); reading the
+      next token adds a projection and a norm (D² + D).
     drafting vocabulary (optional): a copy of W LM-head rows (W × D) and their ids (W × 8 bytes).
     """
     if heads is None:
@@ -181,7 +183,7 @@ def heads_bytes(heads: HeadsShape | None, shape: ModelShape, precision: str, tok
     if heads.context_mlp:
         hd = shape.head_dim
         total += (2 * d * shape.num_heads * hd + 2 * d * shape.num_kv_heads * hd + 3 * d * heads.context_mlp + 2 * d
-                  + 2 * shape.num_kv_heads * hd * tokens)
+                  + 2 * shape.num_kv_heads * hd * tokens + (d * d + d if heads.context_next else 0))
     total += heads.draft_vocab * d
     return total * b + heads.draft_vocab * 8
 

@@ -58,7 +58,8 @@ from specmemo_core.runtime.decoding import PREFILL_CHUNK, GenerationConfig, acce
 from specmemo_core.runtime.heads import DraftHeads
 from specmemo_core.runtime.staged_prefill import StagedPrefill
 from specmemo_core.runtime.model import CausalLM
-from specmemo_core.runtime.step import Acceptance, GreedyAcceptance, RowAcceptance, StepParts, StepUnit, prefill
+from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, RowAcceptance, StepParts, StepUnit,
+                                         finish_prefill, prefill)
 from specmemo_core.runtime.tree import Tree, TreeBuffers, load_tree
 
 
@@ -163,11 +164,12 @@ class BatchDecoder:
                 else:
                     hidden = prefill(self._rows(row, row + 1), list(prompt_ids), chunk=PREFILL_CHUNK)
                 root = seq.acceptance.first(self.model, hidden[0])
+                self.roots[row] = root
+                finish_prefill(self._rows(row, row + 1))
         except BaseException:
             for cache in self._caches():
                 cache.close_row(row)
             raise
-        self.roots[row] = root
         self._seqs[seq_id] = seq
         self._order.append(seq_id)
         kept, stop = take_tokens([root], config, 0)

@@ -18,7 +18,8 @@ from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import CausalLM
-from specmemo_core.runtime.step import Acceptance, GreedyAcceptance, StepParts, StepUnit, TypicalAcceptance, prefill
+from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, StepParts, StepUnit, TypicalAcceptance,
+                                         finish_prefill, prefill)
 from specmemo_core.runtime.tree import Tree, TreeBuffers, load_tree
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
@@ -184,6 +185,8 @@ class Decoder:
                 break
             common += 1
         common = min(common, len(prompt_ids) - 1)  # at least one token must run
+        if self.context_cache is not None:  # a prefill cut before its pending position ran (``step.prefill``)
+            common = min(common, self.context_cache.length)
         self.cache.truncate(common)
         if self.context_cache is not None:
             self.context_cache.truncate(common)
@@ -216,6 +219,7 @@ class Decoder:
         with torch.inference_mode():
             root = acceptance.first(self.model, self._prefill(new_ids))
             self.parts.root.fill_(root)
+            finish_prefill(self.parts)
         emitted = 1
         stop = root in config.stop_token_ids
         yield Step((root,) if not stop else (), 1, time.perf_counter() - t0, len(new_ids), prefill=True)

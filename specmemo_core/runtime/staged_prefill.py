@@ -28,7 +28,7 @@ from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import span_ladder
 from specmemo_core.runtime.model import CausalLM
-from specmemo_core.runtime.step import StepParts, capture_graph, contextualize
+from specmemo_core.runtime.step import StepParts, capture_graph, contextualize, reads_next
 
 MIN_BUCKET = 16
 
@@ -79,9 +79,11 @@ class StagedPrefill:
         positions, mask = self.cache.prepare(torch.arange(t, device=tokens.device), span=t)
         self.cache.write_ids(tokens)
         hidden = self.model(tokens, positions, mask, self.cache)  # [1, t, D]
-        draft = contextualize(self.parts, hidden, t)  # [1, t, D]
+        following = torch.cat((tokens[:, 1:], tokens[:, :1]), dim=1)  # [1, t] right up to the last real token
+        draft = contextualize(self.parts, hidden, t, next_ids=following)  # [1, t, D]
         last = (self.count - 1).view(1, 1, 1).expand(1, 1, hidden.shape[-1])  # [1, 1, D]
-        self.parts.state.copy_(draft.gather(1, last)[:, 0])
+        # a context layer that reads next tokens leaves the last position pending (``step.prefill``)
+        self.parts.state.copy_((hidden if reads_next(self.parts) else draft).gather(1, last)[:, 0])
         return hidden.gather(1, last)
 
     def _forward(self, t: int) -> torch.Tensor:
@@ -96,7 +98,8 @@ class StagedPrefill:
     def __call__(self, prompt_ids: Sequence[int], *, cache: BatchKVCache, context_cache: BatchKVCache | None,
                  row: int, state: torch.Tensor) -> torch.Tensor:
         """Prefill ``prompt_ids`` into row ``row`` of ``cache`` (open and empty) and of
-        ``context_cache``; the row's draft state goes to ``state[row]``. Returns the last
+        ``context_cache`` (a context layer reading next tokens: all but the last position,
+        which ``step.finish_prefill`` runs); the row's draft state goes to ``state[row]``. Returns the last
         prompt token's hidden state [1, 1, D] (read it before the next call: a replay
         rewrites it)."""
         n = len(prompt_ids)
@@ -106,9 +109,10 @@ class StagedPrefill:
         self.ids[0, :n] = torch.tensor(prompt_ids, dtype=torch.long)
         self.count.fill_(n)
         hidden = self._forward(t)
-        for staged, target in ((self.cache, cache), (self.context_cache, context_cache)):
+        pending = 1 if reads_next(self.parts) else 0  # the last position waits for ``step.finish_prefill``
+        for staged, target, count in ((self.cache, cache, n), (self.context_cache, context_cache, n - pending)):
             if staged is not None and target is not None:
-                _copy_prefix(staged, target, row, n)
+                _copy_prefix(staged, target, row, count)
         state[row] = self.parts.state[0]
         return hidden
 

@@ -239,9 +239,14 @@ def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Te
     """Run prompt tokens ``chunk`` at a time into the caches (committed as they go); leave
     the last one's draft state in ``parts.state`` and return its hidden state [..., 1, D].
     The token tensors take the root's shape plus a token axis: [T] for one sequence, [1, T]
-    for one row of a batched cache (a sequence joining a batch is prefilled alone)."""
+    for one row of a batched cache (a sequence joining a batch is prefilled alone).
+
+    A context layer that reads next tokens (``reads_next``) cannot run the last prompt
+    token yet: its next token is the first reply token. That position stays pending, its
+    hidden state in ``parts.state``, until ``finish_prefill`` runs it once the root is chosen."""
     cache, device = parts.cache, parts.root.device
     cache.ensure_room(len(new_ids))
+    pending = reads_next(parts)
     hidden = draft = None
     for start in range(0, len(new_ids), chunk):
         ids = torch.tensor(new_ids[start:start + chunk], device=device).view(*parts.root.shape, -1)  # [..., T]
@@ -249,23 +254,49 @@ def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Te
         positions, mask = cache.prepare(torch.arange(t, device=device))
         cache.write_ids(ids)
         hidden = parts.model(ids, positions, mask, cache)  # [..., T, D]
-        draft = contextualize(parts, hidden)  # [..., T, D]
+        ready = t
+        if pending:  # the positions whose next token is known: every one but the prompt's last
+            following = new_ids[start + 1:start + chunk + 1]
+            ready = len(following)
+            if ready:
+                contextualize(parts, hidden[..., :ready, :],
+                              next_ids=torch.tensor(following, device=device).view(*parts.root.shape, -1))
+        else:
+            draft = contextualize(parts, hidden)  # [..., T, D]
         cache.commit_prefix(t)
         if parts.context_cache is not None:
-            parts.context_cache.commit_prefix(t)
-    parts.state.copy_(draft[..., -1, :])
+            parts.context_cache.commit_prefix(ready)
+    parts.state.copy_((hidden if pending else draft)[..., -1, :])
     return hidden[..., -1:, :]
 
 
+def reads_next(parts: StepParts) -> bool:
+    """The heads' context layer reads each position's next token (``heads.ContextLayer``)."""
+    return parts.context is not None and parts.context.reads_next
 
-def contextualize(parts: StepParts, hidden: torch.Tensor, span: int | None = None) -> torch.Tensor:
+
+def finish_prefill(parts: StepParts) -> None:
+    """After a prefill, once the first reply token is in ``parts.root``: run the pending last
+    prompt position through a context layer that reads next tokens (``prefill``), commit it,
+    and leave its draft state in ``parts.state``. Nothing to do for other heads."""
+    if not reads_next(parts):
+        return
+    draft = contextualize(parts, parts.state[..., None, :], next_ids=parts.root[..., None])  # [..., 1, D]
+    parts.context_cache.commit_prefix(1)
+    parts.state.copy_(draft[..., 0, :])
+
+
+def contextualize(parts: StepParts, hidden: torch.Tensor, span: int | None = None, *,
+                  next_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Draft states [..., T, D] for T hidden states at the context cache's scratch slots:
-    the heads' context layer over them (the caller commits its cache), or ``hidden``."""
+    the heads' context layer over them (the caller commits its cache), or ``hidden``.
+    ``next_ids`` [..., T]: each position's next token, for a layer that reads it."""
     if parts.context is None:
         return hidden
     c = parts.context_cache
     positions, mask = c.prepare(torch.arange(hidden.shape[-2], device=hidden.device), span=span)
-    return parts.context(hidden, *parts.model.rope(positions), mask, c)
+    next_emb = parts.model.draft_embedding()(next_ids) if reads_next(parts) else None
+    return parts.context(hidden, *parts.model.rope(positions), mask, c, next_emb)
 
 
 def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int | None) -> torch.Tensor:
@@ -274,11 +305,6 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
     return [..., 1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
     nodes, count = accepted.nodes, accepted.count  # [..., W], [...]
     parts.cache.commit_row(nodes, count)
-    d = verified.hidden.shape[-1]
-    path_hidden = verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d))  # [..., W, D]
-    path_hidden = contextualize(parts, path_hidden, span)  # at length, length+1, …
-    if parts.context_cache is not None:
-        parts.context_cache.commit_row(None, count)
     # gather, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync, which
     # graph capture forbids)
     last = (count - 1).unsqueeze(-1)  # [..., 1]
@@ -286,7 +312,12 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
     w = nodes.shape[-1]
     j = torch.arange(w, device=nodes.device)  # [W]
     drafted = verified.tokens.gather(-1, nodes[..., (j + 1).clamp(max=w - 1)])  # [..., W] the token after each node
-    emitted = torch.where(j < last, drafted, bonus)  # [..., W]
+    emitted = torch.where(j < last, drafted, bonus)  # [..., W]: the token after each path node
+    d = verified.hidden.shape[-1]
+    path_hidden = verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d))  # [..., W, D]
+    path_hidden = contextualize(parts, path_hidden, span, next_ids=emitted)  # at length, length+1, …
+    if parts.context_cache is not None:
+        parts.context_cache.commit_row(None, count)
     parts.root.copy_(bonus[..., 0])
     parts.state.copy_(path_hidden.gather(-2, last[..., None].expand(*last.shape, d))[..., 0, :])
     return torch.cat((count.unsqueeze(-1), emitted), dim=-1)  # [..., 1 + W]

@@ -87,8 +87,10 @@ def test_each_sequence_of_a_batch_decodes_as_it_would_alone(model, prompts, alon
         assert most == 1
 
 
-def test_heads_with_a_context_layer_batch_too(model, prompts, alone):
-    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16))
+@pytest.mark.parametrize("context_next", [False, True])
+def test_heads_with_a_context_layer_batch_too(model, prompts, alone, context_next):
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16),
+                         context_next=context_next)
     dec = BatchDecoder(model, slots=3, capacity=CAPACITY, heads=heads, tree=load_tree("1-10-16-17"))
     outs, most = _drive(dec, prompts)
     assert all(outs[i] == alone[i] for i in range(len(prompts)) if i != REMOVED) and most > 1
@@ -220,13 +222,15 @@ def test_staged_prefill_replayed_as_graphs_matches_the_eager_prefill_on_a_gpu(pr
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-@pytest.mark.parametrize("tree_name", ["1-3-2+lookup-4", "dynamic-8+lookup-3"])
-def test_batched_steps_replayed_as_graphs_equal_batched_plain(prompts, tree_name, device):
+@pytest.mark.parametrize("tree_name,context_next", [("1-3-2+lookup-4", False), ("dynamic-8+lookup-3", False),
+                                                    ("dynamic-8+lookup-3", True)])
+def test_batched_steps_replayed_as_graphs_equal_batched_plain(prompts, tree_name, device, context_next):
     """Every (bucket, tree, span) step captured as a CUDA graph on a GPU (eager on the CPU),
     a grown tree's per-sequence growing included: each reply is the plain one on the same
     device."""
     model = tiny_model(seed=11, vocab_size=VOCAB).to(device)
-    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)).to(device)
+    heads = random_heads(4, 64, VOCAB, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16),
+                         context_next=context_next).to(device)
     plain, _ = _drive(BatchDecoder(model, slots=3, capacity=CAPACITY, graphs=True), prompts)
     dec = BatchDecoder(model, slots=3, capacity=CAPACITY, heads=heads, tree=load_tree(tree_name), graphs=True)
     outs, most = _drive(dec, prompts)

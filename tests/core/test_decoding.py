@@ -238,11 +238,12 @@ def test_hydra_drafts_children_from_their_parent_token():
 CONTEXT = (64, 4, 2, 16)  # the tiny model's attention shape, MLP as wide as the hidden size
 
 
-@pytest.mark.parametrize("tree_name", ["medusa-64", "1-10-16-17"])
-def test_greedy_with_a_context_layer_equals_plain_greedy_and_keeps_its_cache_in_step(tree_name):
+@pytest.mark.parametrize("tree_name,context_next", [("medusa-64", False), ("1-10-16-17", False),
+                                                    ("1-10-16-17", True)])
+def test_greedy_with_a_context_layer_equals_plain_greedy_and_keeps_its_cache_in_step(tree_name, context_next):
     model = tiny_model(seed=11, vocab_size=16)
     tree = load_tree(tree_name)
-    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=CONTEXT)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=CONTEXT, context_next=context_next)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = _greedy_tokens(_decoder(model), prompt, 100)
     dec = _decoder(model, tree, heads)
@@ -256,28 +257,36 @@ def test_greedy_with_a_context_layer_equals_plain_greedy_and_keeps_its_cache_in_
     assert dec.context_cache.length == dec.cache.length
 
 
-def test_context_layer_state_equals_a_full_recompute():
+@pytest.mark.parametrize("context_next", [False, True])
+def test_context_layer_state_equals_a_full_recompute(context_next):
     """The incremental context cache (prefill chunks + accepted paths) must give the draft
-    state a one-shot run of the context layer over all committed hidden states gives."""
+    state a one-shot run of the context layer over all committed hidden states gives; a
+    layer that reads next tokens sees each committed token's successor (the last one's: the
+    root, emitted but not yet committed), in decoding and in training alike."""
     from specmemo_core.runtime.model import causal_mask
 
-    model = tiny_model(seed=2, vocab_size=300)
-    heads = random_heads(3, 64, 300, seed=1, scale=0.3, kind="hydra", context=CONTEXT)
-    dec = _decoder(model, load_tree("1-3-2"), heads)
-    prompt = list(range(10, 40))
-    out = [t for s in dec.generate(prompt, GenerationConfig(max_new_tokens=30)) for t in s.token_ids]
+    model = tiny_model(seed=11, vocab_size=16)  # a small vocabulary: random heads' drafts get accepted
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=CONTEXT, context_next=context_next)
+    dec = _decoder(model, load_tree("1-10-16-17"), heads)
+    prompt = torch.randint(0, 16, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    steps = list(dec.generate(prompt, GenerationConfig(max_new_tokens=30)))
+    out = [t for s in steps for t in s.token_ids]
     ids = torch.tensor(dec.history)
     n = ids.numel()
     cache = model.new_cache(n)
+    following = torch.tensor(dec.history[1:] + [out[-1]])  # [n] the token after each committed one
+    next_emb = model.model.embed_tokens(following) if context_next else None
     with torch.inference_mode():
         hidden = model(ids, torch.arange(n), causal_mask(0, n), cache)
         cos, sin = model.rope(torch.arange(n))
         ctx_cache = heads.context.new_cache(n, model.dtype, "cpu")
-        full = heads.context(hidden, cos, sin, causal_mask(0, n), ctx_cache)
-        batch = heads.context.forward_batch(hidden[None], cos, sin)[0]
+        full = heads.context(hidden, cos, sin, causal_mask(0, n), ctx_cache, next_emb)
+        batch = heads.context.forward_batch(hidden[None], cos, sin, None if next_emb is None else next_emb[None])[0]
         incremental = dec.context_cache.k[0, :, :n]
+    assert max(s.accepted for s in steps) > 1 and dec.context_cache.length == n
     assert out and torch.allclose(ctx_cache.k[0, :, :n], incremental, atol=1e-5)
     assert torch.allclose(full, batch, atol=1e-5)  # the training path computes the same layer
+    assert torch.allclose(dec.parts.state, full[-1], atol=1e-5)  # the draft state of the next step
 
 
 def test_untrained_context_layer_passes_hidden_through():

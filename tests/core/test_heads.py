@@ -82,8 +82,10 @@ def test_not_a_heads_file(tmp_path):
         load_heads(tmp_path / "missing", 16, 50)
 
 
-def test_context_layer_round_trip(tmp_path):
-    heads = random_heads(2, 16, 50, seed=4, kind="hydra", context=(16, 2, 1, 8), base_fingerprint="abc")
+@pytest.mark.parametrize("context_next", [False, True])
+def test_context_layer_round_trip(tmp_path, context_next):
+    heads = random_heads(2, 16, 50, seed=4, kind="hydra", context=(16, 2, 1, 8), base_fingerprint="abc",
+                         context_next=context_next)
     loaded = load_heads(save_heads(heads, tmp_path / "h"), 16, 50, base_fingerprint="abc")
     assert loaded.spec == heads.spec and loaded.context is not None
     for (name, a), (_, b) in zip(heads.state_dict().items(), loaded.state_dict().items()):
@@ -96,6 +98,8 @@ def test_context_layer_needs_hydra_and_an_attention_shape():
                   context_head_dim=8)
     with pytest.raises(HeadsError, match="context layer"):
         HeadsSpec("hydra", 2, 1, 16, 50, False, context_mlp=16)
+    with pytest.raises(HeadsError, match="give the heads a context layer"):
+        HeadsSpec("hydra", 2, 1, 16, 50, False, context_next=True)
 
 
 def _with_draft_vocab(ids: list[int], vocab: int = 300):

@@ -107,13 +107,14 @@ def test_unknown_names_are_refused():
         weight_bytes(known_shape("vicuna-7b"), "int3")
 
 
-def test_heads_with_a_context_layer_match_real_parameters_and_cache():
+@pytest.mark.parametrize("context_next", [False, True])
+def test_heads_with_a_context_layer_match_real_parameters_and_cache(context_next):
     from specmemo_core.runtime.heads import random_heads
     from specmemo_core.planning.memory import HeadsShape
 
     cfg = tiny_config(vocab_size=300)
     shape = ModelShape.from_spec(ModelSpec.from_config(cfg))
-    heads = random_heads(3, 64, 300, kind="hydra", context=(64, 4, 2, 16))
+    heads = random_heads(3, 64, 300, kind="hydra", context=(64, 4, 2, 16), context_next=context_next)
     params = sum(p.numel() * p.element_size() for p in heads.parameters())
     cache = heads.context.new_cache(100, torch.float32, "cpu")
     assert heads_bytes(HeadsShape.from_spec(heads.spec), shape, "fp32", tokens=100) == params + cache.nbytes

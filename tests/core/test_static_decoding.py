@@ -85,13 +85,14 @@ def test_greedy_step_units_give_the_same_tokens(tree_name, kind, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("graphs", [False, True])
-def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs, device):
+@pytest.mark.parametrize("graphs,context_next", [(False, False), (True, False), (True, True)])
+def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs, device, context_next):
     """With a context layer the static decoder keeps the layer's cache in step and drafts
     exactly what the sliced decoder drafts: same tokens and same accepted count per step."""
     torch.set_num_threads(1)
     model = tiny_model(seed=11, vocab_size=16, device=device)
-    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)).to(device)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16),
+                         context_next=context_next).to(device)
     tree = load_tree("1-10-16-17")
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     sliced = Decoder(model, model.new_cache(300), heads, tree)

@@ -197,7 +197,7 @@ def test_held_out_split_is_fixed_and_small():
     assert held == [i for i in range(2000) if is_held_out(i)]
 
 
-@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("context", [False, True, "next"])
 def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     """train-heads on a tiny HF folder model: heads, calibration and card are written,
     and the engine decodes with them exactly as plain greedy."""
@@ -212,7 +212,8 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     prompts.write_text("\n".join(json.dumps({"turns": [f"Hello number {i}, how are you?", "Again, shorter."]})
                                   for i in range(12)))
     turns = 2 if context else 1  # the context layer also learns from second turns
-    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, context=context, train_prompts=10, turns=turns,
+    cfg = PipelineConfig(model=str(folder), kind="hydra", num_heads=3, context=bool(context),
+                         context_next=context == "next", train_prompts=10, turns=turns,
                          heldout_prompts=4,
                          max_new_tokens=24, gen_batch=4, prompts_file=str(prompts), heldout_file=str(prompts),
                          train=TrainConfig(steps=30, batch_size=64))
@@ -224,7 +225,8 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     assert not (out / "checkpoint.pt").exists()
     engine = Engine.load(str(folder), heads=str(out), tree="calibrated-8")
     assert engine.tree.num_nodes <= 8
-    assert (engine.heads.context is not None) == context and card["context_layer"] == context
+    assert (engine.heads.context is not None) == bool(context) and card["context_layer"] == bool(context)
+    assert engine.heads.spec.context_next == (context == "next") == card["context_next"]
     plain = Engine.load(str(folder), heads="none")
     a = "".join(p.text for p in engine.new_session(512).send("Hello number 3"))
     b = "".join(p.text for p in plain.new_session(512).send("Hello number 3"))
@@ -270,11 +272,12 @@ def test_user_turns_keep_the_split_and_the_order():
     assert held == [[f"q{i}a"] for i in range(300) if is_held_out(i) and i != 5]
 
 
-@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("context", [False, True, "next"])
 def test_grown_depths_are_what_the_decoder_accepts_on_a_grown_tree(context):
     """On the model's own greedy reply, each decoder step on a grown tree accepts exactly
     the calibration's grown depth where that step starts (hydra heads, with and without
-    a context layer), so the walked figure of ``dynamic-N`` is the decoder's own."""
+    a context layer, and one reading next tokens), so the walked figure of ``dynamic-N`` is
+    the decoder's own."""
     from specmemo_core.runtime.decoding import Decoder, GenerationConfig
     from specmemo_core.runtime.tree import load_tree
     from specmemo_core.tools.train.calibrate import grown_depths
@@ -284,14 +287,14 @@ def test_grown_depths_are_what_the_decoder_accepts_on_a_grown_tree(context):
     hf = tiny_hf_model(seed=4, vocab_size=12)
     model = tiny_model(seed=4, vocab_size=12)
     ctx = (64, 4, 2, 16) if context else None
-    heads = random_heads(4, 64, 12, seed=3, scale=0.5, kind="hydra", context=ctx)
+    heads = random_heads(4, 64, 12, seed=3, scale=0.5, kind="hydra", context=ctx, context_next=context == "next")
     prompt = torch.randint(0, 12, (9,), generator=torch.Generator().manual_seed(1)).tolist()
     config = GenerationConfig(max_new_tokens=60)
     plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, config) for t in s.token_ids]
     tree = load_tree("dynamic-8")
     decoded = list(Decoder(model, model.new_cache(128 + tree.num_nodes), heads, tree).generate(prompt, config))[1:]
     seqs = Sequences.from_pairs([(prompt, plain)])
-    feats = build_features(hf, seqs, 4, store_dtype=torch.float32, keep_all=context)
+    feats = build_features(hf, seqs, 4, store_dtype=torch.float32, keep_all=bool(context))
     embed, lm_head = frozen_io(hf)
     reach = grown_depths(heads, feats, embed, lm_head, tree.growth, rope=base_rope(hf.config)).tolist()
     assert max(len(s.token_ids) for s in decoded) > (1 if context else 2)  # grown drafts were accepted

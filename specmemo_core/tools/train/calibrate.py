@@ -57,10 +57,12 @@ GrownDepths = Callable[[int], "torch.Tensor | None"]
 
 
 @torch.inference_mode()
-def draft_states(heads: DraftHeads, feats: Features, rope: Rope | None, device: str | torch.device) -> torch.Tensor:
+def draft_states(heads: DraftHeads, feats: Features, rope: Rope | None, device: str | torch.device,
+                 embed: nn.Embedding | None = None) -> torch.Tensor:
     """What the heads read at every held-out row [M, D]: the context layer's output (heads
-    with one need ``feats`` built with ``keep_all`` and ``rope``), else the base hidden state."""
-    return context_hidden(heads, feats, rope, device) if heads.context is not None else feats.hidden
+    with one need ``feats`` built with ``keep_all`` and ``rope``, and ``embed`` if it reads
+    next tokens), else the base hidden state."""
+    return context_hidden(heads, feats, rope, device, embed=embed) if heads.context is not None else feats.hidden
 
 
 @torch.inference_mode()
@@ -71,7 +73,7 @@ def head_ranks(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_head:
     ``hidden``: ``draft_states``, if already computed (else from ``feats`` and ``rope``)."""
     heads = heads.to(device)
     m, k = feats.targets.shape
-    hidden = draft_states(heads, feats, rope, device) if hidden is None else hidden
+    hidden = draft_states(heads, feats, rope, device, embed) if hidden is None else hidden
     ranks = torch.full((m, k), -1, dtype=torch.long)
     for b in range(0, m, batch_size):
         sl = slice(b, b + batch_size)
@@ -101,7 +103,7 @@ def grown_depths(heads: DraftHeads, feats: Features, embed: nn.Embedding, lm_hea
     heads = heads.to(device)
     if heads.spec.draft_vocab and getattr(heads, "vocab_head", None) is None:
         heads.use_draft_vocab(lm_head.weight.to(device))
-    hidden = draft_states(heads, feats, rope, device) if hidden is None else hidden
+    hidden = draft_states(heads, feats, rope, device, embed) if hidden is None else hidden
     m, depth = feats.targets.shape[0], growth.depth
     out = torch.zeros(m, dtype=torch.long)
     for b in range(0, m, batch_size):

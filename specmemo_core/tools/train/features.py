@@ -32,6 +32,8 @@ class Features:
     all_hidden: torch.Tensor | None = None  # [G, D]
     seq_bounds: torch.Tensor | None = None  # [S, 2]
     row_bounds: torch.Tensor | None = None  # [S, 2]
+    all_next: torch.Tensor | None = None  # [G] the token after each position (a context layer may read it;
+    # at a sequence's last position, no target depends on it)
 
     @property
     def num_heads(self) -> int:
@@ -90,4 +92,5 @@ def build_features(
     row_end = torch.cumsum(counts, 0)
     seq_bounds = torch.stack((seqs.starts, seqs.ends), 1)
     row_bounds = torch.stack((row_end - counts, row_end), 1)
-    return Features(hidden, targets, parents, teacher_rows, all_hidden, seq_bounds, row_bounds)
+    following = torch.cat((seqs.tokens[1:], seqs.tokens[:1]))
+    return Features(hidden, targets, parents, teacher_rows, all_hidden, seq_bounds, row_bounds, following)

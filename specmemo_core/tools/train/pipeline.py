@@ -41,6 +41,7 @@ class PipelineConfig:
     num_heads: int = 4
     num_layers: int = 1
     context: bool = False  # hydra heads with a context layer (heads.py)
+    context_next: bool = False  # the context layer also reads each position's next token (heads.py)
     train_prompts: int = 4000  # conversations
     turns: int = 1  # user turns answered per training conversation (multi-turn self-distillation)
     draft_vocab: int = 8192  # hydra: draft among the most frequent reply tokens (0: whole vocabulary)
@@ -125,7 +126,7 @@ def _context_shape(cfg: PipelineConfig, config: Any) -> dict[str, int]:
         return {}
     spec = ModelSpec.from_config(config)
     return {"context_mlp": spec.hidden_size, "context_heads": spec.num_heads,
-            "context_kv_heads": spec.num_kv_heads, "context_head_dim": spec.head_dim}
+            "context_kv_heads": spec.num_kv_heads, "context_head_dim": spec.head_dim, "context_next": cfg.context_next}
 
 
 def frequent_tokens(seqs: Sequences, vocab_size: int, count: int) -> torch.Tensor:
@@ -172,6 +173,7 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     card = {
         "model": loaded.identity.name, "model_fingerprint": loaded.identity.fingerprint,
         "kind": cfg.kind, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers, "context_layer": cfg.context,
+        "context_next": cfg.context_next,
         "data": f"{Path(cfg.prompts_file).name if cfg.prompts_file else 'ShareGPT V3 (train split)'}, "
                 f"up to {cfg.turns} user turn(s) per conversation, {len(train_seqs.starts)} replies, "
                 f"{train_seqs.reply_tokens} tokens self-distilled (greedy, ≤{cfg.max_new_tokens} new tokens)",
@@ -194,7 +196,7 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
                        device=device)
     feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
-    hidden = draft_states(heads, feats, base_rope(loaded.config), device)  # once, for the fixed and grown trees
+    hidden = draft_states(heads, feats, base_rope(loaded.config), device, embed)  # once, for the fixed and grown trees
     ranks = head_ranks(heads, feats, embed, lm_head, device=device, hidden=hidden)
     record = calibrate(ranks, heads.spec.kind, sequences=heldout,
                        lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN}, sizes=TREE_SIZES,

@@ -52,23 +52,33 @@ Rope = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions 
 
 
 def context_rows(heads: DraftHeads, feats: Features, rope: Rope, seq_ids: torch.Tensor,
-                 device: str | torch.device, all_hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 device: str | torch.device, all_hidden: torch.Tensor | None = None,
+                 embed: nn.Embedding | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Training rows of sequences ``seq_ids`` [n] and the context layer's output there [n, D].
 
     Each sequence runs whole (prompt included) through the context layer, as the decoder
     runs every committed token; a sequence's training rows are its last positions (the
     last prompt token and the reply), so they are the tail of its output. ``all_hidden``:
-    ``feats.all_hidden`` already on ``device`` (copied once, not every step).
+    ``feats.all_hidden`` already on ``device`` (copied once, not every step). ``embed``: the
+    base model's token embedding, for a context layer that reads each position's next token.
     """
     all_hidden = feats.all_hidden if all_hidden is None else all_hidden
     bounds, rbounds = feats.seq_bounds[seq_ids], feats.row_bounds[seq_ids]
     lengths = (bounds[:, 1] - bounds[:, 0]).tolist()
     width = max(lengths)
     x = torch.zeros(len(lengths), width, all_hidden.shape[1], device=device)
+    following = torch.zeros(len(lengths), width, dtype=torch.long, device=device)
     for j, (start, end) in enumerate(bounds.tolist()):
         x[j, : end - start] = all_hidden[start:end].to(device).float()
+        if feats.all_next is not None:
+            following[j, : end - start] = feats.all_next[start:end].to(device)
+    next_emb = None
+    if heads.context.reads_next:
+        if embed is None or feats.all_next is None:
+            raise ValueError("a context layer that reads next tokens needs the embedding and features with keep_all")
+        next_emb = embed(following).float()
     cos, sin = rope(torch.arange(width, device=device))
-    out = heads.context.forward_batch(x, cos.float(), sin.float())  # [B, W, D]
+    out = heads.context.forward_batch(x, cos.float(), sin.float(), next_emb)  # [B, W, D]
     rows, states = [], []
     for j, ((r0, r1), n) in enumerate(zip(rbounds.tolist(), lengths)):
         rows.append(torch.arange(r0, r1))
@@ -78,12 +88,13 @@ def context_rows(heads: DraftHeads, feats: Features, rope: Rope, seq_ids: torch.
 
 @torch.inference_mode()
 def context_hidden(heads: DraftHeads, feats: Features, rope: Rope, device: str | torch.device,
-                   seqs_per_batch: int = 32) -> torch.Tensor:
+                   seqs_per_batch: int = 32, embed: nn.Embedding | None = None) -> torch.Tensor:
     """The context layer's output at every training row [M, D] (for calibration)."""
     out = torch.empty(feats.hidden.shape, dtype=torch.float32)
     for b in range(0, feats.seq_bounds.shape[0], seqs_per_batch):
         rows, states = context_rows(heads, feats, rope, torch.arange(b, min(b + seqs_per_batch,
-                                                                            feats.seq_bounds.shape[0])), device)
+                                                                            feats.seq_bounds.shape[0])), device,
+                                    embed=embed)
         out[rows.cpu()] = states.float().cpu()
     return out
 
@@ -153,7 +164,7 @@ def _step_loss(heads: DraftHeads, step: int, data: _Batch, *, feats: Features, s
     embed, lm_head = io
     loss = torch.zeros((), device=device)
     if spec.has_context:
-        idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device, data.all_hidden)
+        idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device, data.all_hidden, embed)
     else:
         idx = _batch_indices(step, data.hidden.shape[0], cfg).to(device)
         h = data.hidden[idx].float()  # [B, D]
