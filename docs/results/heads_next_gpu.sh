@@ -6,6 +6,8 @@
 #   replies  (carry .out)           the distilled replies to /tmp/trial
 #   copy     (carry .gguf1)         the GGUF's first part to /tmp
 #   train    (carry .gguf2 .whl)    joins the GGUF; trains 4,000 steps and calibrates; the heads come back in $OUT
+# The heads file itself stays out of the repository (every device call carries the tree, and a second
+# 9.8 MB heads file beside the shipped one would leave no room for the GGUF's first part).
 # Run from the repository root with $OUT set:  bash docs/results/heads_next_gpu.sh replies|copy|train
 case "$1" in
 replies) mkdir -p /tmp/trial && cp .out/trial/*.safetensors /tmp/trial/ && ls -la /tmp/trial ;;

@@ -275,3 +275,39 @@ def test_the_step_floor_tables_hold_the_h200_runs():
             f"{m['plan+compiled']:.0f} against {m['plan']:.0f} (**{m['plan+compiled'] / m['plan']:.2f}×**)") in readme
     fp32 = json.loads((REPO / "docs/results/compile_h200/compile_fp32.json").read_text(encoding="utf-8"))
     assert all(r["identical_to_vanilla"] == r["replies"] == 20 for k, r in fp32.items() if not k.startswith("_"))
+
+
+def test_the_next_token_context_tables_hold_the_h200_runs():
+    """README's trial of context-layer inputs and its MT-Bench comparison of heads that read
+    the next token are docs/results/feature_layers_h200/ and heads_next_h200/."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    trial = json.loads((REPO / "docs/results/feature_layers_h200/trial.json").read_text(encoding="utf-8"))
+    for call in ("call_1", "call_2"):
+        for run in trial[call].values():
+            t = run["tokens_per_step"]
+            cells = (f"| {' / '.join(f'{x:.3f}' for x in run['top1'])} | {t['calibrated-48+lookup-8']:.2f} | "
+                     f"{t['dynamic-48+lookup-8']:.2f} | {t['calibrated-64']:.2f} |")
+            assert cells in readme, cells
+    results = REPO / "docs/results/heads_next_h200"
+    shipped, new = (json.loads((results / f"eval_{h}_mtbench20_fp32.json").read_text(encoding="utf-8"))
+                    for h in ("shipped", "next"))
+    trees = ("calibrated-48+lookup-8", "dynamic-48+lookup-8", "medusa-64")
+    assert all(r[t]["identical_turns"] == r[t]["turns"] == 20 for r in (shipped, new) for t in trees)
+    assert "| shipped | " + " | ".join(f"{shipped[t]['mean_accepted']:.2f}" for t in trees) + " |" in readme
+    gains = " | ".join(f"{new[t]['mean_accepted']:.2f} ({new[t]['mean_accepted'] / shipped[t]['mean_accepted'] - 1:+.1%})"
+                       for t in trees)
+    assert f"| reading the next token | {gains} |" in readme
+    card = json.loads((results / "card.json").read_text(encoding="utf-8"))
+    assert card["context_next"] and f"{card['train_seconds']:.0f} s of training" in readme
+
+
+def test_the_one_token_regions_table_holds_the_h200_run():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for shape in ("vicuna-7b", "llama-3-8b"):
+        lines = (REPO / f"docs/results/step_floor_h200/one_token/{shape}-one-token.jsonl").read_text(
+            encoding="utf-8").strip().splitlines()
+        a = json.loads(lines[-1])["alternating"]
+        assert all(r["runs"] == 3 for r in a.values())
+        row = "| `{}` | {} |".format(shape, " | ".join(
+            _step_ms(a[f"single+graphs {k}"]) for k in ("compiled", "static1", "autotune1")))
+        assert row in readme, row
