@@ -136,7 +136,8 @@ def run_train_heads(args: argparse.Namespace) -> int:
 
     cfg = PipelineConfig(
         model=args.model, kind=args.kind, num_heads=args.heads, num_layers=args.layers,
-        context=args.context_layer or args.context_next, context_next=args.context_next, train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
+        context=args.context_layer or args.context_next, context_next=args.context_next,
+        train_prompts=args.prompts, turns=args.turns, draft_vocab=args.draft_vocab,
         heldout_prompts=args.heldout_prompts, max_new_tokens=args.reply_tokens,
         gen_batch=args.gen_batch, prompts_file=args.prompts_file, heldout_file=args.heldout_file,
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed),

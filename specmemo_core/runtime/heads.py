@@ -35,12 +35,14 @@ A context layer may also read the *next* token (``context_next``): its input at 
 is h_i + P·norm(e(x_{i+1})), P starting at zero. Every committed position's next token is
 known when it is committed (the token after it on the accepted path, or the bonus token),
 except the prompt's last, whose next token is the first reply token: a prefill leaves that
-position pending (its hidden state held in the draft-state buffer) and ``step.settle`` runs
-it once the first token is chosen. So the draft state the heads read has seen the root
-token, and its attention can look for where that token came before (what followed it then
-is what a reply that copies will say next). In a trial on 4,000 distilled replies this
-raised the held-out walked tokens per step of ``calibrated-48+lookup-8`` from 3.22 to 3.32
-(``scripts/feature_layers_trial.py``, ``docs/results/feature_layers_h200/``).
+position pending (its hidden state held in the draft-state buffer) and
+``step.finish_prefill`` runs it once the first token is chosen. So the draft state the
+heads read has seen the root token, and its attention can look for where that token came
+before (what followed it then is what a reply that copies will say next). In a trial on
+4,000 distilled replies this raised the held-out walked tokens per step of
+``calibrated-48+lookup-8`` from 3.22 to 3.32 (``scripts/feature_layers_trial.py``,
+``docs/results/feature_layers_h200/``), and heads trained so went from 3.29 to 3.40 on
+MT-Bench (README, "Draft heads").
 
 Files
 -----

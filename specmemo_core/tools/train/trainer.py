@@ -52,7 +52,7 @@ Rope = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions 
 
 
 def context_rows(heads: DraftHeads, feats: Features, rope: Rope, seq_ids: torch.Tensor,
-                 device: str | torch.device, all_hidden: torch.Tensor | None = None,
+                 device: str | torch.device, *, all_hidden: torch.Tensor | None = None,
                  embed: nn.Embedding | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Training rows of sequences ``seq_ids`` [n] and the context layer's output there [n, D].
 
@@ -164,7 +164,8 @@ def _step_loss(heads: DraftHeads, step: int, data: _Batch, *, feats: Features, s
     embed, lm_head = io
     loss = torch.zeros((), device=device)
     if spec.has_context:
-        idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device, data.all_hidden, embed)
+        idx, h = context_rows(heads, feats, rope, _sequence_batch(step, feats, cfg), device,
+                              all_hidden=data.all_hidden, embed=embed)
     else:
         idx = _batch_indices(step, data.hidden.shape[0], cfg).to(device)
         h = data.hidden[idx].float()  # [B, D]
