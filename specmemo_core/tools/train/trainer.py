@@ -66,17 +66,16 @@ def context_rows(heads: DraftHeads, feats: Features, rope: Rope, seq_ids: torch.
     bounds, rbounds = feats.seq_bounds[seq_ids], feats.row_bounds[seq_ids]
     lengths = (bounds[:, 1] - bounds[:, 0]).tolist()
     width = max(lengths)
+    reads_next = heads.context.reads_next
+    if reads_next and (embed is None or feats.all_next is None):
+        raise ValueError("a context layer that reads next tokens needs the embedding and features with keep_all")
     x = torch.zeros(len(lengths), width, all_hidden.shape[1], device=device)
-    following = torch.zeros(len(lengths), width, dtype=torch.long, device=device)
+    following = torch.zeros(len(lengths), width, dtype=torch.long, device=device) if reads_next else None
     for j, (start, end) in enumerate(bounds.tolist()):
         x[j, : end - start] = all_hidden[start:end].to(device).float()
-        if feats.all_next is not None:
+        if following is not None:
             following[j, : end - start] = feats.all_next[start:end].to(device)
-    next_emb = None
-    if heads.context.reads_next:
-        if embed is None or feats.all_next is None:
-            raise ValueError("a context layer that reads next tokens needs the embedding and features with keep_all")
-        next_emb = embed(following).float()
+    next_emb = embed(following).float() if following is not None else None
     cos, sin = rope(torch.arange(width, device=device))
     out = heads.context.forward_batch(x, cos.float(), sin.float(), next_emb)  # [B, W, D]
     rows, states = [], []
