@@ -104,9 +104,9 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
     for kind in args.regions.split(","):  # one-token regions compiled for their own shape
         if kind == "static1":
-            kinds[kind] = compiled_regions(one_token="static")
+            kinds[kind] = compiled_regions(one_token=True)
         elif kind == "autotune1":
-            kinds[kind] = compiled_regions(one_token="static", mode="max-autotune-no-cudagraphs")
+            kinds[kind] = compiled_regions(one_token=True, mode="max-autotune-no-cudagraphs")
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)

@@ -277,7 +277,7 @@ class LayerRegions:
 EAGER_REGIONS = LayerRegions()
 
 
-def compiled_regions(*, one_token: str = "", mode: str | None = None) -> LayerRegions:
+def compiled_regions(*, one_token: bool = False, mode: str | None = None) -> LayerRegions:
     """Both regions through ``torch.compile``: the norms, rotary, SiLU and residual adds fuse
     into a few kernels around the matmuls. The cache write and the attention stay eager: they
     read the cache object and span, which differ per layer. Shapes are compiled as they come
@@ -285,12 +285,12 @@ def compiled_regions(*, one_token: str = "", mode: str | None = None) -> LayerRe
     prompt chunks of every length) after the second size seen, so a new prompt length does
     not compile again.
 
-    ``one_token="static"``: a step of one token (plain decoding) runs its own region compiled
+    ``one_token``: a step of one token (plain decoding) runs its own region compiled
     for exactly that shape, the others the dynamic one. ``mode``: torch.compile's mode for
     the one-token region (e.g. ``max-autotune-no-cudagraphs``: inductor times its own matmul
     kernels against cuBLAS's)."""
     project, finish = torch.compile(project_layer), torch.compile(finish_layer)
-    if one_token != "static":
+    if not one_token:
         return LayerRegions(project, finish)
     project_1 = torch.compile(project_layer, dynamic=False, mode=mode)
     finish_1 = torch.compile(finish_layer, dynamic=False, mode=mode)

@@ -79,11 +79,11 @@ class StagedPrefill:
         positions, mask = self.cache.prepare(torch.arange(t, device=tokens.device), span=t)
         self.cache.write_ids(tokens)
         hidden = self.model(tokens, positions, mask, self.cache)  # [1, t, D]
-        following = torch.cat((tokens[:, 1:], tokens[:, :1]), dim=1)  # [1, t] right up to the last real token
+        pending = reads_next(self.parts)  # then the last position waits for ``step.finish_prefill``
+        following = torch.cat((tokens[:, 1:], tokens[:, :1]), dim=1) if pending else None  # [1, t] up to the last
         draft = contextualize(self.parts, hidden, t, next_ids=following)  # [1, t, D]
         last = (self.count - 1).view(1, 1, 1).expand(1, 1, hidden.shape[-1])  # [1, 1, D]
-        # a context layer that reads next tokens leaves the last position pending (``step.prefill``)
-        self.parts.state.copy_((hidden if reads_next(self.parts) else draft).gather(1, last)[:, 0])
+        self.parts.state.copy_((hidden if pending else draft).gather(1, last)[:, 0])
         return hidden.gather(1, last)
 
     def _forward(self, t: int) -> torch.Tensor:

@@ -193,7 +193,6 @@ def build_offload_methods(names: Sequence[str], *, engine: Any, hf: Any, convers
                 raise OffloadError(f"{name} needs a tree: the plan chose plain decoding")
             if name == "stream-tree":
                 tree.check_heads(engine.heads)
-            if name == "stream-tree":
                 methods.append(ours(name, engine, tree, "shipped heads"))
             else:
                 methods.append(ours(name, with_random_heads(engine), random_heads_tree(tree),

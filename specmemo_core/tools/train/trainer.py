@@ -9,6 +9,7 @@ does) so the nearer, more useful heads dominate.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -202,6 +203,8 @@ def train_heads(
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out_dir / CHECKPOINT_NAME if out_dir else None
     start = _resume(ckpt, heads, opt, device)
+    if spec.context_next:  # read at every step: on the device once, as the hidden states are
+        feats = dataclasses.replace(feats, all_next=feats.all_next.to(device))
     data = _Batch(feats.hidden.to(device), feats.all_hidden.to(device) if spec.has_context else None,
                   *(t.to(device) for t in (feats.targets, feats.parents, feats.teacher_rows)))
     io = (embed.to(device), lm_head.to(device))
