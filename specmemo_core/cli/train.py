@@ -110,6 +110,8 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure heads' accuracy and tree-path acceptance on held-out prompts")
     p.add_argument("--heads", required=True)
     p.add_argument("--model", default="default")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="the base model's precision for the held-out replies (default: bf16 on a GPU, fp32 on a CPU)")
     _add_heldout_args(p)
     p.set_defaults(run=run_calibrate)
 
@@ -154,7 +156,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     cfg = PipelineConfig(model=args.model, heldout_prompts=args.heldout_prompts, heldout_file=args.heldout_file,
                          max_new_tokens=args.reply_tokens, gen_batch=args.gen_batch)
     with StageProgress() as progress:
-        record = calibrate_folder(Path(args.heads), cfg, args.device, progress)
+        record = calibrate_folder(Path(args.heads), cfg, args.device, progress,
+                                  dtype=DTYPES[args.dtype] if args.dtype else None)
     print(json.dumps({"topk_accuracy": record["topk_accuracy"], "expected_accepted": record["expected_accepted"]},
                      indent=1))
     return 0

@@ -231,6 +231,26 @@ def test_pipeline_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, context):
     a = "".join(p.text for p in engine.new_session(512).send("Hello number 3"))
     b = "".join(p.text for p in plain.new_session(512).send("Hello number 3"))
     assert a == b
+    if context is True:  # `specmemo calibrate --dtype`: fp32 reproduces the CPU's own calibration
+        _check_recalibration(cfg, out, tmp_path / "again")
+
+
+def _check_recalibration(cfg, out, again):
+    """calibrate_folder over a copy of the heads without their held-out replies: in fp32 it
+    distills the same replies and writes the same calibration; the base model follows dtype."""
+    import shutil
+
+    from specmemo_core.tools.train.pipeline import calibrate_folder, trainer_model
+
+    again.mkdir()
+    for name in ("heads.safetensors", "card.json"):
+        shutil.copy(out / name, again / name)
+    calibrate_folder(again, cfg, "cpu", dtype=torch.float32)
+    first, second = (json.loads((d / "calibration.json").read_text()) for d in (out, again))
+    assert second["topk_accuracy"] == first["topk_accuracy"]
+    assert second["expected_accepted"] == first["expected_accepted"]
+    _, hf = trainer_model(cfg.model, "cpu", dtype=torch.bfloat16)
+    assert next(hf.parameters()).dtype == torch.bfloat16
 
 
 def test_multi_turn_distillation_answers_each_turn_with_the_models_own_replies():

@@ -70,10 +70,11 @@ def trainer_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
-def trainer_model(source: str, device: str, progress: Progress | None = None) -> tuple[LoadedModel, Any]:
-    """The base model read in the trainer's dtype (a bf16 read halves the RAM of an fp32 one)
-    and transformers' model over it on ``device``."""
-    dtype = trainer_dtype(device)
+def trainer_model(source: str, device: str, progress: Progress | None = None, *,
+                  dtype: torch.dtype | None = None) -> tuple[LoadedModel, Any]:
+    """The base model read in ``dtype`` (default: the trainer's, ``trainer_dtype``; a bf16 read
+    halves the RAM of an fp32 one) and transformers' model over it on ``device``."""
+    dtype = dtype or trainer_dtype(device)
     loaded = load_model(source, dtype=dtype, progress=progress)
     return loaded, hf_model_from(loaded, device, dtype)
 
@@ -205,9 +206,11 @@ def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineCon
     return record
 
 
-def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: Progress | None = None) -> dict[str, Any]:
-    """``specmemo calibrate``: held-out replies (reused if present) → calibration.json."""
-    loaded, hf = trainer_model(cfg.model, device, progress)
+def calibrate_folder(folder: Path, cfg: PipelineConfig, device: str, progress: Progress | None = None, *,
+                     dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """``specmemo calibrate``: held-out replies (reused if present) → calibration.json, with the
+    base model in ``dtype`` (default: the trainer's; fp32 on a GPU reproduces a CPU's replies)."""
+    loaded, hf = trainer_model(cfg.model, device, progress, dtype=dtype)
     heldout = _distilled(folder, hf, loaded, cfg, True, progress)
     return run_calibration(folder, loaded, hf, cfg, device=device, progress=progress, heldout=heldout)
 
