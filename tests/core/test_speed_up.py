@@ -42,7 +42,8 @@ def test_the_default_job_trains_like_the_shipped_heads_into_the_data_folder(tmp_
     job = speed_up_job("default", name="Smol LM/2", fingerprint="ab12", device="cuda", data_folder=tmp_path)
     assert job.out == tmp_path / "heads" / "Smol_LM_2-ab12"
     cfg = job.config
-    assert (cfg.kind, cfg.num_heads, cfg.context, cfg.draft_vocab, cfg.train.steps) == ("hydra", 4, True, 8192, 4000)
+    assert (cfg.kind, cfg.num_heads, cfg.context, cfg.context_next, cfg.draft_vocab, cfg.train.steps) == (
+        "hydra", 4, True, True, 8192, 4000)
     assert cfg.prompts_file == str(SHIPPED_PROMPTS) and cfg.gen_batch == 256
     assert speed_up_job("default", name="m", fingerprint="f", device="cpu", data_folder=tmp_path).config.gen_batch == 16
 

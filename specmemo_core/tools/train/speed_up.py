@@ -75,13 +75,13 @@ def speed_up_job(model: str, *, name: str, fingerprint: str, device: str, data_f
                  prompts_file: str | Path | None = None, prompts: int | None = None,
                  steps: int | None = None) -> SpeedUpJob:
     """The default job for a model: heads like the shipped ones (4 hydra heads with a context
-    layer, an 8,192-token drafting vocabulary), self-distilled on the shipped ShareGPT prompts
+    layer that reads the next token, an 8,192-token drafting vocabulary), self-distilled on the shipped ShareGPT prompts
     (or the user's ``prompts_file``, MT-Bench style JSONL) and calibrated on the shipped
     held-out mix. Replies are generated 256 at a time on a GPU, 16 on a CPU."""
     on_gpu = not str(device).startswith("cpu")
     train = TrainConfig() if steps is None else TrainConfig(steps=steps)
     config = PipelineConfig(
-        model=str(model), kind="hydra", num_heads=4, num_layers=1, context=True,
+        model=str(model), kind="hydra", num_heads=4, num_layers=1, context=True, context_next=True,
         train_prompts=prompts if prompts is not None else 8000,
         prompts_file=str(prompts_file or SHIPPED_PROMPTS), heldout_file=str(SHIPPED_HELDOUT), heldout_prompts=400,
         max_new_tokens=256, gen_batch=256 if on_gpu else 16, train=train)
