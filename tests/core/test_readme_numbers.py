@@ -331,3 +331,33 @@ def test_the_one_token_regions_table_holds_the_h200_run():
         row = "| `{}` | {} |".format(shape, " | ".join(
             _step_ms(a[f"single+graphs {k}"]) for k in ("compiled", "static1", "autotune1")))
         assert row in readme, row
+
+
+def test_the_beyond_chat_table_holds_the_h200_runs():
+    """README's three workloads with the shipped heads are docs/results/heads_ship_h200/bench_*.json;
+    in fp32 every method's replies equal plain greedy's."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    walked = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text())["tokens_per_step"]
+    names = {"mtbench20": "20 MT-Bench queries", "mixed": "30 mixed prompts", "code": "20 code prompts"}
+
+    def speed(r: dict) -> str:
+        s = r["tokens_per_s"]
+        return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
+
+    for workload, label in names.items():
+        for dtype in ("bf16", "fp32"):
+            run = json.loads((REPO / f"docs/results/heads_ship_h200/bench_{workload}_{dtype}.json").read_text())
+            assert run["_run"]["rounds_done"] == 3 and run["_run"]["dtype"] == dtype
+            v, m, p = run["vanilla+graphs"], run["medusa-64+graphs"], run["plan"]
+            row = (f"| {label} | {dtype} | {speed(v)} | {speed(m)}, {m['mean_accepted']:.2f} | `{p['tree']}` | "
+                   f"{speed(p)} | {p['mean_accepted']:.2f} | {p['vs_vanilla+graphs']:.2f}× | "
+                   f"{p['identical_to_vanilla']}/{p['replies']} |")
+            assert row in readme, row
+            if dtype == "fp32":
+                assert all(r["identical_to_vanilla"] == r["replies"] for r in (v, m, p))
+            else:
+                assert p["tree"] == "dynamic-48+lookup-8"
+                under = 1 - walked[p["tree"]] / p["mean_accepted"]
+                assert f"{under:.0%}" in readme.split("**Beyond chat", 1)[1].split("**Tree buffers**", 1)[0]
+    assert f"predicted\n3.42 tokens per step for `dynamic-48+lookup-8`" in readme
+    assert round(walked["dynamic-48+lookup-8"], 2) == 3.42
