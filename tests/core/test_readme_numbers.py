@@ -353,6 +353,9 @@ def test_the_beyond_chat_table_holds_the_h200_runs():
                    f"{speed(p)} | {p['mean_accepted']:.2f} | {p['vs_vanilla+graphs']:.2f}× | "
                    f"{p['identical_to_vanilla']}/{p['replies']} |")
             assert row in readme, row
+            if (workload, dtype) == ("mtbench20", "bf16"):  # the status line at the top
+                assert (f"at {p['tokens_per_s']['median']:,.0f} tokens/s on the 20-query MT-Bench\nworkload "
+                        f"({p['mean_accepted']:.1f} tokens per step, {p['vs_vanilla+graphs']:.1f}×") in readme
             if dtype == "fp32":
                 assert all(r["identical_to_vanilla"] == r["replies"] for r in (v, m, p))
             else:
@@ -361,3 +364,22 @@ def test_the_beyond_chat_table_holds_the_h200_runs():
                 assert f"{under:.0%}" in readme.split("**Beyond chat", 1)[1].split("**Tree buffers**", 1)[0]
     assert f"predicted\n3.42 tokens per step for `dynamic-48+lookup-8`" in readme
     assert round(walked["dynamic-48+lookup-8"], 2) == 3.42
+
+
+def test_the_cpu_table_with_the_shipped_heads_holds_its_runs():
+    """README's CPU table with the shipped heads is docs/results/heads_ship_cpu/bench_{fp32,bf16}.json,
+    and the status line's CPU ratio is the fp32 run's."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    labels = {"hf": "transformers `generate` (`hf`)", "vanilla": "ours, plain (`vanilla`)"}
+    for dtype in ("fp32", "bf16"):
+        run = json.loads((REPO / f"docs/results/heads_ship_cpu/bench_{dtype}.json").read_text(encoding="utf-8"))
+        assert run["_run"]["rounds_done"] == 3 and run["_run"]["dtype"] == dtype and run["_run"]["queries"] == 8
+        for name in ("hf", "vanilla", "plan"):
+            r = run[name]
+            label = labels.get(name, f"ours, the planner's tree (`plan`: `{r['tree']}`)")
+            row = (f"| {dtype} | {label} | {_speed(r)} | {r['mean_accepted']:.2f} | {r['vs_hf']:.2f}× | "
+                   f"{r['identical_to_vanilla']}/{r['replies']} |")
+            assert row in readme, row
+        if dtype == "fp32":
+            assert run["plan"]["identical_to_vanilla"] == 8
+            assert f"the planner's choice decodes {run['plan']['vs_hf']:.1f}× faster" in readme
