@@ -42,7 +42,7 @@ class DeviceInfo:
     driver: str  # driver / runtime version, "" if unknown
     torch_device: str  # "cuda:0", "mps", "cpu"
     note: str = ""  # why a fallback happened
-    bf16_matmul: bool = False  # a CPU with bf16 matrix units (AMX-BF16): bf16 steps are faster than fp32 there
+    bf16_matmul: bool = False  # a CPU with bf16 matrix instructions (AMX-BF16 or AVX512-BF16): see BF16_MATMUL_FLAGS
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,12 @@ def parse_size(text: str) -> int:
     return int(round(value))
 
 
+# CPU flags of bf16 matrix instructions, where the planner's trees pay more in bf16 than in fp32:
+# AMX-BF16 (Intel Xeon since Sapphire Rapids; docs/results/bf16_cpu/) and AVX512-BF16 (AMD Zen 4;
+# docs/results/bf16_cpu_epyc/: the planner's method 1.27x faster in bf16, runs alternating).
+BF16_MATMUL_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
 def cpu_device() -> DeviceInfo:
     """The CPU with the RAM that is available now (not merely unused)."""
     import psutil
@@ -84,7 +90,7 @@ def cpu_device() -> DeviceInfo:
 
     mem = psutil.virtual_memory()
     return DeviceInfo("cpu", 0, _cpu_name(), int(mem.total), int(min(mem.available, mem.total)),
-                      f"torch {torch.__version__}", "cpu", bf16_matmul="amx_bf16" in _cpu_flags())
+                      f"torch {torch.__version__}", "cpu", bf16_matmul=bool(BF16_MATMUL_FLAGS & _cpu_flags()))
 
 
 def _cpu_info_lines() -> list[str]:

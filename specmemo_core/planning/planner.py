@@ -254,13 +254,14 @@ def heads_count(heads: HeadsShape | None, depth: int) -> int:
 def precisions_for(budget: Budget) -> tuple[str, ...]:
     """The precisions a plan may choose on ``budget``'s device, best first. A GPU never runs
     fp32 unasked (bf16 is its native speed at the same quality). A CPU prefers fp32, except
-    one with bf16 matrix units (AMX-BF16), where bf16 comes first: measured on such a 2-core
-    Xeon with the default model, bf16's perplexity on the MT-Bench text is fp32's within
-    0.05% (11.061 against 11.056, ``docs/results/quantization_cpu_xeon.json``), while its
-    steps are faster and its tree nodes far cheaper, so the planner affords the trees that
-    pay: the planner's method ran 1.66× faster in bf16 than in fp32, runs alternating
-    (``docs/results/bf16_cpu/``). Without such units bf16 is slower than fp32 on a CPU (2.6×
-    slower on a 2-core EPYC, ``docs/results/quantization_cpu.json``)."""
+    one with bf16 matrix instructions (AMX-BF16 or AVX512-BF16, ``device.BF16_MATMUL_FLAGS``),
+    where bf16 comes first: measured with the default model, bf16's perplexity on the MT-Bench
+    text is fp32's within 0.05% (11.061 against 11.056, ``docs/results/quantization_cpu_xeon.json``),
+    while its tree nodes are far cheaper, so the planner affords the trees that pay: its
+    method ran 1.66× faster in bf16 than in fp32 on a 2-core AMX Xeon (``docs/results/bf16_cpu/``)
+    and 1.27× on a 2-core AVX512-BF16 EPYC (``docs/results/bf16_cpu_epyc/``), runs alternating.
+    Without them bf16 is slower than fp32 on a CPU (plain steps 2.6× slower on a 2-core EPYC
+    of an earlier run whose flags were not recorded, ``docs/results/quantization_cpu.json``)."""
     if budget.kind != "cpu":
         return QUALITY_ORDER[1:]
     return ("bf16", "fp32") + QUALITY_ORDER[2:] if budget.bf16_matmul else QUALITY_ORDER

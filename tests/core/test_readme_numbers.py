@@ -165,6 +165,35 @@ def _speed(r: dict) -> str:
     return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
 
 
+def _alternating_runs(folder: str, lines: list[str]) -> dict[str, dict]:
+    """The four runs alternating precision in docs/results/FOLDER/, each a row of ``lines``."""
+    runs = {tag: json.loads((REPO / f"docs/results/{folder}/{tag}.json").read_text(encoding="utf-8"))
+            for tag in ("a_fp32", "b_bf16", "c_fp32", "d_bf16")}
+    for tag, run in runs.items():
+        assert run["_run"]["dtype"] == tag[2:] and run["_run"]["rounds_done"] == 3
+        plan = run["plan"]
+        row = (f"| {tag[0]} | {tag[2:]} | {_speed(run['vanilla'])} | `{plan['tree']}` | {_speed(plan)} | "
+               f"{plan['mean_accepted']:.2f} |")
+        assert row in lines, f"README's {folder} table lacks {row!r}"
+    return runs
+
+
+def _plan_medians(runs: dict[str, dict]) -> dict[str, float]:
+    from statistics import median
+
+    return {d: median(runs[t]["plan"]["tokens_per_s"]["median"] for t in runs if t.endswith(d)) for d in ("fp32", "bf16")}
+
+
+def test_the_epyc_bf16_runs_are_the_readme_table():
+    """README's alternating runs on the AVX512-BF16 EPYC (docs/results/bf16_cpu_epyc/) and the
+    ratio that made the planner take bf16 there."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**With the shipped heads**, on another machine", 1)[1].split("**bf16 on this CPU.**", 1)[0]
+    speed = _plan_medians(_alternating_runs("bf16_cpu_epyc", section.splitlines()))
+    text = " ".join(section.split())
+    assert f"runs {speed['bf16'] / speed['fp32']:.2f}× faster in bf16 ({speed['bf16']:.1f} against {speed['fp32']:.1f}" in text
+
+
 def test_the_cpu_bf16_tables_hold_their_runs():
     """README's "bf16 on this CPU": the four alternating runs, the ratios drawn from them,
     and the one-process table beside llama.cpp, as their files hold them."""
@@ -173,16 +202,8 @@ def test_the_cpu_bf16_tables_hold_their_runs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme.split("**bf16 on this CPU.**", 1)[1].split("**Beside llama.cpp**", 1)[0]
     lines, text = section.splitlines(), " ".join(section.split())
-    runs = {tag: json.loads((REPO / f"docs/results/bf16_cpu/{tag}.json").read_text(encoding="utf-8"))
-            for tag in ("a_fp32", "b_bf16", "c_fp32", "d_bf16")}
-    for tag, run in runs.items():
-        assert run["_run"]["dtype"] == tag[2:] and run["_run"]["rounds_done"] == 3
-        plan = run["plan"]
-        row = (f"| {tag[0]} | {tag[2:]} | {_speed(run['vanilla'])} | `{plan['tree']}` | {_speed(plan)} | "
-               f"{plan['mean_accepted']:.2f} |")
-        assert row in lines, f"README's bf16 table lacks {row!r}"
-    speed = {d: median(runs[t][m]["tokens_per_s"]["median"] for t in runs if t.endswith(d)) for d in ("fp32", "bf16")
-             for m in ("plan",)}
+    runs = _alternating_runs("bf16_cpu", lines)
+    speed = _plan_medians(runs)
     plain = {d: median(runs[t]["vanilla"]["tokens_per_s"]["median"] for t in runs if t.endswith(d)) for d in ("fp32", "bf16")}
     assert f"{speed['bf16'] / speed['fp32']:.2f}× faster in bf16" in text
     assert f"({speed['bf16']:.1f} against {speed['fp32']:.1f} tok/s" in text
