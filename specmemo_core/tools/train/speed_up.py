@@ -75,9 +75,10 @@ def speed_up_job(model: str, *, name: str, fingerprint: str, device: str, data_f
                  prompts_file: str | Path | None = None, prompts: int | None = None,
                  steps: int | None = None) -> SpeedUpJob:
     """The default job for a model: heads like the shipped ones (4 hydra heads with a context
-    layer that reads the next token, an 8,192-token drafting vocabulary), self-distilled on the shipped ShareGPT prompts
-    (or the user's ``prompts_file``, MT-Bench style JSONL) and calibrated on the shipped
-    held-out mix. Replies are generated 256 at a time on a GPU, 16 on a CPU."""
+    layer that reads the next token, an 8,192-token drafting vocabulary), self-distilled on
+    the shipped ShareGPT prompts (or the user's ``prompts_file``, MT-Bench style JSONL) and
+    calibrated on the shipped held-out mix. Replies are generated 256 at a time on a GPU, 16
+    on a CPU."""
     on_gpu = not str(device).startswith("cpu")
     train = TrainConfig() if steps is None else TrainConfig(steps=steps)
     config = PipelineConfig(
