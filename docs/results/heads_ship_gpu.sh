@@ -41,9 +41,11 @@ calib)
 bench)
   M=vanilla+graphs,medusa-64+graphs,plan
   for w in $(echo "${3:-mtbench20,mixed,code}" | tr , ' '); do
-    P=""; [ $w = mixed ] && P="--prompts assets/prompts/bench_mixed.jsonl --queries 30"
-    [ $w = code ] && P="--prompts assets/prompts/bench_code.jsonl --queries 20"
-    [ $w = mtbench20 ] && P="--queries 20"
+    case $w in
+      mixed) P="--prompts assets/prompts/bench_mixed.jsonl --queries 30" ;;
+      code) P="--prompts assets/prompts/bench_code.jsonl --queries 20" ;;
+      *) P="--queries 20" ;;
+    esac
     timeout 175 python3 -m specmemo_core.cli bench --device cuda --dtype "$2" --methods "$M" $P \
       --max-new-tokens 128 --repeats 3 --warmup 1 --json --save "$OUT/bench_${w}_$2.json" > /dev/null \
       2> "$OUT/bench_${w}_$2.err"

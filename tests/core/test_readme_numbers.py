@@ -160,9 +160,9 @@ def test_the_grown_tree_tables_hold_the_calibration_and_the_bench():
         assert row in section, f"README's grown-tree bench table lacks {row!r}"
 
 
-def _speed(r: dict) -> str:
+def _speed(r: dict, fmt: str = ".1f") -> str:
     s = r["tokens_per_s"]
-    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}}–{s['max']:{fmt}})"
 
 
 def _alternating_runs(folder: str, lines: list[str]) -> dict[str, dict]:
@@ -361,17 +361,13 @@ def test_the_beyond_chat_table_holds_the_h200_runs():
     walked = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text())["tokens_per_step"]
     names = {"mtbench20": "20 MT-Bench queries", "mixed": "30 mixed prompts", "code": "20 code prompts"}
 
-    def speed(r: dict) -> str:
-        s = r["tokens_per_s"]
-        return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
-
     for workload, label in names.items():
         for dtype in ("bf16", "fp32"):
             run = json.loads((REPO / f"docs/results/heads_ship_h200/bench_{workload}_{dtype}.json").read_text())
             assert run["_run"]["rounds_done"] == 3 and run["_run"]["dtype"] == dtype
             v, m, p = run["vanilla+graphs"], run["medusa-64+graphs"], run["plan"]
-            row = (f"| {label} | {dtype} | {speed(v)} | {speed(m)}, {m['mean_accepted']:.2f} | `{p['tree']}` | "
-                   f"{speed(p)} | {p['mean_accepted']:.2f} | {p['vs_vanilla+graphs']:.2f}× | "
+            row = (f"| {label} | {dtype} | {_speed(v, ',.0f')} | {_speed(m, ',.0f')}, {m['mean_accepted']:.2f} | "
+                   f"`{p['tree']}` | {_speed(p, ',.0f')} | {p['mean_accepted']:.2f} | {p['vs_vanilla+graphs']:.2f}× | "
                    f"{p['identical_to_vanilla']}/{p['replies']} |")
             assert row in readme, row
             if (workload, dtype) == ("mtbench20", "bf16"):  # the status line at the top

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -24,8 +23,7 @@ def _rows(name: str) -> list[dict]:
 
 
 def _turns_of(gz_name: str) -> set[str]:
-    with gzip.open(PROMPTS / gz_name, "rt", encoding="utf-8") as f:
-        return {turn for line in f if line.strip() for turn in json.loads(line)["turns"]}
+    return {turn for turns in load_prompt_file(PROMPTS / gz_name) for turn in turns}
 
 
 @pytest.mark.parametrize(("name", "count"), FILES.items())
