@@ -7,7 +7,7 @@ costs against a plain step. Speed = accepted tokens per step / step time; with t
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
-        [--modes eager,graphs] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--kernels] [--context N] [--capacity N]
+        [--modes eager,graphs] [--heads DIR] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--kernels] [--context N] [--capacity N]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import torch
 
 from specmemo_core.runtime.decoding import GenerationConfig
-from specmemo_core.runtime.heads import random_heads
+from specmemo_core.runtime.heads import load_heads, random_heads
 from specmemo_core.planning.memory import known_shape
 from specmemo_core.planning.plan_check import random_model
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
@@ -43,11 +43,12 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     with torch.profiler.profile(activities=activities) as prof:
         step()
         torch.cuda.synchronize()
-    # the operators that launch kernels, by calls: where a tree step's extra kernels come from
-    ops = sorted(((e.key, e.count, round(e.self_device_time_total, 1)) for e in prof.key_averages()
-                  if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CPU),
-                 key=lambda o: -o[1])
-    print(json.dumps({"ops_by_calls": ops[:30]}), flush=True)
+    # the operators that launch kernels, by calls and by GPU time: where a tree step's extra
+    # kernels and microseconds come from
+    ops = [(e.key, e.count, round(e.self_device_time_total, 1)) for e in prof.key_averages()
+           if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CPU]
+    print(json.dumps({"ops_by_calls": sorted(ops, key=lambda o: -o[1])[:30],
+                      "ops_by_us": sorted(ops, key=lambda o: -o[2])[:30]}), flush=True)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for e in kernels:
@@ -61,9 +62,10 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
 def time_steps(model, heads, tree, graphs: bool, steps: int, *, context: int = 1000, capacity: int = 4096) -> float:
     decoder = StaticDecoder(model, new_static_cache(model, max(capacity, context + 2 * steps * 5 + 64)), heads, tree,
                             graphs=graphs)
+    decoder.capture()  # every span's unit now: a step that reaches a longer span must not time its capture
     prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     config = GenerationConfig(max_new_tokens=steps)
-    for _ in decoder.generate(prompt, GenerationConfig(max_new_tokens=20)):  # warm-up, captures
+    for _ in decoder.generate(prompt, GenerationConfig(max_new_tokens=20)):  # warm-up
         pass
     decoder.reset()
     stream = decoder.generate(prompt, config)
@@ -88,10 +90,19 @@ def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
     return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
 
 
-def step_heads(shape, model, device: str):
-    """Random hydra heads with a context layer, of ``shape``'s sizes: what a tree step drafts with."""
-    return random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(
-        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=device, dtype=model.dtype)
+def step_heads(shape, model, device: str, path: str = "", topk_chunk: int | None = None):
+    """What a tree step drafts with: trained heads from ``path`` (of ``shape``'s sizes, with
+    their drafting vocabulary), else random hydra heads with a context layer; ``topk_chunk``:
+    their drafting top-k's first-stage chunk (0: torch.topk alone; None: the default)."""
+    if path:
+        heads = load_heads(path, shape.hidden_size, shape.vocab_size, dtype=model.dtype, device=device)
+        heads.use_draft_vocab(model.lm_head.weight)
+    else:
+        heads = random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(
+            shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=device, dtype=model.dtype)
+    if topk_chunk is not None:
+        heads.topk_chunk = topk_chunk
+    return heads
 
 
 def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
@@ -110,7 +121,7 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        heads = step_heads(shape, model, args.device) if tree else None
+        heads = step_heads(shape, model, args.device, args.heads) if tree else None
         times: dict[str, list[float]] = {k: [] for k in args.regions.split(",")}
         for _ in range(args.repeats):
             for kind in times:
@@ -121,6 +132,32 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
             out[f"{name}+graphs {kind}"] = {"median": round(median(ms), 3), "min": round(min(ms), 3),
                                             "max": round(max(ms), 3), "runs": len(ms)}
             print(json.dumps({"tree": name, "regions": kind, **out[f"{name}+graphs {kind}"]}), flush=True)
+    return out
+
+
+def alternate_topk(model, args) -> dict[str, dict[str, float]]:
+    """Each tree's step with the heads' drafting top-k chunked by each of ``args.topk_chunks``
+    in turn (0: torch.topk alone), ``args.repeats`` rounds: ms per step, median (min–max)."""
+    from statistics import median
+
+    shape = model.spec
+    out: dict[str, dict[str, float]] = {}
+    for name in args.trees.split(","):
+        tree = None if name == "single" else load_tree(name)
+        chunks = [int(c) for c in args.topk_chunks.split(",")] if tree else [0]
+        heads = step_heads(shape, model, args.device, args.heads) if tree else None
+        times: dict[int, list[float]] = {c: [] for c in chunks}
+        for _ in range(args.repeats):
+            for chunk in chunks:
+                if heads is not None:
+                    heads.topk_chunk = chunk
+                times[chunk].append(time_steps(model, heads, tree, True, args.steps, context=args.context,
+                                               capacity=args.capacity))
+        for chunk, ms in times.items():
+            key = f"{name}+graphs topk-chunk {chunk}"
+            out[key] = {"median": round(median(ms), 3), "min": round(min(ms), 3), "max": round(max(ms), 3),
+                        "runs": len(ms)}
+            print(json.dumps({"tree": name, "topk_chunk": chunk, **out[key]}), flush=True)
     return out
 
 
@@ -137,6 +174,10 @@ def main() -> None:
     ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "
+                    "top-k chunked by each (0: torch.topk alone), alternating in this process (--repeats rounds)")
+    ap.add_argument("--heads", default="", help="trained heads of the shape (a folder) instead of random ones, "
+                    "e.g. assets/heads/SmolLM2-135M-Instruct on --shape smollm2-135m")
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
     ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (a step attends over the smallest span that holds the conversation)")
@@ -150,13 +191,17 @@ def main() -> None:
     out = {"shape": args.shape, "dtype": args.dtype, "device": name, "fused": fused, "compiled": args.compile,
            "bf16_weight_read_floor_ms": round(weight_read_floor_ms(shape), 3), "ms_per_step": {},
            "kernels_per_step": {}, "first_step_s": {}}
+    if args.topk_chunks:
+        out["alternating"] = alternate_topk(model, args)
+        print(json.dumps(out))
+        return
     if args.regions:
         out["alternating"] = alternate_regions(model, shape, args)
         print(json.dumps(out))
         return
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        heads = step_heads(shape, model, args.device) if tree else None
+        heads = step_heads(shape, model, args.device, args.heads) if tree else None
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
             ms = time_steps(model, heads, tree, mode != "eager", args.steps, context=args.context, capacity=args.capacity)

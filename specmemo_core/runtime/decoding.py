@@ -198,9 +198,13 @@ class Decoder:
         """Run the new prompt tokens chunk by chunk (``step.prefill``); return the last one's
         hidden state [1, D], and leave its draft state in ``parts.state``."""
         try:
-            return prefill(self.parts, new_ids, chunk=PREFILL_CHUNK)
+            return self._prefill_chunks(new_ids)
         finally:  # what the caches hold, even if a chunk failed
             self.history.extend(new_ids[: self.cache.length - len(self.history)])
+
+    def _prefill_chunks(self, new_ids: list[int]) -> torch.Tensor:
+        """The prefill itself (``step.prefill``); a static decoder may pad chunks to fixed shapes."""
+        return prefill(self.parts, new_ids, chunk=PREFILL_CHUNK)
 
     # -- generation ------------------------------------------------------------
     def generate(

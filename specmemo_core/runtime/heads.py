@@ -72,6 +72,35 @@ from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import DecoderLayer, ModelSpec, RMSNorm, apply_rope, attention_bias
 from specmemo_core.runtime.tree import TreeBuffers
 
+TOPK_CHUNK = 512  # a drafting top-k's first stage: each chunk of this many tokens gives its own top-k
+
+
+def chunked_topk(x: torch.Tensor, k: int, *, chunk: int = TOPK_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1)`` (values, indices) in two stages: the top-k of each ``chunk`` of
+    the last axis, then the top-k of those. Why: on a GPU, torch.topk over a few long rows
+    (a tree level's 8 states × the drafting vocabulary) runs about one thread block per
+    row and leaves most of the chip idle; chunks give it rows × V / chunk slices. Rows
+    whose length ``chunk`` does not divide, or that are shorter than two chunks, or a
+    ``k`` above ``chunk``, take torch.topk as they are."""
+    v = x.shape[-1]
+    if v % chunk or v < 2 * chunk or k > chunk:
+        top = x.topk(k, dim=-1)
+        return top.values, top.indices
+    part = x.unflatten(-1, (v // chunk, chunk)).topk(k, dim=-1)  # [..., V / chunk, k]
+    offsets = torch.arange(0, v, chunk, device=x.device)[:, None]  # [V / chunk, 1]
+    values, pick = part.values.flatten(-2).topk(k, dim=-1)  # [..., k]
+    return values, (part.indices + offsets).flatten(-2).gather(-1, pick)
+
+
+def draft_topk(x: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafting top-k of ``x`` [..., V] (values, indices): two-stage on a GPU
+    (``chunked_topk`` with ``chunk``; 0: one stage), torch.topk elsewhere."""
+    if chunk and x.device.type == "cuda":
+        return chunked_topk(x, k, chunk=chunk)
+    top = x.topk(k, dim=-1)
+    return top.values, top.indices
+
+
 FORMAT_NAME = "specmemo-heads"
 FORMAT_VERSION = "1"
 HEAD_KINDS = ("medusa", "hydra")
@@ -205,6 +234,7 @@ class MedusaHeads(nn.Module):
             if spec.own_lm_heads else None
         )
         self.context: ContextLayer | None = None  # medusa heads have no context layer
+        self.topk_chunk = TOPK_CHUNK  # drafting top-k's first-stage chunk on a GPU (0: one stage)
 
     def use_draft_vocab(self, lm_head_weight: torch.Tensor) -> None:
         """Medusa heads draft over the whole vocabulary (``HeadsSpec`` refuses a drafting one)."""
@@ -232,7 +262,7 @@ class MedusaHeads(nn.Module):
               lm_head: nn.Linear) -> torch.Tensor:
         """Token of every tree node [..., N]: node i gets head (depth-1)'s rank-``rank[i]``
         guess; ``hidden`` [..., D] and ``root`` [...] may carry a batch axis."""
-        proposals = self.logits(hidden, lm_head).topk(max(tree.topk_needed), dim=-1).indices  # [K, ..., k]
+        proposals = draft_topk(self.logits(hidden, lm_head), max(tree.topk_needed), self.topk_chunk)[1]  # [K, ..., k]
         proposals = proposals.movedim(0, -2)  # [..., K, k]
         tokens = proposals[..., tree.head_index.clamp(min=0), tree.rank.clamp(min=0)]  # [..., N]
         tokens[..., 0] = root
@@ -258,6 +288,7 @@ class HydraHeads(nn.Module):
         if spec.draft_vocab:  # saved with the heads; the matching LM-head rows are copied at load
             self.register_buffer("vocab_ids", torch.zeros(spec.draft_vocab, dtype=torch.long))
         self.vocab_head: nn.Linear | None = None  # set by use_draft_vocab
+        self.topk_chunk = TOPK_CHUNK  # drafting top-k's first-stage chunk on a GPU (0: one stage)
 
     def use_draft_vocab(self, lm_head_weight: torch.Tensor) -> None:
         """Draft through the LM head's rows of ``vocab_ids`` only. Why: drafting a tree
@@ -273,8 +304,8 @@ class HydraHeads(nn.Module):
     def propose(self, states: torch.Tensor, lm_head: nn.Module, k: int) -> torch.Tensor:
         """Each state's top-``k`` next tokens [.., k], through the drafting vocabulary if set."""
         if self.vocab_head is None:
-            return lm_head(states).topk(k, dim=-1).indices
-        return self.vocab_ids[self.vocab_head(states).topk(k, dim=-1).indices]
+            return draft_topk(lm_head(states), k, self.topk_chunk)[1]
+        return self.vocab_ids[draft_topk(self.vocab_head(states), k, self.topk_chunk)[1]]
 
     @property
     def num_heads(self) -> int:
@@ -358,7 +389,7 @@ class HydraHeads(nn.Module):
         """Each state's top-``k`` next tokens [.., k] and their log-probabilities [.., k]
         (fp32) under the heads, through the drafting vocabulary if set."""
         logits = (lm_head if self.vocab_head is None else self.vocab_head)(states).float()
-        score, index = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        score, index = draft_topk(torch.log_softmax(logits, dim=-1), k, self.topk_chunk)
         return score, (index if self.vocab_head is None else self.vocab_ids[index])
 
 

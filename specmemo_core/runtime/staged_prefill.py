@@ -28,7 +28,7 @@ from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import span_ladder
 from specmemo_core.runtime.model import CausalLM
-from specmemo_core.runtime.step import StepParts, capture_graph, contextualize, reads_next
+from specmemo_core.runtime.step import StepParts, capture_graph, padded_prefill, reads_next
 
 MIN_BUCKET = 16
 
@@ -76,15 +76,9 @@ class StagedPrefill:
         for cache in self._caches():
             cache.length_t.zero_()
         tokens = self.ids[:, :t]  # [1, t]
-        positions, mask = self.cache.prepare(torch.arange(t, device=tokens.device), span=t)
-        self.cache.write_ids(tokens)
-        hidden = self.model(tokens, positions, mask, self.cache)  # [1, t, D]
         pending = reads_next(self.parts)  # then the last position waits for ``step.finish_prefill``
         following = torch.cat((tokens[:, 1:], tokens[:, :1]), dim=1) if pending else None  # [1, t] up to the last
-        draft = contextualize(self.parts, hidden, t, next_ids=following)  # [1, t, D]
-        last = (self.count - 1).view(1, 1, 1).expand(1, 1, hidden.shape[-1])  # [1, 1, D]
-        self.parts.state.copy_((hidden if pending else draft).gather(1, last)[:, 0])
-        return hidden.gather(1, last)
+        return padded_prefill(self.parts, tokens, following, self.count, t)
 
     def _forward(self, t: int) -> torch.Tensor:
         if not self.graphs:

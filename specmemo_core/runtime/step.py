@@ -270,6 +270,26 @@ def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Te
     return hidden[..., -1:, :]
 
 
+def padded_prefill(parts: StepParts, tokens: torch.Tensor, following: torch.Tensor | None, count: torch.Tensor,
+                   span: int) -> torch.Tensor:
+    """One prefill chunk in fixed shapes (a CUDA graph can hold it): ``tokens`` [..., T] at
+    the cache's scratch slots, of which the first ``count`` [...] (a device tensor) are the
+    prompt's and the rest padding; ``following`` [..., T]: each position's next token, for
+    a context layer that reads it (None otherwise). Padding sits after the prompt under a
+    causal mask, so the prompt's keys, values and hidden states are an unpadded chunk's.
+    Commits nothing (the caller commits ``count``, as ``prefill`` does, less a pending last
+    position); leaves the last prompt token's draft state in ``parts.state`` (its hidden
+    state where that position is pending) and returns its hidden state [..., 1, D]."""
+    t = tokens.shape[-1]
+    positions, mask = parts.cache.prepare(torch.arange(t, device=tokens.device), span=span)
+    parts.cache.write_ids(tokens)
+    hidden = parts.model(tokens, positions, mask, parts.cache)  # [..., T, D]
+    draft = contextualize(parts, hidden, span, next_ids=following)  # [..., T, D]
+    last = (count - 1)[..., None, None].expand(*count.shape, 1, hidden.shape[-1])  # [..., 1, D]
+    parts.state.copy_((hidden if reads_next(parts) else draft).gather(-2, last)[..., 0, :])
+    return hidden.gather(-2, last)
+
+
 def reads_next(parts: StepParts) -> bool:
     """The heads' context layer reads each position's next token (``heads.ContextLayer``)."""
     return parts.context is not None and parts.context.reads_next

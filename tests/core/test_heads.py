@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from specmemo_core.errors import HeadsError
-from specmemo_core.runtime.heads import HeadsSpec, MedusaHeads, load_heads, random_heads, save_heads
+from specmemo_core.runtime.heads import HeadsSpec, MedusaHeads, chunked_topk, load_heads, random_heads, save_heads
 
 
 def test_each_head_owns_its_parameters():
@@ -148,3 +148,15 @@ def test_drafts_stay_in_the_vocabulary_and_decoding_stays_exact():
     steps = list(decoder.generate(prompt, GenerationConfig(max_new_tokens=60)))
     assert [t for s in steps for t in s.token_ids] == plain
     assert max(s.accepted for s in steps) > 1
+
+
+@pytest.mark.parametrize("shape, k, chunk", [((8, 8192), 8, 512), ((3, 4, 49152), 10, 1024), ((1, 8192), 8, 256),
+                                              ((2, 1000), 3, 512), ((2, 1024), 600, 512)])
+def test_chunked_topk_is_topk(shape, k, chunk):
+    """The two-stage drafting top-k (a GPU's, run here on the CPU) gives torch.topk's values
+    and indices, best first, for rows a chunk divides and for rows it leaves whole."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(k))
+    want = x.topk(k, dim=-1)
+    values, indices = chunked_topk(x, k, chunk=chunk)
+    assert torch.equal(values, want.values)
+    assert torch.equal(indices, want.indices)

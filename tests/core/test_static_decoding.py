@@ -144,3 +144,38 @@ def test_steps_attend_over_growing_spans_and_decode_alike(tree_name, device):
     assert sorted({span for _, span in static.units}) == [256, 512, 700]
     assert all((s.graph is not None) == (device == "cuda") for s in static.units.values())
     assert int(static.cache.length_t) == static.cache.length == len(static.history)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("heads_kind", [None, "hydra", "context", "context-next"])
+def test_bucketed_prefill_decodes_as_the_eager_prefill(heads_kind, device):
+    """Prompt chunks padded to bucket lengths (replayed as CUDA graphs on a GPU, run eagerly
+    here) leave the caches, the draft state and every step's drafts as the eager prefill
+    does: over a first turn, a next turn that reuses the cached prefix, a prompt of two
+    chunks, and one whose padding would pass the cache's end (prefilled eagerly)."""
+    torch.set_num_threads(1)
+    model = tiny_model(seed=11, vocab_size=16, device=device)
+    context = (64, 4, 2, 16) if heads_kind in ("context", "context-next") else None
+    heads = (random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=context,
+                          context_next=heads_kind == "context-next").to(device) if heads_kind else None)
+    tree = load_tree("1-10-16-17+lookup-8") if heads_kind else None
+    for capacity, prompt_len, turns in ((1300, 20, 2), (1300, 600, 1), (400, 300, 1)):
+        runs = []
+        for bucketed in (True, False):
+            static = StaticDecoder(model, new_static_cache(model, capacity), heads, tree, graphs=True,
+                                   bucketed_prefill=bucketed)
+            prompt = torch.randint(0, 16, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+            steps = []
+            for _ in range(turns):
+                steps += [(s.token_ids, s.accepted) for s in static.generate(prompt, GenerationConfig(max_new_tokens=40))]
+                prompt = static.history + [3, 4, 5]
+            n = static.cache.length
+            assert int(static.cache.length_t) == n == len(static.history)
+            if static.context_cache is not None:
+                assert int(static.context_cache.length_t) == static.context_cache.length == n
+            runs.append((steps, static.cache.k[:, :, :n].clone(), static.parts.state.clone(),
+                         static._prefill_graphs))
+        (steps_b, k_b, state_b, graphs_b), (steps_e, k_e, state_e, _) = runs
+        assert steps_b == steps_e
+        assert torch.allclose(k_b, k_e, atol=1e-4, rtol=1e-4) and torch.allclose(state_b, state_e, atol=1e-4, rtol=1e-4)
+        assert bool(graphs_b) == (device == "cuda" and prompt_len + 512 <= capacity)
