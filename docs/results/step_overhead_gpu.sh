@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issues 22/23 on one H200: what a speculative step of the default model costs beyond a plain one,
+# and the benches after bucketed prefill graphs (static_decoding.StaticDecoder._prefill_chunks) and the
+# two-stage drafting top-k (heads.chunked_topk). Device calls made back to back (the machine keeps /tmp
+# between them):
+#   copy            (carry .gguf1)       the GGUF's first part to /tmp
+#   check           (carry .gguf2 .whl)  joins the GGUF; the CUDA tests of the static and batched decoders
+#                                        (graph captures, bucketed and staged prefills against eager ones)
+#   bench D [W]     (carry .whl)         `specmemo bench` on the 20 MT-Bench queries, the 30 mixed prompts
+#                                        and the 20 code prompts, 1 warm-up + 3 timed rounds each
+# Run from the repository root with $OUT set:  bash docs/results/step_overhead_gpu.sh copy|check|bench bf16
+source scripts/gpu_setup.sh
+export PYTHONUNBUFFERED=1
+case "$1" in
+copy) ls -la /tmp/part_aa ;;
+check)
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/core/test_static_decoding.py tests/core/test_batch_decoding.py \
+    > "$OUT/cuda_tests.txt" 2>&1
+  echo "tests rc=$?"; tail -n 4 "$OUT/cuda_tests.txt" ;;
+bench)
+  M=vanilla+graphs,medusa-64+graphs,plan
+  for w in $(echo "${3:-mtbench20,mixed,code}" | tr , ' '); do
+    case $w in
+      mixed) P="--prompts assets/prompts/bench_mixed.jsonl --queries 30" ;;
+      code) P="--prompts assets/prompts/bench_code.jsonl --queries 20" ;;
+      *) P="--queries 20" ;;
+    esac
+    timeout 175 python3 -m specmemo_core.cli bench --device cuda --dtype "$2" --methods "$M" $P \
+      --max-new-tokens 128 --repeats 3 --warmup 1 --json --save "$OUT/bench_${w}_$2.json" > /dev/null \
+      2> "$OUT/bench_${w}_$2.err"
+    echo "$w rc=$?"; grep -v -i warn "$OUT/bench_${w}_$2.err" | tail -n 6
+  done ;;
+*) echo "usage: bash docs/results/step_overhead_gpu.sh copy|check|bench bf16|fp32 [mtbench20,mixed,code]"; exit 2 ;;
+esac
