@@ -121,7 +121,9 @@ class StaticKVCache(KVCache):
 class StaticDecoder(Decoder):
     """``Decoder`` over a ``StaticKVCache`` whose greedy steps run as step units kept one
     per tree size and span (the tree's and the plain 1-node one), captured as CUDA graphs
-    on a CUDA device (``graphs``); other steps (sampling) run eagerly as in ``Decoder``."""
+    on a CUDA device (``graphs``); other steps (sampling) run eagerly as in ``Decoder``.
+    With graphs its prompt chunks replay graphs too, padded to bucket lengths
+    (``_prefill_chunks``), whatever the acceptance rule."""
 
     _: KW_ONLY
     graphs: bool = False

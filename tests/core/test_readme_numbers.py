@@ -355,15 +355,16 @@ def test_the_one_token_regions_table_holds_the_h200_run():
 
 
 def test_the_beyond_chat_table_holds_the_h200_runs():
-    """README's three workloads with the shipped heads are docs/results/heads_ship_h200/bench_*.json;
-    in fp32 every method's replies equal plain greedy's."""
+    """README's three workloads with the shipped heads are docs/results/step_overhead_h200/bench_*.json
+    (prompt chunks as CUDA graphs); in fp32 every method's replies equal plain greedy's. The
+    paragraph on prompt graphs gives MT-Bench's bf16 times to first token and the earlier run's ratio."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     walked = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text())["tokens_per_step"]
     names = {"mtbench20": "20 MT-Bench queries", "mixed": "30 mixed prompts", "code": "20 code prompts"}
 
     for workload, label in names.items():
         for dtype in ("bf16", "fp32"):
-            run = json.loads((REPO / f"docs/results/heads_ship_h200/bench_{workload}_{dtype}.json").read_text())
+            run = json.loads((REPO / f"docs/results/step_overhead_h200/bench_{workload}_{dtype}.json").read_text())
             assert run["_run"]["rounds_done"] == 3 and run["_run"]["dtype"] == dtype
             v, m, p = run["vanilla+graphs"], run["medusa-64+graphs"], run["plan"]
             row = (f"| {label} | {dtype} | {_speed(v, ',.0f')} | {_speed(m, ',.0f')}, {m['mean_accepted']:.2f} | "
@@ -373,6 +374,11 @@ def test_the_beyond_chat_table_holds_the_h200_runs():
             if (workload, dtype) == ("mtbench20", "bf16"):  # the status line at the top
                 assert (f"at {p['tokens_per_s']['median']:,.0f} tokens/s on the 20-query MT-Bench\nworkload "
                         f"({p['mean_accepted']:.1f} tokens per step, {p['vs_vanilla+graphs']:.1f}×") in readme
+                before = json.loads((REPO / "docs/results/heads_ship_h200/bench_mtbench20_bf16.json").read_text())
+                ttft = (f"{v['time_to_first_token_s'] * 1e3:.1f} and {p['time_to_first_token_s'] * 1e3:.1f} ms")
+                assert (f"to first token to {ttft} (`vanilla+graphs`, `plan`, bf16 MT-Bench), which moved the\n"
+                        f"planner's tree from {before['plan']['vs_vanilla+graphs']:.2f}× to "
+                        f"{p['vs_vanilla+graphs']:.2f}× plain on MT-Bench") in readme
             if dtype == "fp32":
                 assert all(r["identical_to_vanilla"] == r["replies"] for r in (v, m, p))
             else:
@@ -381,6 +387,35 @@ def test_the_beyond_chat_table_holds_the_h200_runs():
                 assert f"{under:.0%}" in readme.split("**Beyond chat", 1)[1].split("**Tree buffers**", 1)[0]
     assert f"predicted\n3.42 tokens per step for `dynamic-48+lookup-8`" in readme
     assert round(walked["dynamic-48+lookup-8"], 2) == 3.42
+
+
+def test_the_tree_step_breakdown_holds_its_runs():
+    """README's paragraph on where a tree step's time goes is docs/results/plan_step_h200/."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    text = " ".join(readme.split("**Where a tree step's time goes**", 1)[1].split("\n\n", 1)[0].split())
+    folder = REPO / "docs/results/plan_step_h200"
+
+    def rows(name: str) -> list[dict]:
+        lines = (folder / name).read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]  # a run's warnings went there too
+
+    profile = [r for r in rows("kernels_one_stage_topk.jsonl") if "kernels" in r or "kernel_us_total" in r]
+    kernels = {r["tree"]: r["kernels"] for r in profile if "kernels" in r}
+    us = [r["kernel_us_total"] for r in profile if "kernel_us_total" in r]  # in the order of the trees
+    assert (f"a plain step launches {kernels['single']} kernels ({us[0]:,.0f} µs of kernel time), the 56-node "
+            f"`dynamic-48+lookup-8` step {kernels['dynamic-48+lookup-8']} ({us[1]:,.0f} µs)") in text
+    ab = {(r["tree"], r["topk_chunk"]): r for r in rows("topk_ab.jsonl") if "topk_chunk" in r}
+    assert all(r["runs"] == 3 for r in ab.values())
+    assert (f"their graphs replay in {ab['single', 0]['median']:.2f} and "
+            f"{ab['dynamic-48+lookup-8', 0]['median']:.2f} ms") in text
+    chunked = [r for r in rows("kernels_chunked.jsonl") if "kernel_us_total" in r][0]
+    assert (f"the tree step replays in {ab['dynamic-48+lookup-8', 512]['median']:.2f} ms "
+            f"({chunked['kernel_us_total']:,.0f} µs of kernels)") in text
+    regions = {(r["tree"], r["regions"]): r["median"] for r in rows("regions_ab.jsonl") if "regions" in r}
+    assert (f"takes the plain step to {regions['single', 'compiled']:.2f} ms and the tree step to "
+            f"{regions['dynamic-48+lookup-8', 'compiled']:.2f} ms") in text
+    assert regions["single", "compiled"] / regions["single", "eager"] < (
+        regions["dynamic-48+lookup-8", "compiled"] / regions["dynamic-48+lookup-8", "eager"])  # "helps the plain step more"
 
 
 def test_the_cpu_table_with_the_shipped_heads_holds_its_runs():
