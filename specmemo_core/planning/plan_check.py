@@ -52,10 +52,10 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
     """The planner's step-time model from whole decoding steps, timed as this device runs
     them: the static decoder's graph replays on CUDA, the decoder's eager steps elsewhere.
 
-    A plain step, a chain of d levels and a ``big``-node tree are each timed whole
+    A plain step, chains of 1 and d levels and a ``big``-node tree are each timed whole
     (drafting, verifying, accepting, committing; the fastest of their steps after the
-    first, which warm up or capture), and the cost per node and per drafted level are
-    solved from the three (``solve_step_time``). Timing bare forwards of 1 and ``big``
+    first, which warm up or capture), and the cost per node, per drafted level and once
+    per drafting step are solved from them (``solve_step_time``). Timing bare forwards of 1 and ``big``
     tokens instead, with a line between them, left out what every step pays besides the
     forward and charged small trees the big forward's slope: on this 2-core machine it
     predicted a 9-node step at 2.1× a plain one where the decoder's steps took 1.5×, and
@@ -70,7 +70,7 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
-    trees = 1 if heads is None else 3
+    trees = 1 if heads is None else 4  # plain, then (with heads) chain-1, a chain and a wide tree
     done = 0
 
     def fastest(tree: Any) -> float:
@@ -86,10 +86,9 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
     t1 = fastest(None)
     if heads is None:
         return linear_step_time(t1, t1, big)
-    chain = load_tree(f"chain-{min(3, heads.num_heads)}")
-    wide = specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big)
-    return solve_step_time(t1, TimedStep(chain.num_nodes, chain.depth, fastest(chain)),
-                           TimedStep(wide.num_nodes, wide.depth, fastest(wide)), big=big)
+    timed = (load_tree("chain-1"), load_tree(f"chain-{min(3, heads.num_heads)}"),
+             specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big))
+    return solve_step_time(t1, *(TimedStep(t.num_nodes, t.depth, fastest(t)) for t in timed), big=big)
 
 
 def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:
@@ -114,16 +113,39 @@ class TimedStep:
     seconds: float
 
 
-def solve_step_time(plain: float, a: TimedStep, b: TimedStep, *, big: int) -> StepTime:
-    """The step-time model through a plain step of ``plain`` seconds and two timed trees:
-    step(n, depth) = plain + slope·(n − 1) + level·depth, solved for slope (per node) and
-    level (per drafted level) from ``a`` and ``b``; a negative solution (noise: a bigger
-    tree timed faster) counts as 0."""
-    a_extra, b_extra = a.seconds - plain, b.seconds - plain
-    det = (a.nodes - 1) * b.depth - (b.nodes - 1) * a.depth
-    slope = max(0.0, (a_extra * b.depth - b_extra * a.depth) / det)
-    level = max(0.0, ((a.nodes - 1) * b_extra - (b.nodes - 1) * a_extra) / det)
-    return linear_step_time(plain, plain + slope * (big - 1), big, level)
+# the step model's unknowns beyond a plain step, in the order tried when several fit alike
+# (``solve_step_time``): per node, per drafted level, once per step that drafts with heads
+_UNKNOWN_SETS = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,), ())
+
+
+def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
+    """The step-time model through a plain step of ``plain`` seconds and timed trees (all
+    drafted by heads): step(n, depth) = plain + slope·(n − 1) + level·depth + once, for any
+    step that drafts, ``heads_step`` (``planner.linear_step_time``). The three costs are the
+    non-negative least-squares fit to the trees' extra times: every set of them that the
+    trees can determine is fitted with the others at 0, and of the fits with no negative
+    cost the closest wins (ties: the earlier set of ``_UNKNOWN_SETS``). Why the term once per
+    step: a drafting step pays the heads' context layer and the tree's acceptance whatever
+    its size; without it a 2-unknown fit through a chain and a wide tree charged that to
+    every level, so on an H200 in fp32 the planner took a 2-level 12-node tree at 1.66×
+    plain decoding where 24- and 56-node trees ran 1.85–1.88× (``docs/results/fp32_trees_h200/``).
+    A negative cost (noise: a bigger tree timed faster) is never used."""
+    rows = torch.tensor([[t.nodes - 1, t.depth, 1.0] for t in timed], dtype=torch.float64)  # [T, 3]
+    extra = torch.tensor([t.seconds - plain for t in timed], dtype=torch.float64)  # [T]
+    best: tuple[float, torch.Tensor] | None = None
+    for free in _UNKNOWN_SETS:
+        if len(free) > len(timed) or (free and torch.linalg.matrix_rank(rows[:, free]) < len(free)):
+            continue
+        costs = torch.zeros(3, dtype=torch.float64)
+        if free:
+            costs[list(free)] = torch.linalg.lstsq(rows[:, free], extra[:, None]).solution[:, 0]
+        if (costs < 0).any():
+            continue
+        residual = float(((rows @ costs - extra) ** 2).sum())
+        if best is None or residual < best[0] - 1e-18:
+            best = (residual, costs)
+    slope, level, heads_step = (float(c) for c in best[1])
+    return linear_step_time(plain, plain + slope * (big - 1), big, level, heads_step)
 
 
 def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, width: int,

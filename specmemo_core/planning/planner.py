@@ -373,11 +373,13 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0) -> StepTime:
+def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0, heads_step: float = 0.0) -> StepTime:
     """Step time from a start-up timing: a forward of 1 and of ``big`` tokens, linear in
-    between, plus ``draft_level`` seconds per tree level drafted."""
+    between, plus ``draft_level`` seconds per tree level drafted and, once, ``heads_step``
+    for any step that drafts with the heads at all (depth > 0: their context layer, the
+    tree's acceptance; a lookup chain alone and plain steps do not pay it)."""
     slope = (t_big - t1) / max(big - 1, 1)
-    return lambda nodes, depth: t1 + slope * (nodes - 1) + draft_level * depth
+    return lambda nodes, depth: t1 + slope * (nodes - 1) + draft_level * depth + (heads_step if depth > 0 else 0.0)
 
 
 def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:

@@ -1,7 +1,7 @@
 """The device's step timing as numbers, cached per (model, device, threads, precision).
 
 The planner's step-time model (``planner.linear_step_time``) comes from timing whole decoding
-steps: plain, a chain and a ``big``-node tree (``plan_check.time_forward``).
+steps: plain, chains of 1 and 3 levels and a ``big``-node tree (``plan_check.time_forward``).
 It is measured once and kept in the data folder with the time it was taken and the torch
 version; every entry point reads the same cache.
 
@@ -57,13 +57,14 @@ class StepTiming:
     draft_level: float
     measured_at: float | None = None
     torch_version: str = ""
+    heads_step: float = 0.0  # once per step that drafts with heads (planner.linear_step_time)
 
     @property
     def is_prior(self) -> bool:
         return self.measured_at is None
 
     def step_time(self) -> StepTime:
-        return linear_step_time(self.t1, self.t_big, self.big, self.draft_level)
+        return linear_step_time(self.t1, self.t_big, self.big, self.draft_level, self.heads_step)
 
     def is_stale(self, now: float | None = None) -> bool:
         """A prior, older than MAX_AGE_DAYS, or taken under another torch version."""
@@ -76,7 +77,8 @@ class StepTiming:
         """Read the numbers back out of plan_check.time_forward's linear model (a prior
         until ``measured`` stamps it)."""
         t1 = step_time(1, 0)
-        return cls(t1, step_time(big, 0), big, step_time(1, 1) - t1)
+        level = step_time(1, 2) - step_time(1, 1)
+        return cls(t1, step_time(big, 0), big, level, heads_step=step_time(1, 1) - t1 - level)
 
     def measured(self, at: float) -> "StepTiming":
         return replace(self, measured_at=at, torch_version=_torch_version())
@@ -106,13 +108,15 @@ def cached_timing(folder: Path, key: str) -> StepTiming | None:
     came from an older method (64-token forwards, a level cost that was not a real
     speculative step) whose numbers do not compare. One such entry on this machine,
     taken under load, charged a drafted level a quarter of a whole step, and the planner
-    chose a lookup chain alone (1.0 tokens/step on a new question) over the heads."""
+    chose a lookup chain alone (1.0 tokens/step on a new question) over the heads. So does
+    one without ``heads_step``: its level cost holds what every drafting step pays once."""
     try:
         data = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8"))[key]
-        if not data.get("measured_at") or int(data["big"]) != TIMING_BIG:
+        if not data.get("measured_at") or int(data["big"]) != TIMING_BIG or "heads_step" not in data:
             return None
         return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]),
-                          float(data["measured_at"]), str(data.get("torch_version", "")))
+                          float(data["measured_at"]), str(data.get("torch_version", "")),
+                          float(data["heads_step"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -60,20 +60,38 @@ def test_step_time_goes_through_the_timed_trees():
 
 
 def test_a_wide_tree_timed_faster_than_the_chain_implies_costs_nothing_per_node():
-    """Noise: 40 nodes timed at less extra time than a 4-node chain. The per-node cost
-    solves negative and counts as 0; the per-level cost is then what the two say alone."""
+    """Noise: 40 nodes timed at less extra time than a 4-node chain. Every exact fit needs a
+    negative cost, so the closest fit with none is taken: here one cost per drafting step,
+    the mean of the two extra times (a per-level cost alone fits them worse)."""
     plain = 0.010
     chain, wide = TimedStep(4, 3, plain + 0.009), TimedStep(40, 4, plain + 0.004)
     step = solve_step_time(plain, chain, wide, big=32)
-    level = (39 * 0.009 - 3 * 0.004) / (39 * 3 - 3 * 4)  # the 2×2 solution's level, by hand
     assert step(64, 0) == pytest.approx(plain)  # unclamped, the slope would make this < plain
-    assert step(1, 2) == pytest.approx(plain + 2 * level)
+    assert step(1, 2) == pytest.approx(plain + 0.0065) == step(40, 4)
+
+
+def test_three_timed_trees_give_the_cost_every_drafting_step_pays_once():
+    """A fixed cost per drafting step (context layer, acceptance) besides the per-node and
+    per-level ones: from chains of 1 and 3 levels and a wide tree all three come back, and
+    a plain step and a lookup chain alone (no drafted level) do not pay it."""
+    plain, per_node, per_level, once = 0.010, 0.0001, 0.0005, 0.003
+
+    def timed(nodes, depth):
+        return TimedStep(nodes, depth, plain + once + per_node * (nodes - 1) + per_level * depth)
+
+    step = solve_step_time(plain, timed(2, 1), timed(4, 3), timed(32, 4), big=32)
+    for nodes, depth in [(2, 1), (12, 2), (56, 4)]:
+        assert step(nodes, depth) == pytest.approx(plain + once + per_node * (nodes - 1) + per_level * depth)
+    assert step(1, 0) == pytest.approx(plain)
+    assert step(9, 0) == pytest.approx(plain + 8 * per_node)  # lookup-8 alone
+    two_unknowns = solve_step_time(plain, timed(4, 3), timed(32, 4), big=32)  # the fit before this term
+    assert two_unknowns(12, 2) < step(12, 2)  # it charged the fixed cost per level: a shallow tree looked cheap
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     """The static decoder's whole steps (graph replays on CUDA) are timed: the progress
-    counts every timed step of the plain step, the chain and the wide tree up to 1.0, and
+    counts every timed step of the plain step, the two chains and the wide tree up to 1.0, and
     a tiny model's plain step costs well under a second (capture is not timed)."""
     from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_forward
     from tests.tiny import tiny_model
@@ -85,6 +103,6 @@ def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     step = time_forward(model, heads, big=16, context=64, repeats=2,
                             hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
     steps = 2 * 2 + 2  # per tree: 2 × repeats + 2
-    assert [f for _, f in reports] == [n / (3 * steps) for n in range(1, 3 * steps + 1)]
+    assert [f for _, f in reports] == [n / (4 * steps) for n in range(1, 4 * steps + 1)]
     assert {stage for stage, _ in reports} == {TIMING_STAGE}
     assert 0 < step(1, 0) < 1.0

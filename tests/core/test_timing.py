@@ -170,3 +170,16 @@ def test_another_thread_counts_timing_stands_in_until_this_one_is_measured(engin
     assert timing_without_waiting(engine, "test-cpu", tmp_path, None) == two
     assert timing.needs_refresh(engine, "test-cpu", tmp_path, None)
     assert timing_without_waiting(engine, "elsewhere", tmp_path, None).is_prior  # no timing of that device
+
+
+def test_a_timing_without_the_per_step_heads_cost_reads_as_missing_and_a_new_one_round_trips(tmp_path: Path) -> None:
+    """An entry timed before the cost every drafting step pays once (``heads_step``) charged
+    that cost to each level: it is measured again. A new entry keeps the cost."""
+    old = {"t1": 0.01, "t_big": 0.02, "big": timing.TIMING_BIG, "draft_level": 0.001, "measured_at": time.time(),
+           "torch_version": torch.__version__}
+    (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"old": old}))
+    assert cached_timing(tmp_path, "old") is None
+    new = StepTiming(0.01, 0.02, timing.TIMING_BIG, 0.001, heads_step=0.004).measured(time.time())
+    store_timing(tmp_path, "new", new)
+    assert cached_timing(tmp_path, "new") == new
+    assert new.step_time()(2, 1) - new.step_time()(2, 0) == pytest.approx(0.001 + 0.004)
