@@ -418,6 +418,38 @@ def test_the_tree_step_breakdown_holds_its_runs():
         regions["dynamic-48+lookup-8", "compiled"] / regions["dynamic-48+lookup-8", "eager"])  # "helps the plain step more"
 
 
+def test_the_fp32_tree_choice_paragraph_holds_its_runs():
+    """README's paragraph on the planner's fp32 choice is docs/results/fp32_trees_h200/: the
+    trees side by side, the timing with the once-per-step cost, and the runs after it."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    folder = REPO / "docs/results/fp32_trees_h200"
+
+    def load(name: str) -> dict:
+        return json.loads((folder / name).read_text(encoding="utf-8"))
+
+    def s(r: dict) -> str:
+        return f"{r['tokens_per_s']['median']:,.0f}"
+
+    trees, new32, new16 = (load(f"bench_mtbench20_{n}.json") for n in ("fp32_trees", "fp32_heads_step", "bf16_heads_step"))
+    t32 = next(v for k, v in load("step_timing_heads_step.json").items() if k.endswith("|fp32"))
+    v, p = trees["vanilla+graphs"], trees["plan"]
+    c, d = trees["calibrated-16+lookup-8+graphs"], trees["dynamic-48+lookup-8+graphs"]
+    assert all(r["identical_to_vanilla"] == r["replies"] == 20 for r in (v, p, c, d, new32["plan"]))
+    assert all(r["_run"]["rounds_done"] == 3 for r in (trees, new32, new16))
+    for text in (
+        f"`vanilla+graphs` {s(v)} tok/s, the planner's `{p['tree']}` {s(p)} ({p['vs_vanilla+graphs']:.2f}×), "
+        f"`calibrated-16+lookup-8` {s(c)} ({c['vs_vanilla+graphs']:.2f}×) and `dynamic-48+lookup-8` {s(d)} "
+        f"({d['vs_vanilla+graphs']:.2f}×)",
+        f"on the H200 in fp32 {(t32['t_big'] - t32['t1']) / 31 * 1e3:.3f} ms per node, {t32['draft_level'] * 1e3:.2f} "
+        f"per level and {t32['heads_step'] * 1e3:.2f} per drafting step",
+        f"the planner then takes `{new32['plan']['tree']}`: {s(new32['plan'])} tok/s, "
+        f"{new32['plan']['mean_accepted']:.2f} tokens per step, {new32['plan']['vs_vanilla+graphs']:.2f}× "
+        f"`vanilla+graphs` ({s(new32['vanilla+graphs'])}), 20/20 replies identical; in bf16 it keeps "
+        f"`{new16['plan']['tree']}` ({s(new16['plan'])} tok/s, {new16['plan']['vs_vanilla+graphs']:.2f}×)",
+    ):
+        assert text in readme, text
+
+
 def test_the_cpu_table_with_the_shipped_heads_holds_its_runs():
     """README's CPU table with the shipped heads is docs/results/heads_ship_cpu/bench_{fp32,bf16}.json,
     and the status line's CPU ratio is the fp32 run's."""
