@@ -18,18 +18,6 @@ check)
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/core/test_static_decoding.py tests/core/test_batch_decoding.py \
     > "$OUT/cuda_tests.txt" 2>&1
   echo "tests rc=$?"; tail -n 4 "$OUT/cuda_tests.txt" ;;
-bench)
-  M=vanilla+graphs,medusa-64+graphs,plan
-  for w in $(echo "${3:-mtbench20,mixed,code}" | tr , ' '); do
-    case $w in
-      mixed) P="--prompts assets/prompts/bench_mixed.jsonl --queries 30" ;;
-      code) P="--prompts assets/prompts/bench_code.jsonl --queries 20" ;;
-      *) P="--queries 20" ;;
-    esac
-    timeout 175 python3 -m specmemo_core.cli bench --device cuda --dtype "$2" --methods "$M" $P \
-      --max-new-tokens 128 --repeats 3 --warmup 1 --json --save "$OUT/bench_${w}_$2.json" > /dev/null \
-      2> "$OUT/bench_${w}_$2.err"
-    echo "$w rc=$?"; grep -v -i warn "$OUT/bench_${w}_$2.err" | tail -n 6
-  done ;;
+bench) bash docs/results/heads_ship_gpu.sh bench "$2" "${3:-mtbench20,mixed,code}" ;;  # the same benches as there
 *) echo "usage: bash docs/results/step_overhead_gpu.sh copy|check|bench bf16|fp32 [mtbench20,mixed,code]"; exit 2 ;;
 esac
