@@ -7,7 +7,7 @@ costs against a plain step. Speed = accepted tokens per step / step time; with t
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
-        [--modes eager,graphs] [--heads DIR] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--kernels] [--context N] [--capacity N]
+        [--modes eager,graphs] [--heads DIR] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--topk-chunks 0,512 --repeats 3] [--kernels] [--context N] [--capacity N]
 """
 
 from __future__ import annotations
@@ -90,18 +90,15 @@ def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
     return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
 
 
-def step_heads(shape, model, device: str, path: str = "", topk_chunk: int | None = None):
+def step_heads(shape, model, device: str, path: str = ""):
     """What a tree step drafts with: trained heads from ``path`` (of ``shape``'s sizes, with
-    their drafting vocabulary), else random hydra heads with a context layer; ``topk_chunk``:
-    their drafting top-k's first-stage chunk (0: torch.topk alone; None: the default)."""
+    their drafting vocabulary), else random hydra heads with a context layer."""
     if path:
         heads = load_heads(path, shape.hidden_size, shape.vocab_size, dtype=model.dtype, device=device)
         heads.use_draft_vocab(model.lm_head.weight)
     else:
         heads = random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(
             shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=device, dtype=model.dtype)
-    if topk_chunk is not None:
-        heads.topk_chunk = topk_chunk
     return heads
 
 
