@@ -35,8 +35,8 @@ from specmemo_core.runtime.kv_cache import KVCache, span_ladder
 from specmemo_core.runtime.split_cache import SplitCache
 from specmemo_core.runtime.heads import ContextLayer
 from specmemo_core.runtime.staged_prefill import prefill_buckets
-from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, StepUnit, capture_graph, padded_prefill,
-                                        prefill, reads_next)
+from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, StepUnit, capture_graph, chunk_as_is,
+                                        padded_prefill, prefill)
 from specmemo_core.runtime.tree import TreeBuffers
 
 
@@ -161,41 +161,36 @@ class StaticDecoder(Decoder):
         return StaticKVCache(1, m.num_kv_heads, m.head_dim, self.cache.capacity, self.model.dtype, self.model.device)
 
     def _prefill_chunks(self, new_ids: list[int]) -> torch.Tensor:
-        """With ``bucketed_prefill``: each chunk padded to the smallest bucket (16, 32, …
-        ``PREFILL_CHUNK`` tokens) and run in fixed shapes (``step.padded_prefill``), as a CUDA
-        graph kept per bucket and span. Why: an eager prefill of the default model costs
-        ~20 ms of kernel launches on an H200 whatever the prompt's length, several decoding
-        steps' worth, in every turn. A chunk whose padding would run past the cache, and
-        what follows it, prefill eagerly (``step.prefill``)."""
+        """With ``bucketed_prefill``: ``step.prefill`` with each chunk padded to the smallest
+        bucket (16, 32, … ``PREFILL_CHUNK`` tokens), run in fixed shapes as a CUDA graph kept
+        per bucket and span (``_padded_chunk``). Why: an eager prefill of the default model
+        costs ~20 ms of kernel launches on an H200 whatever the prompt's length, several
+        decoding steps' worth, in every turn."""
         if not self._bucketed:
             return super()._prefill_chunks(new_ids)
-        cache, pending = self.cache, reads_next(self.parts)
-        cache.ensure_room(len(new_ids))
-        hidden = None
-        for start in range(0, len(new_ids), PREFILL_CHUNK):
-            chunk, following = new_ids[start:start + PREFILL_CHUNK], new_ids[start + 1:start + PREFILL_CHUNK + 1]
-            bucket = next(b for b in self._prefill_buckets if b >= len(chunk))
-            if cache.length + bucket > cache.capacity:
-                return prefill(self.parts, new_ids[start:], chunk=PREFILL_CHUNK)
-            self._prefill_ids[: len(chunk)] = torch.tensor(chunk)
-            self._prefill_next[: len(following)] = torch.tensor(following, dtype=torch.long)
-            self._prefill_count.fill_(len(chunk))
-            hidden = self._padded_chunk(bucket, cache.span_for(bucket), pending)
-            cache.commit_prefix(len(chunk))
-            if self.context_cache is not None:  # less a pending last position (``step.prefill``)
-                self.context_cache.commit_prefix(len(following) if pending else len(chunk))
-        return hidden
+        return prefill(self.parts, new_ids, chunk=PREFILL_CHUNK, run_chunk=self._padded_chunk)
 
-    def _padded_chunk(self, bucket: int, span: int, pending: bool) -> torch.Tensor:
-        """The chunk in ``_prefill_ids`` through ``step.padded_prefill`` at ``bucket`` tokens over
-        ``span`` slots: replayed from the graph kept for them (captured on first use), or eagerly."""
+    def _padded_chunk(self, ids: list[int], following: list[int] | None) -> torch.Tensor:
+        """One chunk (``step.prefill``'s ``run_chunk``) padded to its bucket in the decoder's
+        buffers and run through ``step.padded_prefill``: replayed from the graph kept for its
+        bucket and span (captured on first use; its warm-ups commit nothing), or eagerly. A
+        chunk whose padding would run past the cache runs as it is (``step.chunk_as_is``)."""
+        bucket = next(b for b in self._prefill_buckets if b >= len(ids))
+        if self.cache.length + bucket > self.cache.capacity:
+            return chunk_as_is(self.parts, ids, following)
+        self._prefill_ids[: len(ids)] = torch.tensor(ids)
+        if following:
+            self._prefill_next[: len(following)] = torch.tensor(following)
+        self._prefill_count.fill_(len(ids))
+        span = self.cache.span_for(bucket)
+
         def run() -> torch.Tensor:
             return padded_prefill(self.parts, self._prefill_ids[:bucket],
-                                  self._prefill_next[:bucket] if pending else None, self._prefill_count, span)
+                                  None if following is None else self._prefill_next[:bucket], self._prefill_count, span)
 
         if not self._graph_prefill:
             return run()
-        if (bucket, span) not in self._prefill_graphs:  # its warm-ups commit nothing: nothing to undo
+        if (bucket, span) not in self._prefill_graphs:
             self._prefill_graphs[bucket, span] = capture_graph(run, pool=self._pool, stream=self._capture_stream)
         graph, out = self._prefill_graphs[bucket, span]
         graph.replay()

@@ -235,7 +235,8 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 # -- prefill and commit -------------------------------------------------------
 
-def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Tensor:
+def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int,
+            run_chunk: Callable[[Sequence[int], Sequence[int] | None], torch.Tensor] | None = None) -> torch.Tensor:
     """Run prompt tokens ``chunk`` at a time into the caches (committed as they go); leave
     the last one's draft state in ``parts.state`` and return its hidden state [..., 1, D].
     The token tensors take the root's shape plus a token axis: [T] for one sequence, [1, T]
@@ -243,42 +244,45 @@ def prefill(parts: StepParts, new_ids: Sequence[int], *, chunk: int) -> torch.Te
 
     A context layer that reads next tokens (``reads_next``) cannot run the last prompt
     token yet: its next token is the first reply token. That position stays pending, its
-    hidden state in ``parts.state``, until ``finish_prefill`` runs it once the root is chosen."""
-    cache, device = parts.cache, parts.root.device
-    cache.ensure_room(len(new_ids))
+    hidden state in ``parts.state``, until ``finish_prefill`` runs it once the root is chosen.
+
+    ``run_chunk(ids, following)`` runs one chunk (``following``: each position's next
+    token, the chunk's last one's where known, for a layer that reads it; else None) and
+    returns ``padded_prefill``'s hidden state: by default the chunk as it is
+    (``chunk_as_is``); a static decoder pads it to a fixed shape and replays a graph."""
+    parts.cache.ensure_room(len(new_ids))
     pending = reads_next(parts)
-    hidden = draft = None
+    run = run_chunk or (lambda ids, following: chunk_as_is(parts, ids, following))
+    hidden = None
     for start in range(0, len(new_ids), chunk):
-        ids = torch.tensor(new_ids[start:start + chunk], device=device).view(*parts.root.shape, -1)  # [..., T]
-        t = ids.shape[-1]
-        positions, mask = cache.prepare(torch.arange(t, device=device))
-        cache.write_ids(ids)
-        hidden = parts.model(ids, positions, mask, cache)  # [..., T, D]
-        ready = t
-        if pending:  # the positions whose next token is known: every one but the prompt's last
-            following = new_ids[start + 1:start + chunk + 1]
-            ready = len(following)
-            if ready:
-                contextualize(parts, hidden[..., :ready, :],
-                              next_ids=torch.tensor(following, device=device).view(*parts.root.shape, -1))
-        else:
-            draft = contextualize(parts, hidden)  # [..., T, D]
-        cache.commit_prefix(t)
-        if parts.context_cache is not None:
-            parts.context_cache.commit_prefix(ready)
-    parts.state.copy_((hidden if pending else draft)[..., -1, :])
-    return hidden[..., -1:, :]
+        ids, following = new_ids[start:start + chunk], new_ids[start + 1:start + chunk + 1]
+        hidden = run(ids, following if pending else None)
+        parts.cache.commit_prefix(len(ids))
+        if parts.context_cache is not None:  # less the pending last position: its next token is not known yet
+            parts.context_cache.commit_prefix(len(following) if pending else len(ids))
+    return hidden
+
+
+def chunk_as_is(parts: StepParts, ids: Sequence[int], following: Sequence[int] | None) -> torch.Tensor:
+    """``padded_prefill`` over a chunk without padding: [..., 1, D] (see ``prefill``)."""
+    device, lead = parts.root.device, parts.root.shape
+    tokens = torch.tensor(ids, device=device).view(*lead, -1)  # [..., T]
+    nexts = None
+    if following is not None:  # the pending last position's next token is unknown: any token stands in
+        nexts = torch.tensor(list(following) + list(ids[len(following):]), device=device).view(*lead, -1)
+    count = torch.full(lead, len(ids), dtype=torch.long, device=device)
+    return padded_prefill(parts, tokens, nexts, count, None)
 
 
 def padded_prefill(parts: StepParts, tokens: torch.Tensor, following: torch.Tensor | None, count: torch.Tensor,
-                   span: int) -> torch.Tensor:
+                   span: int | None) -> torch.Tensor:
     """One prefill chunk in fixed shapes (a CUDA graph can hold it): ``tokens`` [..., T] at
     the cache's scratch slots, of which the first ``count`` [...] (a device tensor) are the
     prompt's and the rest padding; ``following`` [..., T]: each position's next token, for
     a context layer that reads it (None otherwise). Padding sits after the prompt under a
     causal mask, so the prompt's keys, values and hidden states are an unpadded chunk's.
-    Commits nothing (the caller commits ``count``, as ``prefill`` does, less a pending last
-    position); leaves the last prompt token's draft state in ``parts.state`` (its hidden
+    ``span``: the slots attended (None: the whole cache). Commits nothing (``prefill``
+    commits ``count``, less a pending last position); leaves the last prompt token's draft state in ``parts.state`` (its hidden
     state where that position is pending) and returns its hidden state [..., 1, D]."""
     t = tokens.shape[-1]
     positions, mask = parts.cache.prepare(torch.arange(t, device=tokens.device), span=span)
