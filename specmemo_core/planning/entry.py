@@ -111,7 +111,8 @@ def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: Hos
     draft, folder = load_draft_heads(heads_source(heads), spec, loaded.identity, torch.bfloat16, "cpu")
     record = load_calibration(folder) if folder is not None else None
     heads_shape = HeadsShape.from_spec(draft.spec) if draft is not None else None
-    return PlanInputs(budget_for(device), ModelShape.from_spec(spec, loaded.identity.name), heads_shape,
+    shape = ModelShape.from_spec(spec, loaded.identity.name, stored_bits=loaded.stored_bits)
+    return PlanInputs(budget_for(device), shape, heads_shape,
                       tuple(tree_options(record)), None, record, folder, link, cards)
 
 

@@ -49,12 +49,14 @@ class ModelShape(ModelDimensions):
 
     name: str
     max_context: int
+    stored_bits: int | None = None  # bits per decoder weight in the model's file (a Q4_1 GGUF: 4); None: unknown
 
     @classmethod
-    def from_spec(cls, spec: Any, name: str = "") -> "ModelShape":
+    def from_spec(cls, spec: Any, name: str = "", *, stored_bits: int | None = None) -> "ModelShape":
         """The shape of a ``runtime.model.ModelSpec``, named ``name`` (default: its model type)."""
         dims = {f.name: vars(spec)[f.name] for f in fields(ModelDimensions)}
-        return cls(**dims, name=name or spec.model_type, max_context=spec.max_position_embeddings)
+        return cls(**dims, name=name or spec.model_type, max_context=spec.max_position_embeddings,
+                   stored_bits=stored_bits)
 
     def layer_linear_params(self) -> list[tuple[int, int]]:
         """(out, in) of every Linear in one decoder layer: q, k, v, o, gate, up, down."""
@@ -116,20 +118,26 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
       ``group_size`` inputs of each output row; the rest as for int8. On CUDA the
       tinygemm kernel pads each Linear to in' = ⌈in/1024⌉·1024, out' = ⌈out/8⌉·8 first
       (a 576-wide model stores 1024 columns), so there the sizes are the padded ones.
-    CPU, int8/int4: the model around the quantized layers is fp32 (``entry.torch_dtype``:
-      the CPU int4 kernel takes fp32 activations only), so embeddings, LM head and norms
-      take 4 bytes, and int4 keeps its scales and zero points in fp32 too. (A
-      Llama-3-8B-shaped model in int4 holds 9.44 GB on CPU, where 16-bit counting said 6.46.)
-    CPU, fp32: the linear layers are packed for oneDNN (``cpu_linear.py``); a packed LM
-      head tied to the embedding is a copy of it: + vocab × hidden × 4.
+    CPU, int8/int4: the model around the quantized layers is fp32 (``entry.torch_dtype``),
+      so embeddings, LM head and norms take 4 bytes; int4's scales and zero points are
+      bf16 (the CPU kernel's fast path, ``quantize.py``).
+    CPU, fp32 and int8: the fp32 linear layers are packed for oneDNN (``cpu_linear.py``); a
+      packed LM head tied to the embedding is a copy of it: + vocab × hidden × 4.
+    CPU, int4: the LM head is held as int8 rows with a bf16 scale each (``cpu_linear.
+      Int8RowLinear``): vocab × (hidden + 2), beside the embedding when tied to it, in
+      place of the fp32 head when not.
     """
     around = around_precision(precision, device_kind)  # the layers that are not quantized
     b = activation_bytes(around)
-    cpu_quantized = around != precision  # int8/int4 on a CPU: fp32 around them, and fp32 int4 scales
+    head = shape.vocab_size * shape.hidden_size
     if precision in ACTIVATION_BYTES:
-        packed_copy = (shape.vocab_size * shape.hidden_size * b
-                       if device_kind == "cpu" and precision == "fp32" and shape.tie_word_embeddings else 0)
+        packed_copy = head * b if device_kind == "cpu" and precision == "fp32" and shape.tie_word_embeddings else 0
         return shape.params * b + packed_copy
+    cpu_head = 0  # what the CPU's LM head adds to (or, untied, saves on) the fp32 head
+    if device_kind == "cpu" and precision == "int8":
+        cpu_head = head * b if shape.tie_word_embeddings else 0
+    elif device_kind == "cpu":
+        cpu_head = shape.vocab_size * (shape.hidden_size + 2) - (0 if shape.tie_word_embeddings else head * b)
     linears = shape.layer_linear_params()
     if precision == "int8":
         per_layer = sum(o * i + o * INT8_ROW_BYTES for o, i in linears)
@@ -137,10 +145,9 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
         if device_kind == "cuda":
             linears = [(-(-o // INT4_CUDA_OUT_MULTIPLE) * INT4_CUDA_OUT_MULTIPLE,
                         -(-i // INT4_CUDA_IN_MULTIPLE) * INT4_CUDA_IN_MULTIPLE) for o, i in linears]
-        scale = ACTIVATION_BYTES["fp32"] if cpu_quantized else QUANT_SCALE_BYTES
-        per_layer = sum(o * i // 2 + o * -(-i // group_size) * 2 * scale for o, i in linears)
+        per_layer = sum(o * i // 2 + o * -(-i // group_size) * 2 * QUANT_SCALE_BYTES for o, i in linears)
     unquantized = shape.params - sum(o * i for o, i in shape.layer_linear_params()) * shape.num_layers
-    return per_layer * shape.num_layers + unquantized * b
+    return per_layer * shape.num_layers + unquantized * b + cpu_head
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, H
                                             offload_refusal)
 from specmemo_core.planning.split import DeviceShare
 from specmemo_core.planning.memory import (
-    OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, around_precision, heads_bytes,
+    INT4_GROUP_SIZE, OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, around_precision, heads_bytes,
     kv_bytes, overhead_bytes, tree_buffer_bytes, weight_bytes,
 )
 
@@ -251,7 +251,7 @@ def heads_count(heads: HeadsShape | None, depth: int) -> int:
     return min(heads.num_heads, depth) if heads is not None else 0
 
 
-def precisions_for(budget: Budget) -> tuple[str, ...]:
+def precisions_for(budget: Budget, model: ModelShape | None = None) -> tuple[str, ...]:
     """The precisions a plan may choose on ``budget``'s device, best first. A GPU never runs
     fp32 unasked (bf16 is its native speed at the same quality). A CPU prefers fp32, except
     one with bf16 matrix instructions (AMX-BF16 or AVX512-BF16, ``device.BF16_MATMUL_FLAGS``),
@@ -261,10 +261,23 @@ def precisions_for(budget: Budget) -> tuple[str, ...]:
     method ran 1.66× faster in bf16 than in fp32 on a 2-core AMX Xeon (``docs/results/bf16_cpu/``)
     and 1.27× on a 2-core AVX512-BF16 EPYC (``docs/results/bf16_cpu_epyc/``), runs alternating.
     Without them bf16 is slower than fp32 on a CPU (plain steps 2.6× slower on a 2-core EPYC
-    of an earlier run whose flags were not recorded, ``docs/results/quantization_cpu.json``)."""
+    of an earlier run whose flags were not recorded, ``docs/results/quantization_cpu.json``).
+
+    A model whose file holds 4-bit weights (``ModelShape.stored_bits``: a Q4_0/Q4_1/Q4_K
+    GGUF) runs as int4, and only so, on a CPU: int4 in groups of 32 finds a Q4_0/Q4_1 grid
+    again, so it holds the file's own weights, not a rounding of them, where fp32 only
+    widens them at 8× the bytes each step reads (``runtime/quantize.py``); being the
+    smallest, it fits wherever anything does."""
     if budget.kind != "cpu":
         return QUALITY_ORDER[1:]
+    if model is not None and model.stored_bits == 4 and int4_fits(model):
+        return ("int4",)
     return ("bf16", "fp32") + QUALITY_ORDER[2:] if budget.bf16_matmul else QUALITY_ORDER
+
+
+def int4_fits(model: ModelShape) -> bool:
+    """Every decoder matrix takes the int4 kernels' group of 32 inputs and 16-row packing."""
+    return all(i % INT4_GROUP_SIZE == 0 and o % 16 == 0 for o, i in model.layer_linear_params())
 
 
 def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest,
@@ -273,7 +286,7 @@ def plan(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: P
     """Choose precision, tree and KV size for ``request`` on ``budget`` (pure; see module doc).
     ``link``: the host's free RAM and host→device bandwidth; given, a GPU plan that fits at
     no precision streams the layers that do not fit (``_offloaded``) before it is refused."""
-    precisions = (request.precision,) if request.precision else precisions_for(budget)
+    precisions = (request.precision,) if request.precision else precisions_for(budget, model)
     candidates = [_layout(budget, model, heads, request, trees=trees, precision=p, step_time=step_time)
                   for p in precisions]
     fitting = [c for c in candidates if c.fits]

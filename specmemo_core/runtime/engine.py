@@ -182,7 +182,7 @@ class Engine:
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
         if torch.device(device).type == "cpu":
-            pack_linears(lm)
+            pack_linears(lm, int8_head=precision == "int4")
             if draft is not None:
                 pack_linears(draft)
         else:

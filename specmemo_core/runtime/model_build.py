@@ -21,8 +21,9 @@ Progress = Callable[[str, float], None]
 
 
 def _cache_key(precision: str, group_size: int, device: torch.device, dtype: torch.dtype) -> str:
-    """Names what the cached weights were made for: int4 weights are packed for their
-    activations' dtype (scales in it), so fp32- and bf16-activation ones differ."""
+    """Names what the cached weights were made for: ``dtype`` is the dtype of their scales
+    (int4: bf16 on every device, ``quantize.py``; int8: the model's), so weights quantized
+    for another kernel are never read back."""
     import torchao
 
     return (f"{precision}-g{group_size}-{device.type}-{str(dtype).removeprefix('torch.')}-torch{torch.__version__}"
@@ -36,11 +37,11 @@ def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, devic
     anything else keeps ``dtype``."""
     if precision not in ("int8", "int4"):
         return CausalLM.from_tensors(opened.config, opened.tensors(progress), dtype=dtype, device=device)
-    from specmemo_core.runtime.quantize import QuantSpec, quantize_on_arrival, quantized_weights
+    from specmemo_core.runtime.quantize import QuantSpec, use_int4_cpu_kernel, quantize_on_arrival, quantized_weights
 
     spec = QuantSpec(precision)
     model_dtype, filled = quantize_on_arrival(spec, dtype=dtype, device=device)  # before reading: see its config
-    key = _cache_key(precision, spec.group_size, device, model_dtype)
+    key = _cache_key(precision, spec.group_size, device, torch.bfloat16 if precision == "int4" else model_dtype)
     ready = quantized_cache.read(opened.cache, key, device) if opened.cache is not None else None
     if ready is not None and set(ready) != _decoder_linear_names(opened):
         ready = None  # not this model's layers: quantized again, and saved again below
@@ -51,6 +52,7 @@ def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, devic
                                device=device, filled=filled, ready=ready)
     if ready is None and opened.cache is not None:
         quantized_cache.write(opened.cache, key, quantized_weights(lm))
+    use_int4_cpu_kernel(lm)
     return lm
 
 

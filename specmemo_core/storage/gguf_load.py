@@ -72,6 +72,25 @@ class GGUFIndex:
         return cls(str(data["architecture"]), tensors, int(data["num_heads"]), int(data["num_kv_heads"]))
 
 
+_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "Q6_K": 6}  # else: the digit after Q/IQ
+
+
+def stored_bits(index: GGUFIndex) -> int:
+    """Bits per weight most of the decoder's matrices are stored in (Q4_0, Q4_1, Q4_K,
+    IQ4_XS: 4; Q8_0: 8; F16: 16), by count of matrices; what the planner runs on a CPU."""
+    from collections import Counter
+
+    from gguf import GGMLQuantizationType
+
+    def bits(kind: int) -> int:
+        name = GGMLQuantizationType(kind).name
+        digits = re.match(r"I?Q(\d)", name)
+        return _BITS.get(name) or (int(digits[1]) if digits else 16)
+
+    counts = Counter(bits(t.kind) for t in index.tensors if _BLOCK_NAME.fullmatch(t.name) and len(t.shape) == 2)
+    return counts.most_common(1)[0][0] if counts else 16
+
+
 def hf_name(gguf_name: str) -> str | None:
     """Our state-dict name for a GGUF tensor name; None for one the model does not use."""
     if gguf_name in _TOP:

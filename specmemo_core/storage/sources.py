@@ -76,6 +76,7 @@ class LoadedModel:
     from_cache: bool = False
 
     cache: None = None  # weights in memory have no cache folder (``OpenedModel.cache``)
+    stored_bits: int | None = None  # as ``OpenedModel.stored_bits``
 
     def tensors(self, progress: Progress | None = None, *,
                 skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
@@ -436,7 +437,8 @@ def _open_gguf(path: Path, report: Progress) -> tuple:
                 config, tokenizer = cached_again[1], cached_again[2]
         except OSError as exc:  # still usable, only slower next time
             log.warning("could not write model cache %s (%s)", cache, exc)
-    return config, tokenizer, shapes, partial(_gguf_tensors, path, index), cached is not None, cache
+    read = partial(_gguf_tensors, path, index)
+    return config, tokenizer, shapes, read, cached is not None, cache, gguf_load.stored_bits(index)
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -542,6 +544,7 @@ class OpenedModel:
     started: float = 0.0  # perf_counter() when opening began
     cache: Path | None = None  # the file's cache folder (GGUF only): weights kept at a planned precision go there
     sample: torch.Tensor | None = field(default=None, repr=False)  # fingerprint_sample of the embedding
+    stored_bits: int | None = None  # bits per decoder weight in a GGUF (gguf_load.stored_bits); None: a folder
 
     def tensors(self, progress: Progress | None = None, *,
                 skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
@@ -585,12 +588,14 @@ def open_model(source: str | Path = "default", progress: Progress | None = None)
         raise ModelFileError(path, "file not found", "check the path, or use 'default' for the built-in model")
     if path.is_dir():
         config, tokenizer, shapes, read, cached, cache = _open_folder(path, report)
+        bits = None
     elif path.suffix.lower() == ".gguf":
-        config, tokenizer, shapes, read, cached, cache = _open_gguf(path, report)
+        config, tokenizer, shapes, read, cached, cache, bits = _open_gguf(path, report)
     else:
         raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
                              "point SpecMemo at a .gguf file or at a folder holding config.json")
-    return OpenedModel(config, tokenizer, path, model_name(source), shapes, read, cached, start, cache)
+    return OpenedModel(config, tokenizer, path, model_name(source), shapes, read, cached, start, cache,
+                       stored_bits=bits)
 
 
 def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float32,
@@ -602,4 +607,5 @@ def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float3
     sd = _finish(opened.source, sd, opened.config, dtype)  # refuses weights without an embedding
     identity = opened.identity
     seconds = opened.finished(progress)
-    return LoadedModel(opened.config, sd, opened.tokenizer, identity, opened.source, seconds, opened.from_cache)
+    return LoadedModel(opened.config, sd, opened.tokenizer, identity, opened.source, seconds, opened.from_cache,
+                       stored_bits=opened.stored_bits)

@@ -38,8 +38,10 @@ def test_vicuna_7b_by_hand():
     groups = 32 * (4 * 4096 * 4096 // 128 + 2 * 11008 * 4096 // 128 + 4096 * 11008 // 128)
     assert weight_bytes(s, "int4", group_size=128, device_kind="rocm") == linear // 2 + groups * 4 + rest
     assert weight_bytes(s, "int4", device_kind="rocm") == linear // 2 + groups * 4 * 4 + rest  # group 32
-    rest_fp32 = (6_738_415_616 - linear) * 4  # on CPU the model around int8/int4 layers is fp32, int4 scales too
-    assert weight_bytes(s, "int4", group_size=128, device_kind="cpu") == linear // 2 + groups * 8 + rest_fp32
+    rest_fp32 = (6_738_415_616 - linear) * 4  # on CPU the model around int8/int4 layers is fp32
+    head_fp32, head_int8 = 32000 * 4096 * 4, 32000 * (4096 + 2)  # CPU int4: the (untied) LM head as int8 rows
+    assert (weight_bytes(s, "int4", group_size=128, device_kind="cpu")
+            == linear // 2 + groups * 4 + rest_fp32 - head_fp32 + head_int8)  # int4 scales in bf16
     assert weight_bytes(s, "int8", device_kind="cpu") == linear + scales_int8 + rest_fp32
     # a hydra head is 2 D^2 + D parameters, not SpecMemo's 0.6 GB
     assert heads_bytes(HeadsShape("hydra", 4, 1), s, "bf16") == 4 * (2 * 4096 * 4096 + 4096) * 2
@@ -127,16 +129,21 @@ def test_a_drafting_vocabulary_costs_its_lm_head_rows():
     assert cut - plain == 8192 * 576 * 4 + 8192 * 8
 
 
+@pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("precision", ["int8", "int4"])
-def test_cpu_quantized_weights_are_what_the_quantized_model_holds(precision):
-    """On CPU the layers around the quantized ones stay fp32, as do int4's scales: the
-    count is the model's own bytes (its rotary buffer aside)."""
+def test_cpu_quantized_weights_are_what_the_quantized_model_holds(precision, tied):
+    """On CPU the layers around the quantized ones stay fp32, the LM head packed for oneDNN
+    (int8) or held as int8 rows (int4): the count is the bytes the engine's model holds once
+    packed (``Engine.load``), its rotary buffer aside."""
+    from specmemo_core.runtime.cpu_linear import pack_linears, packing_available
     from specmemo_core.runtime.quantize import QuantSpec, held_bytes, quantize_model
 
-    model = quantize_model(tiny_model(vocab_size=300), QuantSpec(precision))
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    shape = ModelShape.from_spec(ModelSpec.from_config(tiny_config(vocab_size=300)))
-    assert held_bytes(model) - buffers == weight_bytes(shape, precision, device_kind="cpu")
+    if precision == "int8" and not packing_available():
+        pytest.skip("this torch build has no oneDNN: the int8 model's LM head is not packed")
+    model = quantize_model(tiny_model(vocab_size=320, tie_word_embeddings=tied), QuantSpec(precision))
+    pack_linears(model, int8_head=precision == "int4")
+    shape = ModelShape.from_spec(ModelSpec.from_config(tiny_config(vocab_size=320, tie_word_embeddings=tied)))
+    assert held_bytes(model) - model.inv_freq.numel() * 4 == weight_bytes(shape, precision, device_kind="cpu")
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
