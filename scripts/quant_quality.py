@@ -1,7 +1,9 @@
 """What weight quantization costs in quality, and what it saves, on CPU with the default model.
 
-Rows: fp32 (the reference), bf16, int8 and int4 (weight-only, torchao, activations fp32),
-and int4-bf16 (int4 weights, bf16 activations: cast to bf16 first, then quantize):
+Rows: fp32 (the reference), bf16, int8 (weight-only, torchao, activations fp32), int4
+(weight-only, torchao's CPU packing with bf16 scales: each matmul's input cast to bf16, the
+rest fp32), int4-cpu (what the app runs for a 4-bit GGUF on a CPU: int4 as above, the LM head
+as int8 rows, ``cpu_linear.Int8RowLinear``) and int4-bf16 (the whole model bf16, then int4):
   (a) greedy agreement with fp32: 64 greedy tokens for each of the first user turns of
       MT-Bench questions 1-8 (no stop tokens, so every run has 64 positions); the share
       of positions before the first divergence, and of all positions, that equal fp32's;
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from specmemo_core.planning.device import cpu_device
+from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.chat import encode_conversation
 from specmemo_core.storage.datasets import mtbench_questions
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
@@ -37,7 +40,7 @@ from specmemo_core.runtime.quantize import QuantSpec, held_bytes, linear_weight_
 from specmemo_core.storage.sources import load_model
 
 ROWS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8",), "int4": ("int4",),
-        "int4-bf16": ("bf16", "int4")}  # row -> quantize_model steps
+        "int4-cpu": ("int4", "int8-head"), "int4-bf16": ("bf16", "int4")}  # row -> quantize_model steps
 NEW_TOKENS = 64
 PPL_TOKENS = 4096
 SPEED_TOKENS = 64
@@ -105,7 +108,10 @@ def main() -> None:
         model = CausalLM.from_state_dict(src.config, src.state_dict)
         t0 = time.perf_counter()
         for precision in steps:
-            quantize_model(model, QuantSpec(precision, group_size=args.group_size))
+            if precision == "int8-head":
+                pack_linears(model, int8_head=True)  # as Engine.load does on a CPU
+            else:
+                quantize_model(model, QuantSpec(precision, group_size=args.group_size))
         quantize_s = time.perf_counter() - t0
         outs = [greedy(model, p, NEW_TOKENS)[0] for p in prompts]
         if row == "fp32":
@@ -147,9 +153,10 @@ def write(out: str, src, args: argparse.Namespace, ppl_tokens: int, available: i
         "notes": [
             "int8: torchao Int8WeightOnlyConfig, per-row scales; int4: torchao prototype "
             "PrototypeInt4WeightOnlyConfig (Int4OpaqueTensor, ATen _weight_int4pack_mm_for_cpu), "
-            "asymmetric, group size as above. Activations stay fp32 for int8/int4, bf16 for int4-bf16.",
-            "embedding and lm_head (tied in this model) stay fp32/bf16: they are ~28M of the 135M "
-            "parameters, so whole-model bytes shrink less than the decoder linears.",
+            "asymmetric, group size as above, scales in bf16; each int4 matmul's input cast to bf16 "
+            "(quantize.Int4CpuLinear). Activations stay fp32 elsewhere for int8/int4, bf16 for int4-bf16.",
+            "embedding and lm_head (tied in this model) stay fp32/bf16, except int4-cpu's LM head: a "
+            "copy as int8 rows (cpu_linear.Int8RowLinear) beside the fp32 embedding.",
             "the default model ships as a Q4_1 GGUF, dequantized to fp32 at load: fp32 here is the "
             "dequantized Q4_1 weights, not the original bf16 checkpoint.",
             "tokens/s: one run each, one thread, on a 2-core machine that other jobs were using "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from specmemo_core.cli.common import (DTYPES, StageProgress, add_devices_arg, add_threads_arg, device_default,
+from specmemo_core.cli.common import (StageProgress, add_devices_arg, add_threads_arg, device_default,
                                       parse_devices)
 from specmemo_core.errors import SpecMemoError, SplitError
 
@@ -41,7 +41,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--offload-tree", default=None, help="the stream-tree methods' tree (default: the plan's)")
     p.add_argument("--device", default=device_default())
     add_devices_arg(p)  # bench: our decoders on the model split evenly over those GPUs
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--dtype", "--precision", dest="dtype", choices=["auto", "fp32", "bf16", "int8", "int4"],
+                   default="auto",
+                   help="our methods' precision: 'auto' (default) the planner's, as in the app and chat (int4 for a "
+                        "4-bit GGUF on a CPU, bf16 on a GPU), or force one; transformers' methods run int8/int4 "
+                        "as the float dtype around them")
     add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
     p.add_argument("--save", default=None, metavar="FILE",
@@ -118,14 +122,15 @@ def _load_engine(args: argparse.Namespace, progress: StageProgress):
 
     numbers = parse_devices(args.devices)
     if len(numbers) < 2:
-        return Engine.load(args.model, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], device=args.device,
-                           progress=progress)
+        return Engine.load(args.model, heads=args.heads, tree=None, dtype=_dtype(args), device=args.device,
+                           progress=progress, precision=args.dtype)
     from specmemo_core.runtime.split import LayerSplit
     from specmemo_core.storage.sources import load_model
 
     loaded = load_model(args.model, progress=progress)
     split = LayerSplit.even([f"cuda:{n}" for n in numbers], loaded.config.num_hidden_layers)
-    return Engine.load(loaded, heads=args.heads, tree=None, dtype=DTYPES[args.dtype], progress=progress, split=split)
+    return Engine.load(loaded, heads=args.heads, tree=None, dtype=_dtype(args), progress=progress, split=split,
+                       precision=args.dtype)
 
 
 def _check_offload_names(args: argparse.Namespace, names: list[str]) -> None:
@@ -192,7 +197,7 @@ def _measure_offload(args: argparse.Namespace, names: list[str], progress: Stage
     convs = _conversations(args)
     loaded = load_model(args.model, progress=progress)
     setup = _offload_setup(args, loaded)
-    dtype = DTYPES[args.dtype]
+    dtype = _dtype(args)
     engine = Engine.load(loaded, heads=args.heads, tree=None, dtype=dtype, device=args.device, progress=progress,
                          precision=args.dtype, resident_layers=setup.resident_layers)
     hf = (bench_offload.accelerate_model(loaded, args.device, dtype, setup.accelerate_gpu_bytes)
@@ -243,7 +248,7 @@ def _resident_methods(args: argparse.Namespace, names: list[str], progress: Stag
     from specmemo_core.tools.bench_llamacpp import LLAMACPP, llamacpp_method
 
     convs = _conversations(args)
-    dtype = DTYPES[args.dtype]
+    dtype = _dtype(args)
     engine = _load_engine(args, progress)
     hf = None
     if any(n in HF_METHODS for n in names):
@@ -302,9 +307,30 @@ def _measure_batches(args: argparse.Namespace, batches: list[int], progress: Sta
     return result
 
 
+def _dtype(args: argparse.Namespace) -> torch.dtype:
+    """The float dtype our model (and transformers') loads in for ``--dtype``."""
+    from specmemo_core.planning.entry import torch_dtype
+
+    return torch_dtype(args.dtype, torch.device(args.device).type)
+
+
+def _planned_precision(args: argparse.Namespace) -> str:
+    """``--dtype auto``: the precision the planner gives this model on ``--device`` (from the
+    file's header, before loading), as the app and chat would load it."""
+    from specmemo_core.planning.entry import PlanChoices, find_device, inputs_before_load, make_plan
+    from specmemo_core.storage.sources import open_model
+
+    device = find_device(args.device)
+    planned = make_plan(inputs_before_load(open_model(args.model), args.heads, device, link=None),
+                        PlanChoices(reply_tokens=args.max_new_tokens))
+    return planned.precision if planned.fits else ("fp32" if device.kind == "cpu" else "bf16")
+
+
 def run(args: argparse.Namespace) -> int:
     from specmemo_core.tools.bench import format_table, plot_report
 
+    if args.dtype == "auto":
+        args.dtype = _planned_precision(args)
     if args.batch is not None:
         return _run_batches(args)
     names, skipped = _method_names(args)

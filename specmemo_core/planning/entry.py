@@ -277,7 +277,8 @@ def find_device(name: str | None) -> DeviceInfo:
 def torch_dtype(precision: str | None, device_kind: str | None = None):
     """The dtype the model is loaded in for a precision. int8/int4 are weight-only: bf16
     around them on a GPU (as the planner counts and ``plan --verify`` measures), fp32 on a
-    CPU (its int4 kernel takes fp32 only; ``memory.weight_bytes`` counts that)."""
+    CPU (each int4 matmul takes its input cast to bf16, ``quantize.Int4CpuLinear``; norms,
+    attention and the KV cache stay fp32, as ``memory.weight_bytes`` counts)."""
     import torch
 
     if precision in ("int8", "int4") and device_kind in ("cuda", "rocm"):

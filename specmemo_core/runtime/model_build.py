@@ -21,13 +21,14 @@ Progress = Callable[[str, float], None]
 
 
 def _cache_key(precision: str, group_size: int, device: torch.device, dtype: torch.dtype) -> str:
-    """Names what the cached weights were made for: ``dtype`` is the dtype of their scales
-    (int4: bf16 on every device, ``quantize.py``; int8: the model's), so weights quantized
-    for another kernel are never read back."""
+    """Names what the cached weights were made for: int4 weights are quantized from the
+    model's dtype, so fp32- and bf16-model ones differ; a CPU int4 weight's scales are bf16
+    (``quantize.py``), which the key says, so one cached with fp32 scales is never read back."""
     import torchao
 
-    return (f"{precision}-g{group_size}-{device.type}-{str(dtype).removeprefix('torch.')}-torch{torch.__version__}"
-            f"-torchao{torchao.__version__}")
+    scales = "-scales-bf16" if precision == "int4" and device.type == "cpu" else ""
+    return (f"{precision}-g{group_size}-{device.type}-{str(dtype).removeprefix('torch.')}{scales}"
+            f"-torch{torch.__version__}-torchao{torchao.__version__}")
 
 
 def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, device: torch.device,
@@ -41,7 +42,7 @@ def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, devic
 
     spec = QuantSpec(precision)
     model_dtype, filled = quantize_on_arrival(spec, dtype=dtype, device=device)  # before reading: see its config
-    key = _cache_key(precision, spec.group_size, device, torch.bfloat16 if precision == "int4" else model_dtype)
+    key = _cache_key(precision, spec.group_size, device, model_dtype)
     ready = quantized_cache.read(opened.cache, key, device) if opened.cache is not None else None
     if ready is not None and set(ready) != _decoder_linear_names(opened):
         ready = None  # not this model's layers: quantized again, and saved again below

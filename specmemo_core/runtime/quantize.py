@@ -245,10 +245,10 @@ class Int4CpuLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self._packed, self._group, self._scale_zero)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self._packed, self._group, self._scale_zero).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def use_int4_cpu_kernel(root: nn.Module) -> int:
@@ -275,10 +275,8 @@ def _quantize_linears(root: nn.Module, targets: dict[str, nn.Linear], spec: Quan
     with _quiet_import():
         aoq.quantize_(root, config, filter_fn=lambda m, _name: m in chosen)
     if spec.precision == "int4" and device.type == "cpu":
-        for linear in chosen:
+        for linear in chosen:  # a bias stays in the model's dtype (Int4CpuLinear adds it there)
             linear.weight = nn.Parameter(_with_bf16_scales(linear.weight), requires_grad=False)
-            if linear.bias is not None:
-                linear.bias = nn.Parameter(linear.bias.detach().bfloat16(), requires_grad=False)
 
 
 def _with_bf16_scales(weight: torch.Tensor) -> torch.Tensor:

@@ -260,3 +260,27 @@ def test_int4_weights_are_cached_apart_for_fp32_and_bf16_activations(data_dir: P
         assert sum(len(s.token_ids) for s in steps) == 4
     keys = {p.name for p in (data_dir / "cache").rglob("*") if "int4" in p.name}
     assert any("float32" in k for k in keys) and any("bfloat16" in k for k in keys), keys
+
+
+@pytest.mark.parametrize(("quant", "bits"), [("Q4_0", 4), ("Q4_1", 4), ("Q4_K", 4), ("Q8_0", 8), ("F16", 16),
+                                             ("F32", 32)])
+def test_the_files_bits_per_weight_are_read_from_its_header(data_dir: Path, tmp_path: Path, quant: str,
+                                                            bits: int) -> None:
+    """What the planner runs on a CPU follows the file: most decoder matrices' bits."""
+    path = write_tiny_gguf(tmp_path / f"{quant}.gguf", hidden=256, quant=quant, tied=False)
+    assert open_model(path).stored_bits == bits
+    assert load_model(path).stored_bits == bits
+
+
+def test_a_4_bit_file_is_planned_and_loaded_as_int4_on_a_cpu(data_dir: Path, tmp_path: Path) -> None:
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import PlanChoices, load_planned
+    from specmemo_core.runtime.quantize import Int4CpuLinear
+
+    path = write_tiny_gguf(tmp_path / "q4.gguf", hidden=256, quant="Q4_1", tied=True)
+    planned = load_planned(path, heads="none", choices=PlanChoices(turns=1, reply_tokens=8, speculate=False),
+                           device=cpu_device(), data_folder=tmp_path, wait_for_timing=False)
+    assert planned.plan.precision == planned.engine.precision == "int4"
+    model = planned.engine.model
+    assert type(model.model.layers[0].mlp.down_proj) is Int4CpuLinear
+    assert type(model.lm_head).__name__ == "Int8RowLinear" and model.model.embed_tokens.weight.dtype == torch.float32

@@ -252,3 +252,22 @@ def test_a_cpu_with_bf16_matrix_units_plans_bf16_where_another_cpu_plans_fp32():
     assert plan(amx_cpu, smol, HYDRA, PlanRequest(precision="fp32"), specmemo_prior_options()).precision == "fp32"
     tight = Budget("cpu", 24 * GiB, 20 * GiB)
     assert plan(tight, VICUNA, HYDRA, PlanRequest(), specmemo_prior_options()).precision == "bf16"
+
+
+def test_a_cpu_runs_a_file_of_4_bit_weights_as_int4():
+    """A 4-bit GGUF (stored_bits 4) runs as int4 on any CPU, AMX or not; a float file as
+    before; a GPU keeps bf16; asked for, fp32 is still what it gets; a shape the int4
+    kernels cannot pack falls back to the usual order."""
+    from dataclasses import replace
+
+    from specmemo_core.planning.planner import int4_fits, precisions_for
+
+    q4 = replace(known_shape("smollm2-135m"), stored_bits=4)
+    plain_cpu, amx_cpu = Budget("cpu", 24 * GiB, 20 * GiB), Budget("cpu", 24 * GiB, 20 * GiB, bf16_matmul=True)
+    for cpu in (plain_cpu, amx_cpu):
+        assert plan(cpu, q4, HYDRA, PlanRequest(), specmemo_prior_options()).precision == "int4"
+        assert plan(cpu, replace(q4, stored_bits=16), HYDRA, PlanRequest(), specmemo_prior_options()).precision != "int4"
+    assert plan(_gpu(8), q4, HYDRA, PlanRequest(), specmemo_prior_options()).precision == "bf16"
+    assert plan(plain_cpu, q4, HYDRA, PlanRequest(precision="fp32"), specmemo_prior_options()).precision == "fp32"
+    odd = replace(q4, intermediate_size=1544)  # not a multiple of 16 rows
+    assert not int4_fits(odd) and precisions_for(plain_cpu, odd)[0] == "fp32"

@@ -106,3 +106,89 @@ def test_quantizing_twice_is_refused():
     model = quantize_model(_model(), QuantSpec("int8"))
     with pytest.raises(SpecMemoError, match="already quantized"):
         quantize_model(model, QuantSpec("int4"))
+
+
+def _on_q4_grid(model, group=32, seed=0):
+    """Give every decoder matrix of ``model`` values on a 4-bit grid of ``group`` inputs,
+    each group spanning its 16 levels (as a Q4_1 GGUF's blocks do), and return it."""
+    gen = torch.Generator().manual_seed(seed)
+    for m in model.model.layers.modules():
+        if isinstance(m, torch.nn.Linear):
+            o, i = m.weight.shape
+            q = torch.randint(0, 16, (o, i // group, group), generator=gen).float()
+            q[..., 0], q[..., 1] = 0, 15  # both ends of the grid in every group
+            step = torch.rand(o, i // group, 1, generator=gen) * 0.01 + 0.002
+            low = (torch.rand(o, i // group, 1, generator=gen) - 0.5) * 0.05
+            m.weight.data.copy_((low + q * step).reshape(o, i))
+    return model
+
+
+def test_cpu_int4_runs_bf16_inputs_through_atens_kernel_on_the_files_own_grid():
+    """On a CPU each int4 layer becomes an Int4CpuLinear: the weights of a 4-bit grid come
+    back as they were (only their scales rounded to bf16), the input is cast to bf16 and the
+    output is the model's fp32, so the model's logits stay within bf16's error of fp32's."""
+    from specmemo_core.runtime.quantize import Int4CpuLinear
+
+    ref = _on_q4_grid(_model())
+    model = quantize_model(_on_q4_grid(_model()), QuantSpec("int4"))
+    linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is Int4CpuLinear and m.weight.dtype == torch.bfloat16 for m in linears)
+    ref_linears = [m for m in ref.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    x = torch.randn(3, 256)
+    for ours, theirs in zip(linears[:2], ref_linears[:2]):
+        out = ours(x)
+        assert out.dtype == torch.float32
+        assert _rel_err(out, theirs(x)) < 0.01  # measured 0.005 (bf16 inputs, scales); groups of 64: 0.047
+    assert _rel_err(_logits(model, TOKENS), _logits(ref, TOKENS)) < 0.0025  # 0.0015; groups of 64: 0.0037
+    assert model.model.norm.weight.dtype == torch.float32 and model.new_cache(4).k.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8-rows"])
+def test_cpu_kernels_give_each_row_of_a_verify_what_one_row_gets(kind):
+    """Tree verification runs several tokens through each matmul: each row must be what
+    that token alone gets, bit for bit, or speculative replies drift from plain ones."""
+    from specmemo_core.runtime.cpu_linear import Int8RowLinear
+
+    torch.manual_seed(0)
+    if kind == "int4":
+        layer = quantize_model(_model(), QuantSpec("int4")).model.layers[0].mlp.up_proj
+    else:
+        layer = Int8RowLinear(torch.nn.Linear(256, 320, bias=True))
+    x = torch.randn(17, 256)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(17)])
+        for rows in (2, 5, 8, 17):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_rows_stay_close_to_the_float_layer(bias):
+    from specmemo_core.runtime.cpu_linear import Int8RowLinear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 320, bias=bias)
+    head = Int8RowLinear(lin)
+    x = torch.randn(2, 5, 256)
+    with torch.inference_mode():
+        out = head(x)
+    assert out.shape == (2, 5, 320) and out.dtype == torch.float32
+    assert _rel_err(out, lin(x).detach()) < INT8_REL_ERR
+    assert head.rows.dtype == torch.int8 and head.rows.shape == (320, 256)
+
+
+def test_cpu_int4_speculative_replies_are_plain_int4_replies_on_a_tiny_model():
+    """The tree's verify forward through int4 layers and an int8 LM head picks what plain
+    int4 decoding picks on this model (fp32 around the matmuls); on the default model
+    near-ties can fall otherwise between shapes, as in bf16 (README)."""
+    from specmemo_core.runtime.cpu_linear import pack_linears
+    from specmemo_core.runtime.heads import random_heads
+    from specmemo_core.runtime.tree import load_tree
+
+    model = quantize_model(_model(), QuantSpec("int4"))
+    pack_linears(model, int8_head=True)
+    prompt = TOKENS.tolist()
+    plain = _greedy(model, prompt, n=40)
+    heads = random_heads(3, 256, 300, seed=5, scale=0.5, kind="hydra")
+    decoder = Decoder(model, model.new_cache(len(prompt) + 60), heads, load_tree("1-3-2"))
+    spec = [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=40)) for t in s.token_ids]
+    assert spec == plain
