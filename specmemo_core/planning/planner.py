@@ -37,8 +37,8 @@ from specmemo_core.planning.offload import (OFFLOAD_KINDS, OFFLOAD_PRECISIONS, H
                                             offload_refusal)
 from specmemo_core.planning.split import DeviceShare
 from specmemo_core.planning.memory import (
-    INT4_GROUP_SIZE, OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes, around_precision, heads_bytes,
-    kv_bytes, overhead_bytes, tree_buffer_bytes, weight_bytes,
+    INT4_GROUP_SIZE, OVERHEAD_FRACTION, PLAIN, HeadsShape, ModelShape, TreeShape, activation_peak_bytes,
+    around_precision, heads_bytes, kv_bytes, overhead_bytes, tree_buffer_bytes, weight_bytes,
 )
 
 QUALITY_ORDER = ("fp32", "bf16", "int8", "int4")  # best first; fp16 only when asked for

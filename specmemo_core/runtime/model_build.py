@@ -38,7 +38,7 @@ def build_model(opened: Any, *, precision: str | None, dtype: torch.dtype, devic
     anything else keeps ``dtype``."""
     if precision not in ("int8", "int4"):
         return CausalLM.from_tensors(opened.config, opened.tensors(progress), dtype=dtype, device=device)
-    from specmemo_core.runtime.quantize import QuantSpec, use_int4_cpu_kernel, quantize_on_arrival, quantized_weights
+    from specmemo_core.runtime.quantize import QuantSpec, quantize_on_arrival, quantized_weights, use_int4_cpu_kernel
 
     spec = QuantSpec(precision)
     model_dtype, filled = quantize_on_arrival(spec, dtype=dtype, device=device)  # before reading: see its config

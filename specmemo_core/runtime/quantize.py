@@ -21,8 +21,10 @@ Which kernels run (torchao 0.18):
   fp32), so each weight is quantized from its float32 values (a 4-bit GGUF's grid is
   found again exactly) with its scales and zero points then stored in bf16, and its layer
   becomes an ``Int4CpuLinear``: bf16 into the kernel, the model's fp32 out of it, so norms,
-  rotary, attention and the KV cache stay fp32. The rows of a several-token call equal
-  one-token calls bit for bit, so tree verification stays exact.
+  rotary, attention and the KV cache stay fp32. Each row of a several-token call is what
+  that token alone gets, bit for bit; attention over a tree's slots is not (fp32 sums of
+  other lengths), and rounding each matmul's input to bf16 magnifies that, so on the
+  default model a speculative reply can leave plain int4's at a near-tie, as in bf16.
 - int4, CUDA: stable ``Int4WeightOnlyConfig`` with the tinygemm packing
   (``TILE_PACKED_TO_4D``), which takes bf16 activations only: a float32/float16 model is
   cast to bf16 first. It pads each layer's input width to a multiple of 1024, so narrow
