@@ -1,0 +1,230 @@
+"""The base model's forward through llama.cpp (ggml's kernels over the GGUF's own blocks),
+under our one decoding step (``step.py``): our heads, lookup chain, tree and acceptance stay
+ours; only the transformer forward and its KV cache are llama.cpp's.
+
+Why: on a 2-core AVX2 CPU llama.cpp's step over the default model's Q4_1 blocks takes
+11.6 ms, ours in torch 28.5 ms even in int4 (``quantize.Int4CpuLinear``): its kernels
+alone (int4 8.7 ms, LM head 2.9, attention 2.3) take longer than llama.cpp's whole step.
+It needs ``llama-cpp-python`` (the optional ``llamacpp`` extra); ``available`` says.
+
+How a tree is verified: llama.cpp attends by *sequence*. Each leaf of the tree gets its own
+sequence id; every node belongs to the sequences of the leaves below it, and the committed
+context to all of them, so a node (whose query takes the first of its sequences) sees the
+context and exactly its ancestors (``tree_sequences``). After the step the accepted path
+becomes sequence 0 again and every other node's cells are freed (``LlamaCppCache.commit_row``).
+
+What the step reads: ``LlamaCppLM.__call__`` returns the final (normed) hidden states, which
+the heads take, and keeps llama.cpp's logits of the same rows, which ``greedy_picks`` and
+``logits`` give back for rows equal to them; other rows are scored by our own LM head
+over the GGUF's embedding (int8 rows, as the torch int4 path holds it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from specmemo_core.errors import SpecMemoError
+from specmemo_core.runtime.cpu_linear import Int8RowLinear
+from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
+
+MAX_SEQUENCES = 64  # llama.cpp's own limit (LLAMA_MAX_SEQ): sequence 0 and one per leaf of a tree
+BATCH = 512  # tokens per llama_decode: a prefill chunk (decoding.PREFILL_CHUNK) or a tree
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _llama():
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise SpecMemoError("the llama.cpp backend needs llama-cpp-python: pip install -e '.[llamacpp]' "
+                            "(it builds llama.cpp from source, about 5-30 min), or use the torch backend") from e
+    return llama_cpp
+
+
+def tree_sequences(ancestors: torch.Tensor) -> list[list[int]]:
+    """Each tree node's llama.cpp sequence ids, from the ancestor mask [N, N] (``ancestors[i, j]``:
+    node j is node i or an ancestor of it): one sequence (1, 2, …) per leaf, and a node in
+    those of the leaves below it; a 1-node tree runs in sequence 0 itself."""
+    n = ancestors.shape[0]
+    if n == 1:
+        return [[0]]
+    below = ancestors.T  # below[i, j]: node j is node i or under it
+    leaves = [j for j in range(n) if int(below[j].sum()) == 1]
+    if len(leaves) >= MAX_SEQUENCES:
+        raise SpecMemoError(f"a tree of {len(leaves)} leaves is more than llama.cpp's {MAX_SEQUENCES - 1} sequences; "
+                            "choose a smaller tree for the llama.cpp backend")
+    seq = {leaf: s + 1 for s, leaf in enumerate(leaves)}
+    return [[seq[leaf] for leaf in leaves if bool(below[i, leaf])] for i in range(n)]
+
+
+class LlamaCppCache(KVCache):
+    """A KV cache held by one llama.cpp context: our cache's host bookkeeping (length, the
+    token ids the lookup chain reads) over llama.cpp's cells. Tree nodes are written at
+    positions ``length + depth``; ``commit_row`` keeps the accepted path's cells in
+    sequence 0 and frees the rest."""
+
+    def __init__(self, lm: "LlamaCppLM", capacity: int) -> None:
+        super().__init__(0, 1, 1, capacity)  # no tensors of its own: the cells are llama.cpp's
+        ll = lm.ll
+        params = ll.llama_context_default_params()
+        params.n_ctx = capacity + BATCH  # room for a tree's scratch cells beside a full context
+        params.n_batch = params.n_ubatch = BATCH
+        params.n_seq_max = MAX_SEQUENCES
+        params.kv_unified = True  # one set of cells that the tree's sequences share
+        params.n_threads = params.n_threads_batch = lm.threads
+        params.embeddings = True  # the final hidden states, for the heads
+        params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
+        params.no_perf = True
+        self.ll, self.ctx = ll, ll.llama_init_from_model(lm.handle, params)
+        if not self.ctx:
+            raise SpecMemoError(f"llama.cpp could not make a context of {capacity} tokens; plan a shorter context")
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.batch = ll.llama_batch_init(BATCH, 0, MAX_SEQUENCES)
+        self.sequences: list[list[int]] = [[0]]  # of the last forward's nodes (``tree_sequences``)
+
+    def __del__(self) -> None:
+        if getattr(self, "ctx", None):
+            self.ll.llama_batch_free(self.batch)
+            self.ll.llama_free(self.ctx)
+            self.ctx = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.ll.llama_state_get_size(self.ctx))
+
+    def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
+        """The accepted path (``nodes`` [W], root first, ``count`` of them) stays, in
+        sequence 0; every other scratch cell goes."""
+        super().commit_row(nodes, count)  # the token ids
+        sequences = self.sequences
+        if nodes is None or len(sequences) == 1:
+            return
+        last = int(nodes[int(count) - 1])
+        keep = sequences[last][0]  # a leaf's sequence through the last accepted node
+        mem, ll = self.memory, self.ll
+        ll.llama_memory_seq_rm(mem, keep, self.length + int(count), -1)  # its nodes past the accepted ones
+        ll.llama_memory_seq_keep(mem, keep)  # frees every cell not on that path
+        ll.llama_memory_seq_cp(mem, keep, 0, -1, -1)
+        ll.llama_memory_seq_rm(mem, keep, -1, -1)
+        self.sequences = [[0]]
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        self.ll.llama_memory_seq_rm(self.memory, 0, length, -1)
+
+    def share_context(self, sequences: list[list[int]]) -> None:
+        """Make the committed context visible to every sequence of the coming tree."""
+        for s in sorted({s for seq in sequences for s in seq} - {0}):
+            self.ll.llama_memory_seq_cp(self.memory, 0, s, -1, -1)
+        self.sequences = sequences
+
+
+class LlamaCppLM:
+    """The base model as llama.cpp runs it, with the surface our step reads from
+    ``model.CausalLM``: ``__call__`` (hidden states), ``greedy_picks``, ``logits``,
+    ``new_cache``, ``rope``, ``draft_embedding`` and ``lm_head`` for the heads."""
+
+    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, *, threads: int) -> None:
+        self.ll = _llama()
+        self.ll.llama_backend_init()
+        params = self.ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.handle = self.ll.llama_model_load_from_file(str(path).encode(), params)
+        if not self.handle:
+            raise SpecMemoError(f"llama.cpp could not load {path}; check the file, or use the torch backend")
+        self.path, self.threads = path, threads
+        self.spec = ModelSpec.from_config(config)
+        self.vocab = int(self.ll.llama_vocab_n_tokens(self.ll.llama_model_get_vocab(self.handle)))
+        self.embed_tokens = nn.Embedding.from_pretrained(embedding, freeze=True)
+        head = nn.Linear(embedding.shape[1], embedding.shape[0], bias=False)
+        head.weight = self.embed_tokens.weight
+        self.lm_head = Int8RowLinear(head)  # the heads' drafting LM head (tied: what llama.cpp's output is)
+        self.inv_freq, self.rope_scale = rope_inverse_frequencies(config)
+        self._rows: torch.Tensor | None = None  # the last forward's hidden states [N, D]
+        self._logits: torch.Tensor | None = None  # and llama.cpp's logits of them [N, V]
+
+    device = torch.device("cpu")
+    dtype = torch.float32
+    capturable = False
+    one_device = True
+    streamed = None
+
+    def new_cache(self, capacity: int) -> LlamaCppCache:
+        return LlamaCppCache(self, capacity)
+
+    def draft_embedding(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.embed_tokens
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 cache: LlamaCppCache) -> torch.Tensor:
+        """The final hidden states [T, D] of ``tokens`` [T] at ``positions`` (``cache.prepare``'s:
+        its mask's last T columns are a tree's ancestors, or a causal chunk's)."""
+        t = tokens.shape[-1]
+        if tokens.dim() != 1:
+            raise SpecMemoError("the llama.cpp backend decodes one conversation at a time; batch on the torch backend")
+        if t > BATCH:
+            raise SpecMemoError(f"llama.cpp runs at most {BATCH} tokens a forward, not {t}")
+        ancestors = mask[:, -t:]
+        causal = bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
+        sequences = [[0]] * t if causal else tree_sequences(ancestors)
+        if not causal:
+            cache.share_context(sequences)
+        b = cache.batch
+        b.n_tokens = t
+        for i, (tok, pos, seqs) in enumerate(zip(tokens.tolist(), positions.tolist(), sequences)):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(seqs), 1
+            for j, s in enumerate(seqs):
+                b.seq_id[i][j] = s
+        code = self.ll.llama_decode(cache.ctx, b)
+        if code != 0:
+            raise SpecMemoError(f"llama.cpp could not decode {t} tokens (code {code}); start a new chat")
+        d = self.spec.hidden_size
+        hidden = torch.from_numpy(np.ctypeslib.as_array(self.ll.llama_get_embeddings(cache.ctx), shape=(t * d,))
+                                  .reshape(t, d).copy())
+        self._logits = torch.from_numpy(np.ctypeslib.as_array(self.ll.llama_get_logits(cache.ctx),
+                                                              shape=(t * self.vocab,)).reshape(t, self.vocab).copy())
+        self._rows = hidden
+        return hidden
+
+    def _kept(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """llama.cpp's logits of ``hidden``'s rows [T, V], where each is a row of the last forward."""
+        rows = self._rows
+        if rows is None or hidden.dim() != 2 or hidden.shape[-1] != rows.shape[-1]:
+            return None
+        same = (hidden[:, None, :] == rows[None, :, :]).all(-1)  # [T, N]
+        if not bool(same.any(-1).all()):
+            return None
+        return self._logits[same.int().argmax(-1)]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        kept = self._kept(hidden)
+        return kept if kept is not None else self.lm_head(hidden)
+
+    def greedy_picks(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits(hidden).argmax(-1)
+
+
+def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:
+    """``opened`` (a ``storage.sources.OpenedModel`` of a GGUF) for llama.cpp: the file itself,
+    and its embedding read once (float32) for the heads."""
+    if Path(opened.source).suffix.lower() != ".gguf":
+        raise SpecMemoError("the llama.cpp backend runs GGUF files; convert the model or use the torch backend")
+    if progress is not None:
+        progress("loading the model into llama.cpp", 0.0)
+    name = "model.embed_tokens.weight"
+    embedding = next(t for n, t in opened.tensors(progress, skip=set(opened.shapes) - {name}) if n == name)
+    return LlamaCppLM(Path(opened.source), opened.config, embedding.float(), threads=threads)
