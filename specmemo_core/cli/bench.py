@@ -46,6 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="our methods' precision: 'auto' (default) the planner's, as in the app and chat (int4 for a "
                         "4-bit GGUF on a CPU, bf16 on a GPU), or force one; transformers' methods run int8/int4 "
                         "as the float dtype around them")
+    p.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
+                   help="what runs our methods' forward: 'auto' (default) as the app chooses (llama.cpp for a "
+                        "4-bit GGUF on a CPU where llama-cpp-python is installed, else ours), or force one")
     add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
     p.add_argument("--save", default=None, metavar="FILE",
@@ -123,7 +126,7 @@ def _load_engine(args: argparse.Namespace, progress: StageProgress):
     numbers = parse_devices(args.devices)
     if len(numbers) < 2:
         return Engine.load(args.model, heads=args.heads, tree=None, dtype=_dtype(args), device=args.device,
-                           progress=progress, precision=args.dtype)
+                           progress=progress, precision=args.dtype, backend=args.backend)
     from specmemo_core.runtime.split import LayerSplit
     from specmemo_core.storage.sources import load_model
 
@@ -229,6 +232,7 @@ def _measure(args: argparse.Namespace, names: list[str], progress: StageProgress
                                   warmup=args.warmup)
         result["_run"]["rounds_done"] = len(next(iter(passes.values())))
         result["_run"]["skipped"] = skipped
+        result["_run"]["backend"] = engine.backend
         return result
 
     def save(passes: dict) -> None:  # after every round: a run cut short keeps what it measured
@@ -314,23 +318,30 @@ def _dtype(args: argparse.Namespace) -> torch.dtype:
     return torch_dtype(args.dtype, torch.device(args.device).type)
 
 
-def _planned_precision(args: argparse.Namespace) -> str:
-    """``--dtype auto``: the precision the planner gives this model on ``--device`` (from the
-    file's header, before loading), as the app and chat would load it."""
-    from specmemo_core.planning.entry import PlanChoices, find_device, inputs_before_load, make_plan
+def _choose_as_the_app(args: argparse.Namespace) -> None:
+    """``--dtype auto`` / ``--backend auto``: the precision the planner gives this model on
+    ``--device`` (from the file's header, before loading) and the backend for it, as the app
+    and chat would load it."""
+    from dataclasses import replace
+
+    from specmemo_core.planning.entry import PlanChoices, backend_for, find_device, inputs_before_load, make_plan
     from specmemo_core.storage.sources import open_model
 
-    device = find_device(args.device)
-    planned = make_plan(inputs_before_load(open_model(args.model), args.heads, device, link=None),
-                        PlanChoices(reply_tokens=args.max_new_tokens))
-    return planned.precision if planned.fits else ("fp32" if device.kind == "cpu" else "bf16")
+    device, source = find_device(args.device), open_model(args.model)
+    precision = None if args.dtype == "auto" else args.dtype
+    planned = make_plan(inputs_before_load(source, args.heads, device, link=None),
+                        PlanChoices(reply_tokens=args.max_new_tokens, precision=precision))
+    if args.dtype == "auto":
+        args.dtype = planned.precision if planned.fits else ("fp32" if device.kind == "cpu" else "bf16")
+    if args.backend == "auto":
+        args.backend = backend_for(source, device, replace(planned, precision=args.dtype)) \
+            if args.batch is None and len(parse_devices(args.devices)) < 2 else "torch"
 
 
 def run(args: argparse.Namespace) -> int:
     from specmemo_core.tools.bench import format_table, plot_report
 
-    if args.dtype == "auto":
-        args.dtype = _planned_precision(args)
+    _choose_as_the_app(args)
     if args.batch is not None:
         return _run_batches(args)
     names, skipped = _method_names(args)

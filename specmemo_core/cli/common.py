@@ -71,9 +71,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="'auto' (the planner's choice), or force a tree: a name (medusa-64, 1-10-16-17, "
                         "calibrated-N, …) or a JSON file")
     p.add_argument("--no-spec", action="store_true", help="plain greedy/sampled decoding, no speculation")
-    p.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto",
-                   help="'auto' (the planner's precision, as in the app and `plan`: bf16 on a GPU and on a CPU "
-                        "with bf16 matrix units, else fp32), or force one")
+    p.add_argument("--dtype", "--precision", dest="dtype", choices=["auto", *sorted(DTYPES), "int8", "int4"],
+                   default="auto",
+                   help="'auto' (the planner's precision, as in the app and `plan`: int4 for a 4-bit GGUF on a CPU, "
+                        "bf16 on a GPU and on a CPU with bf16 matrix units, else fp32), or force one")
+    p.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
+                   help="what runs the model's forward: 'auto' (llama.cpp for a 4-bit GGUF on a CPU where "
+                        "llama-cpp-python is installed, else ours), or force one")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: the best one found)")
     add_devices_arg(p)
     p.add_argument("--max-new-tokens", type=int, default=256)

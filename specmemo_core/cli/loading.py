@@ -24,7 +24,8 @@ def plan_choices(args: argparse.Namespace) -> PlanChoices:
     """The user's flags as the planner's choices; ``--tree auto`` (or none): the planner's tree."""
     return PlanChoices(reply_tokens=args.max_new_tokens, temperature=args.temperature, precision=None if args.dtype == "auto" else args.dtype,
                        speculate=not args.no_spec, tree=None if args.tree in (None, "auto") else args.tree,
-                       batch=getattr(args, "slots", 1))  # `serve`: its slots share the device
+                       batch=getattr(args, "slots", 1),  # `serve`: its slots share the device
+                       backend=None if getattr(args, "backend", "auto") == "auto" else args.backend)
 
 
 def load_planned_engine(args: argparse.Namespace) -> PlannedEngine:

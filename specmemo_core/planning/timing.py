@@ -91,10 +91,13 @@ def timing_key(fingerprint: str, device_name: str, threads: int, precision: str 
 def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> str:
     """The key of ``engine`` (an ``Engine``) on ``device_name`` with this process's threads;
     an engine that streams layers (``runtime/offload.py``) is timed apart for each number of
-    resident layers: its steps wait on the link; a split one (``runtime/split.py``) for each split."""
+    resident layers: its steps wait on the link; a split one (``runtime/split.py``) for each split;
+    one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours."""
     import torch
 
     key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
+    if getattr(engine, "backend", "torch") != "torch":  # another engine's forward (ggml_step.py): timed apart
+        key = f"{key}|{engine.backend}"
     streamed, placement = engine.model.streamed, engine.model.placement
     if placement is not None:  # a split model (runtime/split.py): its steps cross the borders
         key = f"{key}|split-" + "-".join(f"{d}:{n}" for d, n in zip(placement.split.devices, placement.split.layers))

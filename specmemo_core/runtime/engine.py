@@ -12,7 +12,7 @@ import torch
 from specmemo_core.runtime.chat import ChatSession, end_of_turn_ids
 from specmemo_core.runtime.cpu_linear import pack_linears
 from specmemo_core.runtime.decoding import Decoder
-from specmemo_core.errors import OffloadError, SplitError, TreeError
+from specmemo_core.errors import OffloadError, SpecMemoError, SplitError, TreeError
 from specmemo_core.runtime.calibration import load_calibration, tree_from_calibration
 from specmemo_core.runtime.heads import DraftHeads, load_heads, random_heads
 from specmemo_core.runtime.model import CausalLM, ModelSpec
@@ -23,6 +23,7 @@ from specmemo_core.storage.sources import LoadedModel, ModelIdentity, OpenedMode
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
+BACKENDS = ("torch", "llamacpp")  # the base model's forward: ours, or llama.cpp's (ggml_step.py)
 DEFAULT_CAPACITY = 4096
 
 
@@ -137,6 +138,7 @@ class Engine:
     heads_folder: Path | None = None  # where the heads (and their calibration.json) came from
     precision: str = "fp32"  # what the weights run in: fp32, bf16, fp16, int8 or int4
     capture_stream: Any = field(default=None, repr=False)  # made by graph_capture_stream()
+    backend: str = "torch"  # what runs the base model's forward: ours ("torch") or llama.cpp's (``BACKENDS``)
 
     @classmethod
     def load(
@@ -151,6 +153,7 @@ class Engine:
         precision: str | None = None,
         resident_layers: int | None = None,
         split: "LayerSplit | None" = None,
+        backend: str = "torch",
     ) -> "Engine":
         """``model``: a source or a model file opened (``storage.sources.open_model``), streamed
         a tensor at a time into the model at its precision, or weights already read from one
@@ -166,6 +169,11 @@ class Engine:
         ``split``: the decoder layers over several devices (``split.py``; the plan's split);
         ``device`` is then ignored: the heads go to the split's home device."""
         opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
+        if backend == "llamacpp":
+            return cls._on_llamacpp(opened, heads=heads, tree=tree, device=device, progress=progress,
+                                    resident_layers=resident_layers, split=split)
+        if backend != "torch":
+            raise SpecMemoError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         streaming = resident_layers is not None
         if split is not None:
             if streaming:
@@ -189,6 +197,30 @@ class Engine:
             lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
         name = precision if precision in ("int8", "int4") else _DTYPE_NAMES.get(dtype, str(dtype))
         engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, name)
+        return engine.with_tree(tree)
+
+    @classmethod
+    def _on_llamacpp(cls, opened: "LoadedModel | OpenedModel", *, heads: "HeadsSource | str | None",
+                     tree: str | Path | None, device: str | torch.device, progress: Callable[[str, float], None] | None,
+                     resident_layers: int | None, split: "LayerSplit | None") -> "Engine":
+        """The engine over llama.cpp's forward (``ggml_step.py``): a GGUF on the CPU, whole, as
+        its file stores it (the planner counts it as int4); heads in fp32, packed."""
+        from specmemo_core.runtime.ggml_step import load_llamacpp
+
+        if torch.device(device).type != "cpu" or resident_layers is not None or split is not None:
+            raise SpecMemoError("the llama.cpp backend runs the whole model on the CPU; use the torch backend "
+                                "to stream, split or run on a GPU")
+        if not isinstance(opened, OpenedModel):
+            opened = open_model(opened.source, progress=progress)
+        lm = load_llamacpp(opened, threads=torch.get_num_threads(), progress=progress)
+        opened.finished(progress)
+        draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, torch.float32, "cpu")
+        if draft is not None and draft.spec.draft_vocab:
+            draft.use_draft_vocab(lm.head_weight)
+        if draft is not None:
+            pack_linears(draft)
+        engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, "int4",
+                     backend="llamacpp")
         return engine.with_tree(tree)
 
     def with_tree(self, tree: str | Path | None) -> "Engine":

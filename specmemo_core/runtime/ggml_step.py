@@ -13,7 +13,7 @@ context to all of them, so a node (whose query takes the first of its sequences)
 context and exactly its ancestors (``tree_sequences``). After the step the accepted path
 becomes sequence 0 again and every other node's cells are freed (``LlamaCppCache.commit_row``).
 
-What the step reads: ``LlamaCppLM.__call__`` returns the final (normed) hidden states, which
+What the step reads: ``LlamaCppLM.forward`` returns the final (normed) hidden states, which
 the heads take, and keeps llama.cpp's logits of the same rows, which ``greedy_picks`` and
 ``logits`` give back for rows equal to them; other rows are scored by our own LM head
 over the GGUF's embedding (int8 rows, as the torch int4 path holds it).
@@ -22,6 +22,7 @@ over the GGUF's embedding (int8 rows, as the torch int4 path holds it).
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 from pathlib import Path
 from typing import Any, Callable
@@ -49,7 +50,15 @@ def _llama():
     except ImportError as e:
         raise SpecMemoError("the llama.cpp backend needs llama-cpp-python: pip install -e '.[llamacpp]' "
                             "(it builds llama.cpp from source, about 5-30 min), or use the torch backend") from e
+    llama_cpp.llama_log_set(_quiet_log(llama_cpp), ctypes.c_void_p(0))
     return llama_cpp
+
+
+@functools.cache
+def _quiet_log(llama_cpp: Any) -> Any:
+    """A log callback that drops llama.cpp's load chatter (its errors reach us as return
+    codes); cached, so the callback outlives every context that may call it."""
+    return llama_cpp.llama_log_callback(lambda level, text, data: None)
 
 
 def tree_sequences(ancestors: torch.Tensor) -> list[list[int]]:
@@ -108,11 +117,14 @@ class LlamaCppCache(KVCache):
         sequence 0; every other scratch cell goes."""
         super().commit_row(nodes, count)  # the token ids
         sequences = self.sequences
-        if nodes is None or len(sequences) == 1:
+        if nodes is None:  # a prefill chunk: every cell stays
+            return
+        mem, ll = self.memory, self.ll
+        if all(seq == [0] for seq in sequences):  # a chain in sequence 0: its cells past the accepted ones go
+            ll.llama_memory_seq_rm(mem, 0, self.length + int(count), -1)
             return
         last = int(nodes[int(count) - 1])
         keep = sequences[last][0]  # a leaf's sequence through the last accepted node
-        mem, ll = self.memory, self.ll
         ll.llama_memory_seq_rm(mem, keep, self.length + int(count), -1)  # its nodes past the accepted ones
         ll.llama_memory_seq_keep(mem, keep)  # frees every cell not on that path
         ll.llama_memory_seq_cp(mem, keep, 0, -1, -1)
@@ -124,18 +136,21 @@ class LlamaCppCache(KVCache):
         self.ll.llama_memory_seq_rm(self.memory, 0, length, -1)
 
     def share_context(self, sequences: list[list[int]]) -> None:
-        """Make the committed context visible to every sequence of the coming tree."""
+        """Make the committed context visible to every sequence of the coming forward's
+        nodes (``tree_sequences``; a chain or prefill chunk: sequence 0 alone)."""
         for s in sorted({s for seq in sequences for s in seq} - {0}):
             self.ll.llama_memory_seq_cp(self.memory, 0, s, -1, -1)
         self.sequences = sequences
 
 
-class LlamaCppLM:
+class LlamaCppLM(nn.Module):
     """The base model as llama.cpp runs it, with the surface our step reads from
-    ``model.CausalLM``: ``__call__`` (hidden states), ``greedy_picks``, ``logits``,
-    ``new_cache``, ``rope``, ``draft_embedding`` and ``lm_head`` for the heads."""
+    ``model.CausalLM``: ``forward`` (hidden states), ``greedy_picks``, ``logits``,
+    ``new_cache``, ``rope``, ``draft_embedding`` and ``lm_head`` for the heads. Its own
+    parameters are the embedding and that LM head; llama.cpp holds the rest."""
 
-    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, *, threads: int) -> None:
+    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, head: torch.Tensor, *, threads: int) -> None:
+        super().__init__()
         self.ll = _llama()
         self.ll.llama_backend_init()
         params = self.ll.llama_model_default_params()
@@ -144,13 +159,16 @@ class LlamaCppLM:
         if not self.handle:
             raise SpecMemoError(f"llama.cpp could not load {path}; check the file, or use the torch backend")
         self.path, self.threads = path, threads
+        self.eval()
         self.spec = ModelSpec.from_config(config)
         self.vocab = int(self.ll.llama_vocab_n_tokens(self.ll.llama_model_get_vocab(self.handle)))
         self.embed_tokens = nn.Embedding.from_pretrained(embedding, freeze=True)
-        head = nn.Linear(embedding.shape[1], embedding.shape[0], bias=False)
-        head.weight = self.embed_tokens.weight
-        self.lm_head = Int8RowLinear(head)  # the heads' drafting LM head (tied: what llama.cpp's output is)
-        self.inv_freq, self.rope_scale = rope_inverse_frequencies(config)
+        self.head_weight = head  # the output matrix (the embedding itself where tied), float32
+        linear = nn.Linear(head.shape[1], head.shape[0], bias=False)
+        linear.weight = nn.Parameter(head, requires_grad=False)
+        self.lm_head = Int8RowLinear(linear)  # what the heads draft with, and scores rows not llama.cpp's
+        inv_freq, self.rope_scale = rope_inverse_frequencies(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._rows: torch.Tensor | None = None  # the last forward's hidden states [N, D]
         self._logits: torch.Tensor | None = None  # and llama.cpp's logits of them [N, V]
 
@@ -158,7 +176,15 @@ class LlamaCppLM:
     dtype = torch.float32
     capturable = False
     one_device = True
-    streamed = None
+    streamed = None  # every layer is llama.cpp's, none streamed (offload.py) or split (split.py)
+    placement = None
+
+    def use_regions(self, regions: Any) -> None:
+        """How our decoder layers run (``model.LayerRegions``): llama.cpp runs its own, eagerly."""
+        from specmemo_core.runtime.model import EAGER_REGIONS
+
+        if regions is not EAGER_REGIONS:
+            raise SpecMemoError("compiled layer regions are our own layers'; run them with the torch backend")
 
     def new_cache(self, capacity: int) -> LlamaCppCache:
         return LlamaCppCache(self, capacity)
@@ -169,8 +195,8 @@ class LlamaCppLM:
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                 cache: LlamaCppCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: LlamaCppCache) -> torch.Tensor:
         """The final hidden states [T, D] of ``tokens`` [T] at ``positions`` (``cache.prepare``'s:
         its mask's last T columns are a tree's ancestors, or a causal chunk's)."""
         t = tokens.shape[-1]
@@ -181,8 +207,7 @@ class LlamaCppLM:
         ancestors = mask[:, -t:]
         causal = bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
         sequences = [[0]] * t if causal else tree_sequences(ancestors)
-        if not causal:
-            cache.share_context(sequences)
+        cache.share_context(sequences)
         b = cache.batch
         b.n_tokens = t
         for i, (tok, pos, seqs) in enumerate(zip(tokens.tolist(), positions.tolist(), sequences)):
@@ -225,6 +250,8 @@ def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float],
         raise SpecMemoError("the llama.cpp backend runs GGUF files; convert the model or use the torch backend")
     if progress is not None:
         progress("loading the model into llama.cpp", 0.0)
-    name = "model.embed_tokens.weight"
-    embedding = next(t for n, t in opened.tensors(progress, skip=set(opened.shapes) - {name}) if n == name)
-    return LlamaCppLM(Path(opened.source), opened.config, embedding.float(), threads=threads)
+    wanted = {"model.embed_tokens.weight", "lm_head.weight"} & set(opened.shapes)
+    read = {n: t.float() for n, t in opened.tensors(progress, skip=set(opened.shapes) - wanted)}
+    embedding = read["model.embed_tokens.weight"]
+    return LlamaCppLM(Path(opened.source), opened.config, embedding, read.get("lm_head.weight", embedding),
+                      threads=threads)
