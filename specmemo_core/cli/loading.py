@@ -98,15 +98,18 @@ class ChatSetup:
 
     def facts(self) -> dict:
         """The tree, precision and threads in force, for --json and the banner."""
-        return {"tree": self.planned.tree, "precision": self.planned.engine.precision, "threads": self.threads}
+        return {"tree": self.planned.tree, "precision": self.planned.engine.precision, "threads": self.threads,
+                "backend": self.planned.engine.backend}
 
     @property
     def describe(self) -> str:
         tree = self.planned.tree
         mode = f"speculative, tree {tree}" if tree else "plain decoding"
         threads = f"{self.threads} thread" + ("s" if self.threads > 1 else "")
-        return (f"{self.planned.engine.identity.name} on {self.planned.device.torch_device} ({mode}, "
-                f"{self.planned.engine.precision}, {threads}, context {self.capacity} tokens)")
+        engine = self.planned.engine
+        precision = engine.precision + (" through llama.cpp" if engine.backend == "llamacpp" else "")
+        return (f"{engine.identity.name} on {self.planned.device.torch_device} ({mode}, "
+                f"{precision}, {threads}, context {self.capacity} tokens)")
 
 
 def load_for_chat(args: argparse.Namespace) -> ChatSetup:

@@ -1,0 +1,92 @@
+"""The base model's forward through llama.cpp (runtime/ggml_step.py) under our one step: a
+tree's nodes in one llama.cpp sequence per leaf see exactly their ancestors, and greedy
+speculative replies equal plain greedy ones on the same backend. The decoding tests need
+llama-cpp-python (the optional ``llamacpp`` extra) and are skipped with a reason without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specmemo_core.runtime.ggml_step import available, tree_sequences
+from specmemo_core.runtime.tree import load_tree
+from tests.core.test_sources import write_tiny_gguf
+
+needs_llamacpp = pytest.mark.skipif(not available(), reason="llama-cpp-python is not installed (the llamacpp extra)")
+
+
+@pytest.mark.parametrize("name", ["single", "chain-3", "1-3-2", "1-10-16-17", "medusa-64"])
+def test_each_node_sees_exactly_its_ancestors_through_its_first_sequence(name):
+    """llama.cpp lets a query see the cells holding its first sequence id (and no later
+    position): for every pair of nodes that is the tree's ancestor mask."""
+    buffers = load_tree(name).buffers
+    mask, depths = buffers.attn_mask, buffers.depths.tolist()
+    sequences = tree_sequences(mask)
+    n = mask.shape[0]
+    assert len(sequences) == n and all(sequences)
+    for i in range(n):
+        for j in range(n):  # positions are length + depth: a cell at a deeper position is unseen
+            seen = sequences[i][0] in sequences[j] and depths[j] <= depths[i]
+            assert seen == bool(mask[i, j]), (name, i, j)
+    if n > 1:
+        leaves = {s for seq in sequences for s in seq}
+        assert 0 not in leaves and len(leaves) == sum(int(mask[:, j].sum()) == 1 for j in range(n))
+
+
+def _engine(tmp_path: Path, **kw):
+    from specmemo_core.runtime.engine import Engine
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=64, layers=2, quant="Q4_0", tied=True)
+    return Engine.load(path, heads="random", backend="llamacpp", **kw)
+
+
+def _reply(engine, prompt, tree=None, n=40, decoder=None):
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+
+    heads = engine.heads if tree is not None else None
+    decoder = decoder or Decoder(engine.model, engine.model.new_cache(len(prompt) + n + 64), heads,
+                                 load_tree(tree) if tree else None)
+    return [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=n)) for t in s.token_ids], decoder
+
+
+@needs_llamacpp
+@pytest.mark.parametrize("tree", ["1-3-2", "chain-2", "medusa-64"])
+def test_speculative_replies_on_llamacpp_are_its_plain_greedy_replies(data_dir, tmp_path, tree):
+    engine = _engine(tmp_path)
+    prompt = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    plain, _ = _reply(engine, prompt)
+    spec, _ = _reply(engine, prompt, tree)
+    assert spec == plain and len(plain) == 40
+
+
+@needs_llamacpp
+def test_a_second_turn_reuses_the_cached_prefix_as_a_fresh_decoder_would(data_dir, tmp_path):
+    """The next turn shares the conversation so far: the cache keeps it (truncating what
+    diverges) and decodes what a fresh cache decodes from the whole conversation."""
+    engine = _engine(tmp_path)
+    first = torch.randint(3, 200, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    reply, decoder = _reply(engine, first, "1-3-2", n=12)
+    second = first + reply[:6] + [7, 8, 9]  # diverges from the cached reply after 6 tokens
+    again, _ = _reply(engine, second, "1-3-2", n=12, decoder=decoder)
+    fresh, _ = _reply(engine, second, "1-3-2", n=12)
+    assert again == fresh
+
+
+@needs_llamacpp
+def test_a_4_bit_file_on_a_cpu_is_planned_onto_llamacpp_unless_torch_is_asked_for(data_dir, tmp_path):
+    from dataclasses import replace
+
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import PlanChoices, load_planned
+
+    path = write_tiny_gguf(tmp_path / "q4.gguf", hidden=64, quant="Q4_1", tied=True)
+    choices = PlanChoices(turns=1, reply_tokens=8, speculate=False)
+    auto = load_planned(path, heads="none", choices=choices, device=cpu_device(), data_folder=tmp_path,
+                        wait_for_timing=False)
+    assert (auto.engine.backend, auto.engine.precision, type(auto.engine.model).__name__) == \
+        ("llamacpp", "int4", "LlamaCppLM")
+    forced = load_planned(path, heads="none", choices=replace(choices, backend="torch"), device=cpu_device(),
+                          data_folder=tmp_path, wait_for_timing=False)
+    assert forced.engine.backend == "torch" and type(forced.engine.model).__name__ == "CausalLM"
