@@ -95,12 +95,17 @@ class LlamaCppCache(KVCache):
         params.embeddings = True  # the final hidden states, for the heads
         params.pooling_type = ll.LLAMA_POOLING_TYPE_NONE
         params.no_perf = True
+        # NOTE: llama.cpp's CPU flash attention (its "auto" default here) gave some trees' nodes
+        # other logits than the same tokens decoded one by one (a 64-node tree of 9 leaves: off by
+        # 0.51; 55 or 71 nodes: exact or 0.015); without it every tree tried was exact, bit for bit
+        params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.ll, self.ctx = ll, ll.llama_init_from_model(lm.handle, params)
         if not self.ctx:
             raise SpecMemoError(f"llama.cpp could not make a context of {capacity} tokens; plan a shorter context")
         self.memory = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(BATCH, 0, MAX_SEQUENCES)
         self.sequences: list[list[int]] = [[0]]  # of the last forward's nodes (``tree_sequences``)
+        self.verifying = False  # the coming forward is a tree's (every row scored), not a prefill chunk's
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
@@ -111,6 +116,13 @@ class LlamaCppCache(KVCache):
     @property
     def nbytes(self) -> int:
         return int(self.ll.llama_state_get_size(self.ctx))
+
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
+                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``KVCache.prepare``; a forward given ``ancestors`` verifies a tree (``step.verify``)
+        and needs every row's picks, a causal chunk (``step.padded_prefill``) its last one's."""
+        self.verifying = ancestors is not None
+        return super().prepare(offsets, ancestors, span)
 
     def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
         """The accepted path (``nodes`` [W], root first, ``count`` of them) stays, in
@@ -149,8 +161,15 @@ class LlamaCppLM(nn.Module):
     ``new_cache``, ``rope``, ``draft_embedding`` and ``lm_head`` for the heads. Its own
     parameters are the embedding and that LM head; llama.cpp holds the rest."""
 
-    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, head: torch.Tensor, *, threads: int) -> None:
+    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, head: torch.Tensor, *, threads: int,
+                 every_prompt_row: bool = False) -> None:
+        """``every_prompt_row``: a prefill chunk gives every row's hidden state (heads with a
+        context layer read them all); else its last row's alone, the others zero (a tree's
+        forward, ``LlamaCppCache.verifying``, gives every row whatever this says): llama.cpp
+        scores each output row with its LM head (0.7 ms a row here), so a 300-token turn's
+        prompt cost 0.2 s more with every row."""
         super().__init__()
+        self.every_prompt_row = every_prompt_row
         self.ll = _llama()
         self.ll.llama_backend_init()
         params = self.ll.llama_model_default_params()
@@ -208,21 +227,29 @@ class LlamaCppLM(nn.Module):
         causal = bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
         sequences = [[0]] * t if causal else tree_sequences(ancestors)
         cache.share_context(sequences)
+        rows = list(range(t)) if cache.verifying or self.every_prompt_row else [t - 1]
         b = cache.batch
         b.n_tokens = t
         for i, (tok, pos, seqs) in enumerate(zip(tokens.tolist(), positions.tolist(), sequences)):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(seqs), 1
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(seqs), 0
             for j, s in enumerate(seqs):
                 b.seq_id[i][j] = s
+        for i in rows:
+            b.logits[i] = 1
         code = self.ll.llama_decode(cache.ctx, b)
         if code != 0:
             raise SpecMemoError(f"llama.cpp could not decode {t} tokens (code {code}); start a new chat")
-        d = self.spec.hidden_size
-        hidden = torch.from_numpy(np.ctypeslib.as_array(self.ll.llama_get_embeddings(cache.ctx), shape=(t * d,))
-                                  .reshape(t, d).copy())
-        self._logits = torch.from_numpy(np.ctypeslib.as_array(self.ll.llama_get_logits(cache.ctx),
-                                                              shape=(t * self.vocab,)).reshape(t, self.vocab).copy())
-        self._rows = hidden
+        d, n = self.spec.hidden_size, len(rows)
+        # by batch index (``_ith``): llama.cpp may keep its output rows in another order
+        out = torch.from_numpy(np.stack([np.ctypeslib.as_array(self.ll.llama_get_embeddings_ith(cache.ctx, i),
+                                                               shape=(d,)) for i in rows]))
+        self._logits = torch.from_numpy(np.stack([np.ctypeslib.as_array(self.ll.llama_get_logits_ith(cache.ctx, i),
+                                                                        shape=(self.vocab,)) for i in rows]))
+        self._rows = out
+        if n == t:
+            return out
+        hidden = torch.zeros(t, d)
+        hidden[rows] = out
         return hidden
 
     def _kept(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -243,7 +270,8 @@ class LlamaCppLM(nn.Module):
         return self.logits(hidden).argmax(-1)
 
 
-def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:
+def load_llamacpp(opened: Any, *, threads: int, every_prompt_row: bool = False,
+                  progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:
     """``opened`` (a ``storage.sources.OpenedModel`` of a GGUF) for llama.cpp: the file itself,
     and its embedding read once (float32) for the heads."""
     if Path(opened.source).suffix.lower() != ".gguf":
@@ -254,4 +282,4 @@ def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float],
     read = {n: t.float() for n, t in opened.tensors(progress, skip=set(opened.shapes) - wanted)}
     embedding = read["model.embed_tokens.weight"]
     return LlamaCppLM(Path(opened.source), opened.config, embedding, read.get("lm_head.weight", embedding),
-                      threads=threads)
+                      threads=threads, every_prompt_row=every_prompt_row)
