@@ -467,3 +467,24 @@ def test_the_cpu_table_with_the_shipped_heads_holds_its_runs():
         if dtype == "fp32":
             assert run["plan"]["identical_to_vanilla"] == 8
             assert f"the planner's tree decodes {run['plan']['vs_hf']:.1f}× faster than\ntransformers' `generate` (both fp32)" in readme
+
+
+def test_the_4_bit_cpu_tables_hold_their_runs():
+    """README's "A 4-bit GGUF on a CPU" tables are docs/results/int4_cpu/bench_{auto,torch_int4}.json."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    labels = {"llamacpp": "llama.cpp, plain (`llamacpp`", "hf": "transformers `generate` (`hf`, fp32)",
+              "vanilla": "ours, plain (`vanilla`, int4"}
+    for name in ("bench_auto", "bench_torch_int4"):
+        run = json.loads((REPO / f"docs/results/int4_cpu/{name}.json").read_text(encoding="utf-8"))
+        assert run["_run"]["rounds_done"] == 3 and run["_run"]["dtype"] == "int4" and run["_run"]["queries"] == 8
+        ref, hf = (run[m]["tokens_per_s"]["median"] for m in ("llamacpp", "hf"))
+        for method in ("llamacpp", "hf", "vanilla", "plan"):
+            r = run[method]
+            cells = (f"| {_speed(r)} | {r['mean_accepted']:.2f} | {r['tokens_per_s']['median'] / ref:.2f}× | "
+                     f"{r['tokens_per_s']['median'] / hf:.2f}× | {r['identical_to_vanilla']}/{r['replies']} |")
+            label = labels.get(method, "ours, the planner's")
+            assert any(line.startswith(f"| {label}") and line.replace("**", "").endswith(cells)
+                       for line in readme.splitlines()), (name, method, cells)
+    auto = json.loads((REPO / "docs/results/int4_cpu/bench_auto.json").read_text(encoding="utf-8"))
+    assert auto["_run"]["backend"] == "llamacpp" and auto["plan"]["identical_to_vanilla"] == 8
+    assert f"now decodes {auto['plan']['vs_hf']:.2f}× faster than transformers' `generate`" in readme
