@@ -341,10 +341,10 @@ def _choose_as_the_app(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from specmemo_core.tools.bench import format_table, plot_report
 
-    _choose_as_the_app(args)
     if args.batch is not None:
         return _run_batches(args)
-    names, skipped = _method_names(args)
+    names, skipped = _method_names(args)  # refused before anything is opened
+    _choose_as_the_app(args)
     with StageProgress() as progress:
         result = _measure(args, names, progress, skipped)
     if args.json:
@@ -363,6 +363,7 @@ def _run_batches(args: argparse.Namespace) -> int:
     parse_devices(args.devices)
     if not 1 <= args.max_new_tokens < 4096 or not 1 <= args.repeats <= 100:
         raise SpecMemoError("--max-new-tokens must be 1…4095 and --repeats 1…100")
+    _choose_as_the_app(args)
     with StageProgress() as progress:
         result = _measure_batches(args, batches, progress)
     if args.save:
