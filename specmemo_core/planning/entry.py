@@ -291,12 +291,12 @@ def torch_dtype(precision: str | None, device_kind: str | None = None):
 
 def backend_for(source: Any, device: DeviceInfo, first: Plan) -> str:
     """What runs the base model's forward by default: llama.cpp (``runtime/ggml_step.py``)
-    for a GGUF planned as int4 on a CPU, wherever llama-cpp-python is installed (on a 2-core
-    AVX2 EPYC its step over the default model's Q4_1 blocks took 11.6 ms, our int4 one 28.5);
-    else ours."""
+    for a GGUF planned as int4 on a CPU for one conversation at a time, wherever
+    llama-cpp-python is installed (on a 2-core AVX2 EPYC its step over the default model's
+    Q4_1 blocks took 11.6 ms, our int4 one 28.5); else ours (batched decoding too)."""
     from specmemo_core.runtime.ggml_step import available
 
-    whole = not first.streamed_layers and not first.split
+    whole = not first.streamed_layers and not first.split and first.batch == 1
     gguf = Path(str(getattr(source, "source", ""))).suffix.lower() == ".gguf"
     return "llamacpp" if device.kind == "cpu" and first.precision == "int4" and whole and gguf and available() \
         else "torch"

@@ -225,6 +225,16 @@ class Engine:
                      backend="llamacpp")
         return engine.with_tree(tree)
 
+    def on_torch(self, progress: Callable[[str, float], None] | None = None) -> "Engine":
+        """This engine on our own forward (itself if it runs there): the same file, precision,
+        heads and tree, loaded again for what llama.cpp's forward does not do (batched
+        decoding: the server)."""
+        if self.backend == "torch":
+            return self
+        heads: HeadsSource = self.heads_folder or (HeadsChoice.NONE if self.heads is None else HeadsChoice.RANDOM)
+        return Engine.load(self.model.path, heads=heads, tree=self.tree.name if self.tree is not None else None,
+                           precision=self.precision, progress=progress)
+
     def with_tree(self, tree: str | Path | None) -> "Engine":
         """The same weights and heads decoding on ``tree`` (None: plainly). Raises
         ``TreeError`` when the loaded heads cannot draft it (``Tree.check_heads``)."""
@@ -282,6 +292,9 @@ class Engine:
         a model whose layers are all resident, as ``new_session``); never off CUDA."""
         from specmemo_core.runtime.batch import BatchDecoder
 
+        if self.backend != "torch":
+            raise SpecMemoError("batched decoding runs on our own forward: load the model with the torch backend "
+                                "(--backend torch), or serve it through Engine.on_torch()")
         on_cuda = self.model.device.type == "cuda"
         graphs = on_cuda and (self.model.capturable if graphs is None else graphs)
         use_tree = speculate and self.speculative

@@ -111,10 +111,12 @@ class ServedModel:
 
 def serve_engine(engine: Any, *, capacity: int, slots: int = 1, defaults: Defaults = Defaults(),
                  max_waiting: int = 32, speculate: bool = True, graphs: bool | None = None) -> ServedModel:
-    """A ``runtime.engine.Engine`` served through a ``runtime.batch.BatchDecoder`` of its own:
+    """A ``runtime.engine.Engine`` (on our own forward: ``Engine.on_torch``) served through a
+    ``runtime.batch.BatchDecoder`` of its own:
     ``slots`` sequences decoded together on the engine's tree, each with a KV cache of
     ``capacity`` tokens (allocated here once), CUDA graphs on CUDA; and a scheduler (not
     started) that queues requests into its free slots."""
+    engine = engine.on_torch()  # batched: on our own forward, whatever ran the window's chat (runtime/ggml_step.py)
     decoder = engine.new_batch_decoder(capacity, slots=slots, speculate=speculate, graphs=graphs)
     scheduler = Scheduler(decoder, engine.tokenizer, ServeLimits(context_tokens=capacity, max_waiting=max_waiting))
     tree_name = decoder.tree.name if decoder.tree is not None else None

@@ -90,3 +90,16 @@ def test_a_4_bit_file_on_a_cpu_is_planned_onto_llamacpp_unless_torch_is_asked_fo
     forced = load_planned(path, heads="none", choices=replace(choices, backend="torch"), device=cpu_device(),
                           data_folder=tmp_path, wait_for_timing=False)
     assert forced.engine.backend == "torch" and type(forced.engine.model).__name__ == "CausalLM"
+
+
+@needs_llamacpp
+def test_batched_decoding_is_refused_on_llamacpp_and_the_server_reloads_on_our_forward(data_dir, tmp_path):
+    from specmemo_core.errors import SpecMemoError
+    from specmemo_core.serving.served import serve_engine
+
+    engine = _engine(tmp_path, tree="1-3-2")
+    with pytest.raises(SpecMemoError, match="--backend torch"):
+        engine.new_batch_decoder(64, slots=2)
+    again = engine.on_torch()
+    assert again.backend == "torch" and again.tree.name == engine.tree.name and again.precision == "int4"
+    assert serve_engine(engine, capacity=64, slots=2).tree == "1-3-2"
