@@ -212,11 +212,9 @@ class Engine:
                                 "to stream, split or run on a GPU")
         if not isinstance(opened, OpenedModel):
             opened = open_model(opened.source, progress=progress)
-        spec = ModelSpec.from_config(opened.config)
-        draft, folder = load_draft_heads(heads_source(heads), spec, opened.identity, torch.float32, "cpu")
-        lm = load_llamacpp(opened, threads=torch.get_num_threads(), progress=progress,
-                           every_prompt_row=draft is not None and draft.context is not None)
+        lm = load_llamacpp(opened, threads=torch.get_num_threads(), progress=progress)
         opened.finished(progress)
+        draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, torch.float32, "cpu")
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.head_weight)
         if draft is not None:

@@ -105,7 +105,6 @@ class LlamaCppCache(KVCache):
         self.memory = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(BATCH, 0, MAX_SEQUENCES)
         self.sequences: list[list[int]] = [[0]]  # of the last forward's nodes (``tree_sequences``)
-        self.verifying = False  # the coming forward is a tree's (every row scored), not a prefill chunk's
 
     def __del__(self) -> None:
         if getattr(self, "ctx", None):
@@ -116,13 +115,6 @@ class LlamaCppCache(KVCache):
     @property
     def nbytes(self) -> int:
         return int(self.ll.llama_state_get_size(self.ctx))
-
-    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
-                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``KVCache.prepare``; a forward given ``ancestors`` verifies a tree (``step.verify``)
-        and needs every row's picks, a causal chunk (``step.padded_prefill``) its last one's."""
-        self.verifying = ancestors is not None
-        return super().prepare(offsets, ancestors, span)
 
     def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
         """The accepted path (``nodes`` [W], root first, ``count`` of them) stays, in
@@ -161,15 +153,8 @@ class LlamaCppLM(nn.Module):
     ``new_cache``, ``rope``, ``draft_embedding`` and ``lm_head`` for the heads. Its own
     parameters are the embedding and that LM head; llama.cpp holds the rest."""
 
-    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, head: torch.Tensor, *, threads: int,
-                 every_prompt_row: bool = False) -> None:
-        """``every_prompt_row``: a prefill chunk gives every row's hidden state (heads with a
-        context layer read them all); else its last row's alone, the others zero (a tree's
-        forward, ``LlamaCppCache.verifying``, gives every row whatever this says): llama.cpp
-        scores each output row with its LM head (0.7 ms a row here), so a 300-token turn's
-        prompt cost 0.2 s more with every row."""
+    def __init__(self, path: Path, config: Any, embedding: torch.Tensor, head: torch.Tensor, *, threads: int) -> None:
         super().__init__()
-        self.every_prompt_row = every_prompt_row
         self.ll = _llama()
         self.ll.llama_backend_init()
         params = self.ll.llama_model_default_params()
@@ -215,9 +200,12 @@ class LlamaCppLM(nn.Module):
         return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: LlamaCppCache) -> torch.Tensor:
+                cache: LlamaCppCache, last_only: bool = False) -> torch.Tensor:
         """The final hidden states [T, D] of ``tokens`` [T] at ``positions`` (``cache.prepare``'s:
-        its mask's last T columns are a tree's ancestors, or a causal chunk's)."""
+        its mask's last T columns are a tree's ancestors, or a causal chunk's). ``last_only``
+        (a prefill chunk whose other rows nobody reads): the last row alone, the others zero;
+        llama.cpp scores every row it gives with its LM head (0.7 ms a row here, so a
+        300-token turn's prompt cost 0.2 s more with every row)."""
         t = tokens.shape[-1]
         if tokens.dim() != 1:
             raise SpecMemoError("the llama.cpp backend decodes one conversation at a time; batch on the torch backend")
@@ -227,7 +215,7 @@ class LlamaCppLM(nn.Module):
         causal = bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
         sequences = [[0]] * t if causal else tree_sequences(ancestors)
         cache.share_context(sequences)
-        rows = list(range(t)) if cache.verifying or self.every_prompt_row else [t - 1]
+        rows = [t - 1] if last_only else list(range(t))
         b = cache.batch
         b.n_tokens = t
         for i, (tok, pos, seqs) in enumerate(zip(tokens.tolist(), positions.tolist(), sequences)):
@@ -270,8 +258,7 @@ class LlamaCppLM(nn.Module):
         return self.logits(hidden).argmax(-1)
 
 
-def load_llamacpp(opened: Any, *, threads: int, every_prompt_row: bool = False,
-                  progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:
+def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:
     """``opened`` (a ``storage.sources.OpenedModel`` of a GGUF) for llama.cpp: the file itself,
     and its embedding read once (float32) for the heads."""
     if Path(opened.source).suffix.lower() != ".gguf":
@@ -282,4 +269,4 @@ def load_llamacpp(opened: Any, *, threads: int, every_prompt_row: bool = False,
     read = {n: t.float() for n, t in opened.tensors(progress, skip=set(opened.shapes) - wanted)}
     embedding = read["model.embed_tokens.weight"]
     return LlamaCppLM(Path(opened.source), opened.config, embedding, read.get("lm_head.weight", embedding),
-                      threads=threads, every_prompt_row=every_prompt_row)
+                      threads=threads)

@@ -486,12 +486,16 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,  # [..., T] absolute positions
         mask: torch.Tensor,  # [..., T, cache.length + T] bool, True = may attend
         cache: KVCache,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """Run ``T`` tokens, writing their KV at scratch slots ``cache.length + i``.
 
         Returns final-normed hidden states [..., T, D]. The cache's ``length`` is not moved:
         the caller commits what it accepts. With a leading batch axis B (a batched cache)
         row b holds sequence b's tokens, positions and mask over its own slots.
+        ``last_only``: the caller reads only the last prompt token's row (a prefill chunk, no
+        context layer); this forward gives every row anyway, llama.cpp's need not
+        (``ggml_step.LlamaCppLM``).
         """
         cache.ensure_room(tokens.shape[-1])
         x = self.model.embed_tokens(tokens.to(self.model.embed_tokens.weight.device))  # [..., T, D]

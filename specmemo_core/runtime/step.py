@@ -287,7 +287,8 @@ def padded_prefill(parts: StepParts, tokens: torch.Tensor, following: torch.Tens
     t = tokens.shape[-1]
     positions, mask = parts.cache.prepare(torch.arange(t, device=tokens.device), span=span)
     parts.cache.write_ids(tokens)
-    hidden = parts.model(tokens, positions, mask, parts.cache)  # [..., T, D]
+    # without a context layer only the last prompt token's hidden state is read
+    hidden = parts.model(tokens, positions, mask, parts.cache, last_only=parts.context is None)  # [..., T, D]
     draft = contextualize(parts, hidden, span, next_ids=following)  # [..., T, D]
     last = (count - 1)[..., None, None].expand(*count.shape, 1, hidden.shape[-1])  # [..., 1, D]
     parts.state.copy_((hidden if reads_next(parts) else draft).gather(-2, last)[..., 0, :])

@@ -42,11 +42,11 @@ class RunsOutOfMemory(CausalLM):
     max_cache_tokens: int = 0
     calls: int = 0
 
-    def forward(self, tokens, positions, mask, cache):
+    def forward(self, tokens, positions, mask, cache, last_only=False):
         self.calls += 1
         if self.calls == self.fail_at and cache.capacity > self.max_cache_tokens:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
-        return super().forward(tokens, positions, mask, cache)
+        return super().forward(tokens, positions, mask, cache, last_only)
 
 
 def oom_model(fail_at: int, max_cache_tokens: int) -> RunsOutOfMemory:
