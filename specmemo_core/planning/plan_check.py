@@ -316,6 +316,10 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
         from specmemo_core.runtime.split import split_model
 
         split_model(model, split)  # everything already sits on its device: this places the borders
+    if precision == "int4" and torch.device(device).type == "cpu" and resident_layers is None and split is None:
+        from specmemo_core.runtime.cpu_linear import pack_linears
+
+        pack_linears(model, int8_head=True)  # the LM head as the engine holds it beside int4 layers on a CPU
     return model.eval().requires_grad_(False)
 
 

@@ -260,8 +260,9 @@ def precisions_for(budget: Budget, model: ModelShape | None = None) -> tuple[str
     while its tree nodes are far cheaper, so the planner affords the trees that pay: its
     method ran 1.66× faster in bf16 than in fp32 on a 2-core AMX Xeon (``docs/results/bf16_cpu/``)
     and 1.27× on a 2-core AVX512-BF16 EPYC (``docs/results/bf16_cpu_epyc/``), runs alternating.
-    Without them bf16 is slower than fp32 on a CPU (plain steps 2.6× slower on a 2-core EPYC
-    of an earlier run whose flags were not recorded, ``docs/results/quantization_cpu.json``).
+    Without them bf16 gains nothing sure on a CPU (one thread on a 2-core AVX2 EPYC: 17.2 tok/s
+    against fp32's 16.4, ``docs/results/quantization_cpu.json``; an earlier run on an EPYC
+    whose flags were not recorded had its plain steps 2.6× slower than fp32's).
 
     A model whose file holds 4-bit weights (``ModelShape.stored_bits``: a Q4_0/Q4_1/Q4_K
     GGUF) runs as int4, and only so, on a CPU: int4 in groups of 32 finds a Q4_0/Q4_1 grid

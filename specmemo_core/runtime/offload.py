@@ -139,6 +139,9 @@ class LayerLayout:
         for name, tensor in params.items():
             owner, attr = name.rsplit(".", 1)
             setattr(shell.get_submodule(owner), attr, nn.Parameter(tensor, requires_grad=False))
+        from specmemo_core.runtime.quantize import use_int4_cpu_kernel
+
+        use_int4_cpu_kernel(shell)  # CPU int4 weights run as the resident layers' do
         return shell.eval()
 
 

@@ -235,19 +235,19 @@ class Int4CpuLinear(nn.Linear):
     Why not through the weight's own dispatch: torchao's tensor subclass costs ~48 µs of
     Python a call (576 → 1536, one row: 127 µs against the kernel's 78), about 10 ms of
     a default-model step's 210 matmuls. The weight stays the parameter (same names, state
-    dict and cache); the packed data and scales are its own tensors, not copies."""
+    dict and cache), its inner tensors read at each call (a streamed layer's are swapped,
+    ``offload.py``)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        w = linear.weight
-        # NOTE: Int4OpaqueTensor's inner tensors (qdata, scale_and_zero, block_size): a third-party probe
-        self._packed, self._scale_zero, self._group = w.qdata, w.scale_and_zero, int(w.block_size[1])
+        self.group = int(linear.weight.block_size[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self._packed, self._group, self._scale_zero).to(x.dtype)
+        w = self.weight  # NOTE: Int4OpaqueTensor's inner tensors (qdata, scale_and_zero): a third-party probe
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, w.qdata, self.group, w.scale_and_zero).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -72,7 +72,10 @@ class GGUFIndex:
         return cls(str(data["architecture"]), tensors, int(data["num_heads"]), int(data["num_kv_heads"]))
 
 
-_BITS = {"F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "Q6_K": 6}  # else: the digit after Q/IQ
+# NOTE: bits per weight of each GGML tensor type, by the type's number in the file format
+# (ggml's enum, fixed by the format), so reading a header never imports gguf
+_BITS = {0: 32, 1: 16, 30: 16, 28: 64, 2: 4, 3: 4, 12: 4, 20: 4, 23: 4, 39: 4, 6: 5, 7: 5, 13: 5, 14: 6,
+         8: 8, 9: 8, 15: 8, 24: 8, 10: 2, 16: 2, 17: 2, 22: 2, 35: 2, 11: 3, 18: 3, 21: 3, 19: 1, 29: 1, 34: 1}
 
 
 def stored_bits(index: GGUFIndex) -> int:
@@ -80,14 +83,8 @@ def stored_bits(index: GGUFIndex) -> int:
     IQ4_XS: 4; Q8_0: 8; F16: 16), by count of matrices; what the planner runs on a CPU."""
     from collections import Counter
 
-    from gguf import GGMLQuantizationType
-
-    def bits(kind: int) -> int:
-        name = GGMLQuantizationType(kind).name
-        digits = re.match(r"I?Q(\d)", name)
-        return _BITS.get(name) or (int(digits[1]) if digits else 16)
-
-    counts = Counter(bits(t.kind) for t in index.tensors if _BLOCK_NAME.fullmatch(t.name) and len(t.shape) == 2)
+    matrices = [t for t in index.tensors if _BLOCK_NAME.fullmatch(t.name) and len(t.shape) == 2]
+    counts = Counter(_BITS.get(t.kind, 16) for t in matrices)
     return counts.most_common(1)[0][0] if counts else 16
 
 

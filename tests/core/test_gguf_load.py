@@ -278,8 +278,9 @@ def test_a_4_bit_file_is_planned_and_loaded_as_int4_on_a_cpu(data_dir: Path, tmp
     from specmemo_core.runtime.quantize import Int4CpuLinear
 
     path = write_tiny_gguf(tmp_path / "q4.gguf", hidden=256, quant="Q4_1", tied=True)
-    planned = load_planned(path, heads="none", choices=PlanChoices(turns=1, reply_tokens=8, speculate=False),
-                           device=cpu_device(), data_folder=tmp_path, wait_for_timing=False)
+    choices = PlanChoices(turns=1, reply_tokens=8, speculate=False, backend="torch")  # llama.cpp's: test_ggml_step
+    planned = load_planned(path, heads="none", choices=choices, device=cpu_device(), data_folder=tmp_path,
+                           wait_for_timing=False)
     assert planned.plan.precision == planned.engine.precision == "int4"
     model = planned.engine.model
     assert type(model.model.layers[0].mlp.down_proj) is Int4CpuLinear
