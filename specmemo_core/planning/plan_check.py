@@ -317,10 +317,14 @@ def random_model(shape: Any, precision: str, device: str | torch.device, seed: i
 
         split_model(model, split)  # everything already sits on its device: this places the borders
     if precision == "int4" and torch.device(device).type == "cpu" and resident_layers is None and split is None:
-        from specmemo_core.runtime.cpu_linear import pack_linears
-
-        pack_linears(model, int8_head=True)  # the LM head as the engine holds it beside int4 layers on a CPU
+        _int8_head(model)  # the LM head as the engine holds it beside int4 layers on a CPU
     return model.eval().requires_grad_(False)
+
+
+def _int8_head(model: CausalLM) -> None:
+    from specmemo_core.runtime.cpu_linear import pack_linears
+
+    pack_linears(model, int8_head=True)
 
 
 def _layer_devices(num_layers: int, device: torch.device, split: Any) -> list[torch.device]:
