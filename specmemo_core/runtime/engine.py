@@ -167,9 +167,14 @@ class Engine:
         only that many decoder layers on ``device`` and stream the others from host memory
         (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``.
         ``split``: the decoder layers over several devices (``split.py``; the plan's split);
-        ``device`` is then ignored: the heads go to the split's home device."""
+        ``device`` is then ignored: the heads go to the split's home device. ``backend``
+        "llamacpp": the base model's forward is llama.cpp's over the GGUF's own blocks
+        (``ggml_step.py``; CPU, whole, int4), our heads and trees around it."""
         opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
         if backend == "llamacpp":
+            if precision not in (None, "int4"):
+                raise SpecMemoError(f"the llama.cpp backend runs the file's own 4-bit blocks, not {precision}: "
+                                    "choose int4 (or auto), or the torch backend for another precision")
             return cls._on_llamacpp(opened, heads=heads, tree=tree, device=device, progress=progress,
                                     resident_layers=resident_layers, split=split)
         if backend != "torch":
@@ -212,6 +217,9 @@ class Engine:
                                 "to stream, split or run on a GPU")
         if not isinstance(opened, OpenedModel):
             opened = open_model(opened.source, progress=progress)
+        if opened.stored_bits != 4:
+            raise SpecMemoError(f"the llama.cpp backend runs 4-bit GGUFs (Q4_0, Q4_1, Q4_K, …), whose memory the "
+                                f"planner counts as int4; {opened.source.name} is not one: use the torch backend")
         lm = load_llamacpp(opened, threads=torch.get_num_threads(), progress=progress)
         opened.finished(progress)
         draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, torch.float32, "cpu")

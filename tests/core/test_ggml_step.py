@@ -103,3 +103,16 @@ def test_batched_decoding_is_refused_on_llamacpp_and_the_server_reloads_on_our_f
     again = engine.on_torch()
     assert again.backend == "torch" and again.tree.name == engine.tree.name and again.precision == "int4"
     assert serve_engine(engine, capacity=64, slots=2).tree == "1-3-2"
+
+
+@pytest.mark.parametrize(("quant", "precision", "says"), [("F32", None, "runs 4-bit GGUFs"),
+                                                          ("Q4_0", "fp32", "not fp32: choose int4")])
+def test_what_llamacpp_cannot_run_is_refused_with_what_to_do(data_dir, tmp_path, quant, precision, says):
+    """Before llama-cpp-python is even needed: a file that is not 4-bit, or another precision."""
+    from specmemo_core.errors import SpecMemoError
+    from specmemo_core.runtime.engine import Engine
+
+    path = write_tiny_gguf(tmp_path / f"{quant}.gguf", hidden=64, quant=quant)
+    with pytest.raises(SpecMemoError, match=says) as info:
+        Engine.load(path, heads="none", backend="llamacpp", precision=precision)
+    assert "torch backend" in str(info.value)
