@@ -172,11 +172,8 @@ class Engine:
         (``ggml_step.py``; CPU, whole, int4), our heads and trees around it."""
         opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
         if backend == "llamacpp":
-            if precision not in (None, "int4"):
-                raise SpecMemoError(f"the llama.cpp backend runs the file's own 4-bit blocks, not {precision}: "
-                                    "choose int4 (or auto), or the torch backend for another precision")
             return cls._on_llamacpp(opened, heads=heads, tree=tree, device=device, progress=progress,
-                                    resident_layers=resident_layers, split=split)
+                                    precision=precision, resident_layers=resident_layers, split=split)
         if backend != "torch":
             raise SpecMemoError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         streaming = resident_layers is not None
@@ -207,10 +204,14 @@ class Engine:
     @classmethod
     def _on_llamacpp(cls, opened: "LoadedModel | OpenedModel", *, heads: "HeadsSource | str | None",
                      tree: str | Path | None, device: str | torch.device, progress: Callable[[str, float], None] | None,
-                     resident_layers: int | None, split: "LayerSplit | None") -> "Engine":
+                     precision: str | None, resident_layers: int | None, split: "LayerSplit | None") -> "Engine":
         """The engine over llama.cpp's forward (``ggml_step.py``): a GGUF on the CPU, whole, as
         its file stores it (the planner counts it as int4); heads in fp32, packed."""
         from specmemo_core.runtime.ggml_step import load_llamacpp
+
+        if precision not in (None, "int4"):
+            raise SpecMemoError(f"the llama.cpp backend runs the file's own 4-bit blocks, not {precision}: "
+                                "choose int4 (or auto), or the torch backend for another precision")
 
         if torch.device(device).type != "cpu" or resident_layers is not None or split is not None:
             raise SpecMemoError("the llama.cpp backend runs the whole model on the CPU; use the torch backend "
