@@ -1,0 +1,178 @@
+"""What a 7B-shaped GPU step's parts cost when they run alone, each as one CUDA graph over
+every layer (distinct weights and caches per layer, so nothing stays in L2): the weight
+matmuls (cuBLAS, and inductor's autotuned kernels with ``--autotune``), and attention over the
+cache by each kernel the step could use, for a plain step (1 query) and a tree (``--tree``
+nodes, ancestor mask). The difference between their sum and a whole step
+(``time_graph_steps.py``) is the rest: norms, rotary, the cache write, launch gaps.
+
+    python scripts/time_step_parts.py [--shape vicuna-7b] [--context 1000] [--span 1024]
+        [--tree 64] [--parts matmul,attention] [--autotune] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from statistics import median
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specmemo_core.planning.memory import known_shape
+
+
+def graph_ms(run: Callable[[], None], replays: int = 20) -> float:
+    """Milliseconds per replay of ``run`` captured as one CUDA graph (after warm-up)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def matmul_parts(shape, tokens: int, autotune: bool) -> dict[str, Callable[[], None]]:
+    d, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
+    qkv = (shape.num_heads + 2 * shape.num_kv_heads) * hd
+    dims = [(qkv, d), (d, shape.num_heads * hd), (2 * i, d), (d, i)]
+    weights = [[torch.randn(o, k, device="cuda", dtype=torch.bfloat16) * 0.02 for o, k in dims]
+               for _ in range(shape.num_layers)]
+    head = torch.randn(shape.vocab_size, d, device="cuda", dtype=torch.bfloat16) * 0.02
+    xs = {k: torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16) for k in {k for _, k in dims}}
+    out = {}
+
+    def chain(linear):
+        def run():
+            for layer in weights:
+                for w in layer:
+                    linear(xs[w.shape[1]], w)
+            linear(xs[d], head)
+        return run
+
+    out["cublas"] = chain(F.linear)
+    if autotune:
+        out["autotuned"] = chain(torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False))
+    return out
+
+
+def tree_ancestors(n: int) -> torch.Tensor:
+    """A fixed random tree of n nodes (node 0 the root): [n, n] bool, j an ancestor of i or i."""
+    g = torch.Generator().manual_seed(0)
+    parent = [0] + [int(torch.randint(0, max(1, i), (1,), generator=g)) for i in range(1, n)]
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        anc[i] |= anc[parent[i]]
+    return anc
+
+
+def attention_parts(shape, tokens: int, context: int, span: int) -> dict[str, Callable[[], None]]:
+    """Attention of ``tokens`` new rows (written at slots context..context+T) over ``span`` slots."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    h, hkv, hd, layers = shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.num_layers
+    g = h // hkv
+    keys = [torch.randn(hkv, 4096, hd, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
+    values = [torch.randn(hkv, 4096, hd, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
+    q = torch.randn(hkv, g * tokens, hd, device="cuda", dtype=torch.bfloat16)  # our layout: groups stacked
+    anc = tree_ancestors(tokens).cuda()
+    length = torch.tensor(context, device="cuda")
+    rel = torch.arange(span, device="cuda")[None] - length
+    mask = (rel < 0) | ((rel >= 0) & (rel < tokens) & anc[:, rel[0].clamp(0, tokens - 1)])  # [T, S]
+    bias = torch.zeros(mask.shape, device="cuda", dtype=torch.bfloat16).masked_fill_(~mask, float("-inf"))
+    bias = bias.repeat(g, 1) if g > 1 else bias
+    out = {}
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel([backend]):
+                for k, v in zip(keys, values):
+                    F.scaled_dot_product_attention(q[None], k[None, :, :span], v[None, :, :span], attn_mask=bias)
+        return run
+
+    for name, backend in (("sdpa-default", None), ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
+        if backend is None:
+            out[name] = lambda: [F.scaled_dot_product_attention(q[None], k[None, :, :span], v[None, :, :span],
+                                                                attn_mask=bias) for k, v in zip(keys, values)]
+        else:
+            out[name] = sdpa(backend)
+
+    # flex attention: standard layout [1, H, T, hd] over [1, Hkv, S, hd], the mask from tensors
+    qf = torch.randn(1, h, tokens, hd, device="cuda", dtype=torch.bfloat16)
+    anc_pad = torch.zeros(tokens, span, dtype=torch.bool, device="cuda")
+    anc_pad[:, :tokens] = anc
+
+    def mask_mod(b, hh, qi, kv):
+        r = kv - length
+        return (r < 0) | ((r >= 0) & (r < tokens) & anc_pad[qi, r.clamp(0, span - 1)])
+
+    block = 128
+    q_blocks = (tokens + block - 1) // block
+    kv_blocks = span // block
+    num = torch.full((1, 1, q_blocks), kv_blocks, dtype=torch.int32, device="cuda")
+    idx = torch.arange(kv_blocks, dtype=torch.int32, device="cuda").expand(1, 1, q_blocks, kv_blocks).contiguous()
+    block_mask = BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(tokens, span))
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def run_flex():
+        for k, v in zip(keys, values):
+            flex(qf, k[None, :, :span], v[None, :, :span], block_mask=block_mask, enable_gqa=g > 1)
+    out["flex"] = run_flex
+
+    # correctness of flex against sdpa on layer 0 (max abs difference)
+    ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
+    ref = ref.unflatten(-2, (g, tokens)).reshape(h, tokens, hd)  # heads kv·g + j
+    got = flex(q.unflatten(-2, (g, tokens)).reshape(1, h, tokens, hd), keys[0][None, :, :span],
+               values[0][None, :, :span], block_mask=block_mask, enable_gqa=g > 1)[0]
+    print(json.dumps({"flex_vs_sdpa_max_abs": float((got.float() - ref.float()).abs().max())}), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="vicuna-7b")
+    ap.add_argument("--context", type=int, default=1000)
+    ap.add_argument("--span", type=int, default=1024)
+    ap.add_argument("--tree", type=int, default=64)
+    ap.add_argument("--parts", default="matmul,attention")
+    ap.add_argument("--autotune", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    shape = known_shape(args.shape)
+    results: dict[str, dict] = {}
+    for tokens in (1, args.tree):
+        parts = {}
+        if "matmul" in args.parts:
+            parts.update({f"matmul {k}": f for k, f in matmul_parts(shape, tokens, args.autotune).items()})
+        if "attention" in args.parts:
+            parts.update({f"attention {k}": f for k, f in attention_parts(shape, tokens, args.context, args.span).items()})
+        for name, run in parts.items():
+            try:
+                ms = [graph_ms(run) for _ in range(args.repeats)]
+            except Exception as e:  # a kernel that cannot run this shape: say which, go on
+                print(json.dumps({"tokens": tokens, "part": name, "error": str(e)[:200]}), flush=True)
+                continue
+            key = f"T={tokens} {name}"
+            results[key] = {"median": round(median(ms), 4), "min": round(min(ms), 4), "max": round(max(ms), 4)}
+            print(json.dumps({"tokens": tokens, "part": name, **results[key]}), flush=True)
+        torch.cuda.empty_cache()
+    print(json.dumps({"shape": args.shape, "device": torch.cuda.get_device_name(), "context": args.context,
+                      "span": args.span, "ms_per_step_part": results}))
+
+
+if __name__ == "__main__":
+    main()
