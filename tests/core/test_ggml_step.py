@@ -116,3 +116,21 @@ def test_what_llamacpp_cannot_run_is_refused_with_what_to_do(data_dir, tmp_path,
     with pytest.raises(SpecMemoError, match=says) as info:
         Engine.load(path, heads="none", backend="llamacpp", precision=precision)
     assert "torch backend" in str(info.value)
+
+
+@needs_llamacpp
+def test_picks_of_the_forwards_rows_are_llamacpps_and_a_changed_row_is_scored_again(data_dir, tmp_path):
+    """``greedy_picks`` of what the forward returned (or rows equal to it) are the argmax of
+    llama.cpp's logits; a tensor the caller changed since is scored by our own LM head."""
+    engine = _engine(tmp_path)
+    lm = engine.model
+    cache = lm.new_cache(64)
+    tokens = torch.tensor([5, 9, 13, 2])
+    positions, mask = cache.prepare(torch.arange(4))
+    hidden = lm(tokens, positions, mask, cache)
+    logits = lm.logits(hidden)
+    assert torch.equal(lm.greedy_picks(hidden), logits.argmax(-1))
+    assert torch.equal(lm.greedy_picks(hidden[2:3].clone()), logits[2:3].argmax(-1))  # equal rows, another tensor
+    hidden[1] = hidden[1].flip(0)  # changed in place: no longer what llama.cpp scored
+    assert torch.equal(lm.greedy_picks(hidden), lm.lm_head(hidden).argmax(-1))
+    assert not torch.equal(lm.logits(hidden)[1], logits[1])
