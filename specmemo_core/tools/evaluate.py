@@ -27,6 +27,7 @@ class RunResult:
     decode_seconds: float  # time in verify steps
     seconds: float  # wall time, prefills included
     first_token_s: tuple[float, ...] = ()  # per reply: its prefill and first pick (time to first token)
+    prefilled: int = 0  # prompt tokens run (what a cache already held is not run again)
 
     @property
     def mean_accepted(self) -> float:
@@ -58,12 +59,14 @@ def run_conversations(
     if graphs:
         decoder.capture()  # CUDA graphs are made before the clock starts, not in the first turn
     replies: list[list[int]] = []
-    new_tokens = steps = step_tokens = 0
+    new_tokens = steps = step_tokens = prefilled = 0
     decode_s = 0.0
     first_token_s: list[float] = []
     start = time.perf_counter()
     for turns in conversations:
-        decoder.reset()  # one decoder for all: its buffers (and CUDA graphs) are made once
+        # one decoder for all: its buffers (and CUDA graphs) are made once, and a conversation
+        # keeps what it shares with the last one's cache (the chat template's system prompt),
+        # as llama.cpp's generate keeps its longest common prefix from one prompt to the next
         session = ChatSession(decoder, tokenizer, stops)
         for turn in turns:
             ids: list[int] = []
@@ -71,6 +74,7 @@ def run_conversations(
                 ids.extend(piece.step.token_ids)
                 if piece.step.prefill:
                     first_token_s.append(piece.step.forward_s)
+                    prefilled += piece.step.tree_nodes  # a prefill's Step counts the tokens it ran
                 if piece.step.accepted and not piece.step.prefill:
                     steps += 1
                     step_tokens += piece.step.accepted
@@ -80,7 +84,7 @@ def run_conversations(
             if on_turn:
                 on_turn()
     return RunResult(replies, new_tokens, steps, step_tokens, decode_s, time.perf_counter() - start,
-                     tuple(first_token_s))
+                     tuple(first_token_s), prefilled)
 
 
 def eval_acceptance(

@@ -344,3 +344,24 @@ def test_engine_sessions_speculate_exactly_as_plain_greedy(tiny_model_folder, he
     assert max(plain_accepted) == 1
     if tree != "medusa-64":  # the lookup chain copies the tiny model's loops
         assert max(accepted) > 1
+
+
+def test_a_workload_conversation_keeps_the_prefix_it_shares_with_the_last_and_replies_as_alone(tiny_model_folder):
+    """``run_conversations`` (what ``specmemo bench`` times) keeps one decoder: a conversation
+    prefills only what follows the prefix it shares with the last one's cache (the chat
+    template's opening here), as llama.cpp's generate does, and replies as it would alone."""
+    from specmemo_core.runtime.chat import encode_conversation
+    from specmemo_core.runtime.engine import Engine
+    from specmemo_core.tools.evaluate import run_conversations
+
+    engine = Engine.load(str(tiny_model_folder), heads="none")
+    convs = [["Hello, how are you?", "Tell me more."], ["Hello, tell me about the lazy dog."]]
+    kw = dict(heads=None, tree=None, max_new_tokens=12)
+    both = run_conversations(engine.model, engine.tokenizer, engine.config, convs, **kw)
+    runs = [run_conversations(engine.model, engine.tokenizer, engine.config, [c], **kw) for c in convs]
+    alone, alone_prefilled = [r.replies for r in runs], [r.prefilled for r in runs]
+    assert both.replies == alone[0] + alone[1]
+    first = encode_conversation(engine.tokenizer, [{"role": "user", "content": convs[0][0]}])
+    second = encode_conversation(engine.tokenizer, [{"role": "user", "content": convs[1][0]}])
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert shared > 0 and both.prefilled == alone_prefilled[0] + alone_prefilled[1] - shared
