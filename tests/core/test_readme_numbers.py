@@ -488,3 +488,32 @@ def test_the_4_bit_cpu_tables_hold_their_runs():
     auto = json.loads((REPO / "docs/results/int4_cpu/bench_auto.json").read_text(encoding="utf-8"))
     assert auto["_run"]["backend"] == "llamacpp" and auto["plan"]["identical_to_vanilla"] == 8
     assert f"now decodes {auto['plan']['vs_hf']:.2f}× faster than transformers' `generate`" in readme
+
+
+def test_the_7b_step_breakdown_is_its_profiles_and_parts():
+    """README's vicuna-7b step table is docs/results/step_floor_h200/parts/ (profiles of the
+    replayed step, and the matmuls timed alone)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    d = REPO / "docs/results/step_floor_h200/parts"
+    plain = json.loads((d / "profile-vicuna-7b-plain-compiled.json").read_text(encoding="utf-8"))
+    tree = json.loads((d / "profile-vicuna-7b-medusa-64-compiled.json").read_text(encoding="utf-8"))
+    assert (plain["tree"], tree["tree"], plain["compiled"], tree["compiled"]) == ("single", "medusa-64", True, True)
+    rows = [f"| graph replay (no host work) | {plain['graph_replay_ms']:.2f} | {tree['graph_replay_ms']:.2f} |",
+            f"| gaps between kernels | {plain['graph_replay_ms'] - plain['kernel_ms_per_step']:.2f} | "
+            f"{tree['graph_replay_ms'] - tree['kernel_ms_per_step']:.2f} |"]
+    for kind in ("matmul", "attention", "copy/index", "fused (triton)", "other"):
+        a, b = plain["by_kind"][kind], tree["by_kind"][kind]
+        rows.append(f" | {a['ms']:.2f} ({a['kernels']:.0f} kernels) | {b['ms']:.2f} ({b['kernels']:.0f}) |")
+    def medians(name: str) -> dict:
+        lines = (d / name).read_text(encoding="utf-8").splitlines()
+        return {(r["tokens"], r["part"]): r["median"] for r in map(json.loads, lines) if "part" in r}
+
+    ms = medians("vicuna-7b-parts.jsonl")  # cuBLAS, and attention by kernel
+    ms.update({k: v for k, v in medians("vicuna-autotune.jsonl").items() if k[1] == "matmul autotuned"})
+    rows.append(f"| {ms[1, 'matmul cublas']:.2f} / {ms[1, 'matmul autotuned']:.2f} | "
+                f"{ms[64, 'matmul cublas']:.2f} / {ms[64, 'matmul autotuned']:.2f} |")
+    for row in rows:
+        assert any(row in line or line.endswith(row) for line in readme.splitlines()), row
+    floor = 2.753  # vicuna-7b's, as the step_floor table gives it
+    assert f"matmuls alone are {ms[1, 'matmul cublas'] / floor:.2f}× the floor" in readme
+    assert f"({ms[1, 'matmul autotuned'] / floor:.2f}× autotuned)" in readme
