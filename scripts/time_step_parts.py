@@ -20,19 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from specmemo_core.planning.memory import known_shape
+from specmemo_core.runtime.step import capture_graph
 
 
 def graph_ms(run: Callable[[], None], replays: int = 20) -> float:
     """Milliseconds per replay of ``run`` captured as one CUDA graph (after warm-up)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph, _ = capture_graph(run, warmup=2)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
