@@ -33,10 +33,10 @@ SEQS = 8
 class Llama:
     """One llama.cpp context over a loaded model: decode a batch, read logits."""
 
-    def __init__(self, L, model, threads: int, flash: bool) -> None:
+    def __init__(self, L, model, threads: int, flash: bool, n_ctx: int = 2048) -> None:
         self.L = L
         cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 2048, 512, 512, SEQS
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, SEQS
         cp.n_threads = cp.n_threads_batch = threads
         cp.kv_unified, cp.no_perf = True, True
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
