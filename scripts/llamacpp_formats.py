@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from llamacpp_tree_steps import PROMPT, Llama
+from quant_quality import PPL_TOKENS, perplexity_text_ids
 
 
 def requantized(L, src: Path, name: str, folder: Path) -> Path:
@@ -60,8 +61,7 @@ def main() -> None:
     quiet = L.llama_log_callback(lambda *a: None)  # kept alive while llama.cpp may call it
     L.llama_log_set(quiet, None)
     src = gguf_path(args.gguf)
-    text = "\n\n".join(t for q in mtbench_questions() for t in q["turns"])
-    ids = load_model(args.gguf).tokenizer(text, add_special_tokens=False).input_ids[:4096]
+    ids = perplexity_text_ids(load_model(args.gguf).tokenizer, mtbench_questions())[:PPL_TOKENS]
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         files = {src.stem.rsplit(".", 1)[-1]: src} | {f: requantized(L, src, f, Path(tmp)) for f in args.formats.split(",")}

@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     args = ap.parse_args()
     from time_graph_steps import step_heads
+    from time_step_parts import replay_ms
 
     shape = known_shape(args.shape)
     model = random_model(shape, "bf16", "cuda")
@@ -53,16 +54,7 @@ def main() -> None:
         next(stream)
     unit = next(iter(decoder.units.values()))
     graph = unit.graph
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    wall_ms = start.elapsed_time(end) / args.replays
+    wall_ms = replay_ms(graph, args.replays)
     activities = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(args.replays):

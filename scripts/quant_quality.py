@@ -58,6 +58,13 @@ def greedy(model: CausalLM, prompt: list[int], n: int) -> tuple[list[int], float
 
 
 @torch.inference_mode()
+def perplexity_text_ids(tokenizer, questions) -> list[int]:
+    """The perplexity text's token ids: all MT-Bench user turns joined by blank lines (score the
+    first ``PPL_TOKENS``)."""
+    text = "\n\n".join(turn for q in questions for turn in q["turns"])
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
 def perplexity(model: CausalLM, ids: list[int]) -> float:
     """exp(mean cross-entropy of each next token), the whole text in one forward."""
     tokens = torch.tensor(ids)
@@ -97,8 +104,7 @@ def main() -> None:
     tok = src.tokenizer
     questions = mtbench_questions()
     prompts = [encode_conversation(tok, [{"role": "user", "content": q["turns"][0]}]) for q in questions[:8]]
-    text = "\n\n".join(turn for q in questions for turn in q["turns"])
-    all_ids = tok(text, add_special_tokens=False).input_ids
+    all_ids = perplexity_text_ids(tok, questions)
     ppl_ids = all_ids[:PPL_TOKENS]
 
     rows: dict[str, dict] = {}

@@ -12,6 +12,7 @@ nodes, ancestor mask). The difference between their sum and a whole step
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from statistics import median
 from typing import Callable
@@ -20,12 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from specmemo_core.planning.memory import known_shape
+from specmemo_core.runtime.model import attention_bias
+from specmemo_core.runtime.static_decoding import StaticKVCache
 from specmemo_core.runtime.step import capture_graph
 
 
-def graph_ms(run: Callable[[], None], replays: int = 20) -> float:
-    """Milliseconds per replay of ``run`` captured as one CUDA graph (after warm-up)."""
-    graph, _ = capture_graph(run, warmup=2)
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 20) -> float:
+    """Milliseconds per replay of a captured graph, timed by CUDA events (after one replay)."""
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -35,6 +37,11 @@ def graph_ms(run: Callable[[], None], replays: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / replays
+
+
+def graph_ms(run: Callable[[], None], replays: int = 20) -> float:
+    """Milliseconds per replay of ``run`` captured as one CUDA graph (after warm-up)."""
+    return replay_ms(capture_graph(run, warmup=2)[0], replays)
 
 
 def matmul_parts(shape, tokens: int, autotune: bool) -> dict[str, Callable[[], None]]:
@@ -82,27 +89,23 @@ def attention_parts(shape, tokens: int, context: int, span: int) -> dict[str, Ca
     values = [torch.randn(hkv, 4096, hd, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
     q = torch.randn(hkv, g * tokens, hd, device="cuda", dtype=torch.bfloat16)  # our layout: groups stacked
     anc = tree_ancestors(tokens).cuda()
-    length = torch.tensor(context, device="cuda")
-    rel = torch.arange(span, device="cuda")[None] - length
-    mask = (rel < 0) | ((rel >= 0) & (rel < tokens) & anc[:, rel[0].clamp(0, tokens - 1)])  # [T, S]
-    bias = torch.zeros(mask.shape, device="cuda", dtype=torch.bfloat16).masked_fill_(~mask, float("-inf"))
-    bias = bias.repeat(g, 1) if g > 1 else bias
+    cache = StaticKVCache(1, hkv, hd, 4096, torch.bfloat16, "cuda")  # its mask, as a step's: context, then the tree
+    cache.length_t.fill_(context)
+    length = cache.length_t
+    mask = cache.prepare(torch.zeros(tokens, dtype=torch.long, device="cuda"), anc, span)[1]  # [T, S]
+    bias = attention_bias(mask, shape, torch.bfloat16)  # [g·T, S], as Attention takes it
     out = {}
 
     def sdpa(backend):
         def run():
-            with sdpa_kernel([backend]):
+            with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
                 for k, v in zip(keys, values):
                     F.scaled_dot_product_attention(q[None], k[None, :, :span], v[None, :, :span], attn_mask=bias)
         return run
 
     for name, backend in (("sdpa-default", None), ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
                           ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-math", SDPBackend.MATH)):
-        if backend is None:
-            out[name] = lambda: [F.scaled_dot_product_attention(q[None], k[None, :, :span], v[None, :, :span],
-                                                                attn_mask=bias) for k, v in zip(keys, values)]
-        else:
-            out[name] = sdpa(backend)
+        out[name] = sdpa(backend)
 
     # flex attention: standard layout [1, H, T, hd] over [1, Hkv, S, hd], the mask from tensors
     qf = torch.randn(1, h, tokens, hd, device="cuda", dtype=torch.bfloat16)

@@ -213,9 +213,9 @@ class LlamaCppLM(nn.Module):
             raise SpecMemoError("the llama.cpp backend decodes one conversation at a time; batch on the torch backend")
         if t > BATCH:
             raise SpecMemoError(f"llama.cpp runs at most {BATCH} tokens a forward, not {t}")
-        # a lone token is its own chain; a longer run is a tree unless its mask is causal
-        causal = t == 1 or bool(torch.equal(mask[:, -t:], torch.ones(t, t, dtype=torch.bool).tril()))
-        sequences = [[0]] * t if causal else tree_sequences(mask[:, -t:])
+        ancestors = mask[:, -t:]  # a lone token is its own chain; a longer run is a tree unless causal
+        causal = t == 1 or bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
+        sequences = [[0]] * t if causal else tree_sequences(ancestors)
         cache.share_context(sequences)
         rows = [t - 1] if last_only else list(range(t))
         b = cache.batch
