@@ -24,8 +24,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rop
 
 MAX_SEQUENCES = 64  # llama.cpp's own limit (LLAMA_MAX_SEQ): sequence 0 and one per leaf of a tree
 BATCH = 512  # tokens per llama_decode: a prefill chunk (decoding.PREFILL_CHUNK) or a tree
+SPLIT_PREFILL = 8  # prompt chunks of this many tokens or more run their last token apart (``LlamaCppLM.forward``)
 
 
 def available() -> bool:
@@ -59,6 +61,19 @@ def _quiet_log(llama_cpp: Any) -> Any:
     """A log callback that drops llama.cpp's load chatter (its errors reach us as return
     codes); cached, so the callback outlives every context that may call it."""
     return llama_cpp.llama_log_callback(lambda level, text, data: None)
+
+
+@functools.cache
+def _float_array(n: int) -> type:
+    return ctypes.c_float * n
+
+
+def _floats(pointer: Any, n: int) -> np.ndarray:
+    """The ``n`` floats at a llama.cpp ``float *`` as a numpy view (no copy; faster than
+    ``np.ctypeslib.as_array``, which makes an array type each call)."""
+    if not pointer:
+        raise SpecMemoError("llama.cpp gave no output for a row it was asked for; start a new chat")
+    return np.frombuffer(_float_array(n).from_address(ctypes.addressof(pointer.contents)), dtype=np.float32)
 
 
 def tree_sequences(ancestors: torch.Tensor) -> list[list[int]]:
@@ -119,10 +134,11 @@ class LlamaCppCache(KVCache):
     def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
         """The accepted path (``nodes`` [W], root first, ``count`` of them) stays, in
         sequence 0; every other scratch cell goes."""
-        super().commit_row(nodes, count)  # the token ids
-        sequences = self.sequences
-        if nodes is None:  # a prefill chunk: every cell stays
+        if nodes is None or nodes.shape[0] == 1:  # a prefill chunk, or a plain step's root: every cell stays
             return
+        src = nodes + self.length  # [W] the token ids move as the cells do (no tensors of KV here)
+        self.ids[self.length:self.length + nodes.shape[0]] = self.ids.index_select(0, src)
+        sequences = self.sequences
         mem, ll = self.memory, self.ll
         if all(seq == [0] for seq in sequences):  # a chain in sequence 0: its cells past the accepted ones go
             ll.llama_memory_seq_rm(mem, 0, self.length + int(count), -1)
@@ -135,6 +151,15 @@ class LlamaCppCache(KVCache):
         ll.llama_memory_seq_rm(mem, keep, -1, -1)
         self.sequences = [[0]]
 
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
+                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [T] and the mask among the new tokens alone, [T, T]: llama.cpp lets each
+        see the committed context through its sequences (``share_context``), so the
+        context's columns (``KVCache.prepare``'s first ``length``) are not built."""
+        t = offsets.shape[0]
+        mask = torch.ones(t, t, dtype=torch.bool).tril_() if ancestors is None else ancestors
+        return self.length + offsets, mask
+
     def truncate(self, length: int) -> None:
         super().truncate(length)
         self.ll.llama_memory_seq_rm(self.memory, 0, length, -1)
@@ -145,6 +170,16 @@ class LlamaCppCache(KVCache):
         for s in sorted({s for seq in sequences for s in seq} - {0}):
             self.ll.llama_memory_seq_cp(self.memory, 0, s, -1, -1)
         self.sequences = sequences
+
+
+@dataclass
+class LastRows:
+    """The rows the last forward gave (``LlamaCppLM._read_rows``)."""
+
+    rows: torch.Tensor | None = None  # their hidden states [N, D]
+    given: torch.Tensor | None = None  # the tensor the forward returned them in
+    logits: list[np.ndarray] = field(default_factory=list)  # llama.cpp's logits of them: N views [V] of its buffer
+    picks: torch.Tensor | None = None  # their argmax [N]
 
 
 class LlamaCppLM(nn.Module):
@@ -173,10 +208,7 @@ class LlamaCppLM(nn.Module):
         self.lm_head = Int8RowLinear(linear)  # what the heads draft with, and scores rows not llama.cpp's
         inv_freq, self.rope_scale = rope_inverse_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._rows: torch.Tensor | None = None  # the last forward's hidden states [N, D]
-        self._given: torch.Tensor | None = None  # the tensor that forward returned them in
-        self._logits: torch.Tensor | None = None  # and llama.cpp's logits of them [N, V]
-        self._picks: torch.Tensor | None = None  # and their argmax [N]
+        self.last = LastRows()  # what the last forward gave (a plain object: a module's setattr costs more)
 
     device = torch.device("cpu")
     dtype = torch.float32
@@ -205,9 +237,13 @@ class LlamaCppLM(nn.Module):
                 cache: LlamaCppCache, last_only: bool = False) -> torch.Tensor:
         """The final hidden states [T, D] of ``tokens`` [T] at ``positions`` (``cache.prepare``'s:
         its mask's last T columns are a tree's ancestors, or a causal chunk's). ``last_only``
-        (a prefill chunk whose other rows nobody reads): the last row alone, the others zero;
-        llama.cpp scores every row it gives with its LM head (0.7 ms a row here, so a
-        300-token turn's prompt cost 0.2 s more with every row)."""
+        (a prefill chunk whose other rows nobody reads): the last row alone, the others zero.
+
+        A context that gives hidden states gives every row of a forward (llama.cpp makes each
+        token an output then), and scores each with its LM head: 0.7 ms a row here. So a
+        ``last_only`` chunk of ``SPLIT_PREFILL`` tokens or more runs as two forwards: all but
+        the last token with no output at all, then the last one (a 128-token prompt: 498 ms
+        instead of 571; at 4 tokens the two cost the same)."""
         t = tokens.shape[-1]
         if tokens.dim() != 1:
             raise SpecMemoError("the llama.cpp backend decodes one conversation at a time; batch on the torch backend")
@@ -217,45 +253,66 @@ class LlamaCppLM(nn.Module):
         causal = t == 1 or bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
         sequences = [[0]] * t if causal else tree_sequences(ancestors)
         cache.share_context(sequences)
-        rows = [t - 1] if last_only else list(range(t))
-        b = cache.batch
-        b.n_tokens = t
-        for i, (tok, pos, seqs) in enumerate(zip(tokens.tolist(), positions.tolist(), sequences)):
+        ids, at = tokens.tolist(), positions.tolist()
+        if not last_only:
+            return self._decode(cache, ids, at, sequences, range(t))
+        if t >= SPLIT_PREFILL:
+            self._decode(cache, ids[:-1], at[:-1], sequences[:-1], ())
+            last = self._decode(cache, ids[-1:], at[-1:], sequences[-1:], (0,))
+        else:
+            last = self._decode(cache, ids, at, sequences, (t - 1,))
+        hidden = torch.zeros(t, self.spec.hidden_size)
+        hidden[-1] = last[0]
+        return hidden
+
+    def _decode(self, cache: LlamaCppCache, ids: list[int], at: list[int], sequences: list[list[int]],
+                rows: Sequence[int]) -> torch.Tensor | None:
+        """One ``llama_decode`` of ``ids`` at positions ``at`` in their ``sequences``: the
+        hidden states [len(rows), D] of ``rows`` (``_read_rows``); with no rows, none (and no
+        hidden states asked of llama.cpp, so it scores no row)."""
+        b, ll = cache.batch, self.ll
+        b.n_tokens = len(ids)
+        for i, (tok, pos, seqs) in enumerate(zip(ids, at, sequences)):
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(seqs), 0
             for j, s in enumerate(seqs):
                 b.seq_id[i][j] = s
         for i in rows:
             b.logits[i] = 1
-        code = self.ll.llama_decode(cache.ctx, b)
+        if not rows:
+            ll.llama_set_embeddings(cache.ctx, False)
+        try:
+            code = ll.llama_decode(cache.ctx, b)
+        finally:
+            if not rows:
+                ll.llama_set_embeddings(cache.ctx, True)
         if code != 0:
-            raise SpecMemoError(f"llama.cpp could not decode {t} tokens (code {code}); start a new chat")
-        out = self._read_rows(cache.ctx, rows)
-        if len(rows) == t:
-            return out
-        hidden = torch.zeros(t, self.spec.hidden_size)
-        hidden[rows] = out
-        return hidden
+            raise SpecMemoError(f"llama.cpp could not decode {len(ids)} tokens (code {code}); start a new chat")
+        return self._read_rows(cache.ctx, list(rows)) if rows else None
 
     def _read_rows(self, ctx: Any, rows: list[int]) -> torch.Tensor:
         """The hidden states [n, D] of the batch's ``rows`` (by batch index, ``_ith``: llama.cpp
-        may keep its outputs in another order), keeping their logits and greedy picks. The
-        picks come from numpy's argmax (the first maximum, as torch's): over the default
-        model's 49,152 logits it takes ~15 µs here, torch's ~60 µs, in every step."""
-        d, ll = self.spec.hidden_size, self.ll
-        out = torch.from_numpy(np.stack([np.ctypeslib.as_array(ll.llama_get_embeddings_ith(ctx, i), shape=(d,))
+        may keep its outputs in another order), and their greedy picks. The logits stay in
+        llama.cpp's buffer, read in place (valid until the next decode, by when ``last.rows``
+        names the next forward's rows). The picks come from numpy's argmax (the first
+        maximum, as torch's): over the default model's 49,152 logits ~15 µs, torch's ~60.
+        Each op here runs with the caches cold after the forward (~30-50 µs apiece on a
+        2-core EPYC), so the step does as few as it can."""
+        ll = self.ll
+        out = torch.from_numpy(np.stack([_floats(ll.llama_get_embeddings_ith(ctx, i), self.spec.hidden_size)
                                          for i in rows]))
-        logits = np.stack([np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(self.vocab,)) for i in rows])
-        self._logits, self._picks = torch.from_numpy(logits), torch.from_numpy(logits.argmax(-1))
-        self._rows, self._given = out.clone(), out  # a copy: the caller may change what it was given
+        last = self.last
+        last.logits = [_floats(ll.llama_get_logits_ith(ctx, i), self.vocab) for i in rows]
+        last.picks = torch.from_numpy(np.fromiter((row.argmax() for row in last.logits), np.int64, len(rows)))
+        last.rows, last.given = out.clone(), out  # a copy: the caller may change what it was given
         return out
 
     def _kept(self, hidden: torch.Tensor) -> slice | torch.Tensor | None:
         """Which rows of the last forward ``hidden``'s rows are ([T] indices, or every one in order),
         so their llama.cpp logits and picks stand for them; None where some row is not one."""
-        rows = self._rows
+        rows = self.last.rows
         if rows is None or hidden.dim() != 2 or hidden.shape[-1] != rows.shape[-1]:
             return None
-        if hidden is self._given and torch.equal(hidden, rows):  # the forward's own output, unchanged
+        if hidden is self.last.given and torch.equal(hidden, rows):  # the forward's own output, unchanged
             return slice(None)
         same = (hidden[:, None, :] == rows[None, :, :]).all(-1)  # [T, N]
         if not bool(same.any(-1).all()):
@@ -264,11 +321,13 @@ class LlamaCppLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         kept = self._kept(hidden)
-        return self._logits[kept] if kept is not None else self.lm_head(hidden)
+        if kept is None:
+            return self.lm_head(hidden)
+        return torch.from_numpy(np.stack(self.last.logits))[kept]  # a copy, out of llama.cpp's buffer
 
     def greedy_picks(self, hidden: torch.Tensor) -> torch.Tensor:
         kept = self._kept(hidden)
-        return self._picks[kept] if kept is not None else self.lm_head(hidden).argmax(-1)
+        return self.last.picks[kept] if kept is not None else self.lm_head(hidden).argmax(-1)
 
 
 def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:

@@ -145,6 +145,14 @@ class Acceptance(Protocol):
         ...
 
 
+def root_only(picks: torch.Tensor) -> Accepted:
+    """What a 1-node tree (a plain step) accepts: its root, nothing to compare. Its path is
+    node 0, of count 1 (``commit`` then takes its one-node path: fewer ops, which a CPU
+    step pays ~50 µs each for with its caches cold after the forward)."""
+    nodes = picks.new_zeros(*picks.shape[:-1], 1)  # [..., 1]
+    return Accepted(nodes, nodes[..., 0] + 1, picks)
+
+
 def _accepted(ok: torch.Tensor, picks: torch.Tensor, buf: TreeBuffers) -> Accepted:
     row, count = longest_accepted(ok, buf.retrieve_indices)
     return Accepted(row.clamp(min=0), count, picks)
@@ -160,8 +168,10 @@ class GreedyAcceptance:
         return int(model.greedy_picks(hidden[-1:])[0])
 
     def accept(self, model: CausalLM, verified: Verified, buf: TreeBuffers) -> Accepted:
-        nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1] ([..., L, d+1]: grown per sequence)
         picks = model.greedy_picks(verified.hidden)  # [..., N]
+        if verified.tokens.shape[-1] == 1:
+            return root_only(picks)
+        nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1] ([..., L, d+1]: grown per sequence)
         # [..., L, d]: a child equals its parent's argmax
         ok = at_nodes(verified.tokens, nodes[..., 1:]) == at_nodes(picks, nodes[..., :-1])
         return _accepted(ok, picks, buf)
@@ -330,6 +340,8 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
     return [..., 1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
     nodes, count = accepted.nodes, accepted.count  # [..., W], [...]
     parts.cache.commit_row(nodes, count)
+    if nodes.shape[-1] == 1:  # a 1-node path (a plain step): the root, and its pick after it
+        return _commit_root(parts, verified, accepted, span)
     # gather, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync, which
     # graph capture forbids)
     last = (count - 1).unsqueeze(-1)  # [..., 1]
@@ -346,6 +358,18 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
     parts.root.copy_(bonus[..., 0])
     parts.state.copy_(path_hidden.gather(-2, last[..., None].expand(*last.shape, d))[..., 0, :])
     return torch.cat((count.unsqueeze(-1), emitted), dim=-1)  # [..., 1 + W]
+
+
+def _commit_root(parts: StepParts, verified: Verified, accepted: Accepted, span: int | None) -> torch.Tensor:
+    """``commit`` after a 1-node path (the root, committed by the caller): the same outputs
+    without the gathers a longer path needs."""
+    bonus = accepted.picks[..., :1]  # [..., 1]
+    draft = contextualize(parts, verified.hidden[..., :1, :], span, next_ids=bonus)  # [..., 1, D]
+    if parts.context_cache is not None:
+        parts.context_cache.commit_row(None, accepted.count)
+    parts.root.copy_(bonus[..., 0])
+    parts.state.copy_(draft[..., 0, :])
+    return torch.cat((accepted.count.unsqueeze(-1), bonus), dim=-1)  # [..., 2]
 
 
 def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:

@@ -104,7 +104,11 @@ def llamacpp_runner(llm: Any, tokenizer: Any, stop_ids: frozenset[int], conversa
         steps = max(len(reply) - 1, 0)
         return Turn(reply, first, steps, steps)
 
-    return lambda: run_turns(tokenizer, conversations, turn)
+    def run() -> Pass:
+        llm.reset()  # each pass from an empty cache, as each of ours starts with a new decoder
+        return run_turns(tokenizer, conversations, turn)
+
+    return run
 
 
 def llamacpp_method(model: str, engine: Any, conversations: Sequence[Sequence[str]], *, max_new_tokens: int,

@@ -134,3 +134,25 @@ def test_picks_of_the_forwards_rows_are_llamacpps_and_a_changed_row_is_scored_ag
     hidden[1] = hidden[1].flip(0)  # changed in place: no longer what llama.cpp scored
     assert torch.equal(lm.greedy_picks(hidden), lm.lm_head(hidden).argmax(-1))
     assert not torch.equal(lm.logits(hidden)[1], logits[1])
+
+
+@needs_llamacpp
+@pytest.mark.parametrize("length", [4, 20])
+def test_a_prompt_chunk_read_for_its_last_row_scores_no_other_row_from_eight_tokens_on(data_dir, tmp_path, length):
+    """A ``last_only`` chunk of ``SPLIT_PREFILL`` tokens or more runs all but its last token
+    with no output (llama.cpp then scores no other row with its LM head); its last row's
+    hidden state and pick are those of the chunk read whole, and its cache the same length."""
+    from specmemo_core.runtime.ggml_step import SPLIT_PREFILL
+
+    lm = _engine(tmp_path).model
+    tokens = torch.randint(3, 200, (length,), generator=torch.Generator().manual_seed(2))
+    whole_cache, split_cache = lm.new_cache(64), lm.new_cache(64)
+    positions, mask = whole_cache.prepare(torch.arange(length))
+    whole = lm(tokens, positions, mask, whole_cache)
+    whole_pick = lm.greedy_picks(whole[-1:])
+    last = lm(tokens, positions, mask, split_cache, last_only=True)
+    outputs = sum(bool(lm.ll.llama_get_logits_ith(split_cache.ctx, i)) for i in range(2))
+    assert outputs == (1 if length >= SPLIT_PREFILL else 2)  # a batch index past the last output gives none
+    assert torch.equal(last[:-1], torch.zeros(length - 1, whole.shape[-1]))
+    torch.testing.assert_close(last[-1], whole[-1], atol=1e-3, rtol=1e-3)
+    assert torch.equal(lm.greedy_picks(last[-1:]), whole_pick)
