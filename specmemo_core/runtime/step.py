@@ -340,36 +340,46 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
     return [..., 1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
     nodes, count = accepted.nodes, accepted.count  # [..., W], [...]
     parts.cache.commit_row(nodes, count)
-    if nodes.shape[-1] == 1:  # a 1-node path (a plain step): the root, and its pick after it
-        return _commit_root(parts, verified, accepted, span)
-    # gather, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync, which
-    # graph capture forbids)
-    last = (count - 1).unsqueeze(-1)  # [..., 1]
-    bonus = accepted.picks.gather(-1, nodes.gather(-1, last))  # [..., 1]
-    w = nodes.shape[-1]
-    j = torch.arange(w, device=nodes.device)  # [W]
-    drafted = verified.tokens.gather(-1, nodes[..., (j + 1).clamp(max=w - 1)])  # [..., W] the token after each node
-    emitted = torch.where(j < last, drafted, bonus)  # [..., W]: the token after each path node
-    d = verified.hidden.shape[-1]
-    path_hidden = verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d))  # [..., W, D]
+    emitted, bonus, path_hidden, last = accepted_path(verified, accepted)
     path_hidden = contextualize(parts, path_hidden, span, next_ids=emitted)  # at length, length+1, …
     if parts.context_cache is not None:
         parts.context_cache.commit_row(None, count)
     parts.root.copy_(bonus[..., 0])
-    parts.state.copy_(path_hidden.gather(-2, last[..., None].expand(*last.shape, d))[..., 0, :])
+    parts.state.copy_(at_last(path_hidden, last)[..., 0, :])
     return torch.cat((count.unsqueeze(-1), emitted), dim=-1)  # [..., 1 + W]
 
 
-def _commit_root(parts: StepParts, verified: Verified, accepted: Accepted, span: int | None) -> torch.Tensor:
-    """``commit`` after a 1-node path (the root, committed by the caller): the same outputs
-    without the gathers a longer path needs."""
-    bonus = accepted.picks[..., :1]  # [..., 1]
-    draft = contextualize(parts, verified.hidden[..., :1, :], span, next_ids=bonus)  # [..., 1, D]
-    if parts.context_cache is not None:
-        parts.context_cache.commit_row(None, accepted.count)
-    parts.root.copy_(bonus[..., 0])
-    parts.state.copy_(draft[..., 0, :])
-    return torch.cat((accepted.count.unsqueeze(-1), bonus), dim=-1)  # [..., 2]
+def accepted_path(verified: Verified, accepted: Accepted) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                     torch.Tensor | None]:
+    """The accepted path's emitted tokens [..., W] (the token after each node: the next
+    accepted draft, then the bonus pick), the bonus pick [..., 1], its hidden states
+    [..., W, D], and the index of its last accepted node [..., 1]. A 1-node path (a plain step) needs none of a longer
+    path's gathers: its root and the pick after it, ``last`` None (fewer ops, which a CPU
+    step pays ~50 µs each for with its caches cold after the forward)."""
+    nodes = accepted.nodes  # [..., W]
+    w = nodes.shape[-1]
+    if w == 1:
+        bonus = accepted.picks[..., :1]  # [..., 1]
+        return bonus, bonus, verified.hidden[..., :1, :], None
+    # gather, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync, which
+    # graph capture forbids)
+    last = (accepted.count - 1).unsqueeze(-1)  # [..., 1]
+    bonus = accepted.picks.gather(-1, nodes.gather(-1, last))  # [..., 1]
+    j = torch.arange(w, device=nodes.device)  # [W]
+    drafted = verified.tokens.gather(-1, nodes[..., (j + 1).clamp(max=w - 1)])  # [..., W] the token after each node
+    emitted = torch.where(j < last, drafted, bonus)  # [..., W]: the token after each path node
+    d = verified.hidden.shape[-1]
+    return emitted, bonus, verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d)), last
+
+
+def at_last(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+    """Hidden states [..., W, D] (or tokens [..., W]) of a path at its last accepted node
+    ``last`` [..., 1] (``accepted_path``; None: a 1-node path): [..., 1, D] (or [..., 1])."""
+    if last is None:  # a 1-node path's are already that node's
+        return x
+    if x.dim() > last.dim():  # hidden states
+        return x.gather(-2, last[..., None].expand(*last.shape, x.shape[-1]))
+    return x.gather(-1, last)
 
 
 def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:
