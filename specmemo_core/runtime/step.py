@@ -353,9 +353,9 @@ def accepted_path(verified: Verified, accepted: Accepted) -> tuple[torch.Tensor,
                                                                      torch.Tensor | None]:
     """The accepted path's emitted tokens [..., W] (the token after each node: the next
     accepted draft, then the bonus pick), the bonus pick [..., 1], its hidden states
-    [..., W, D], and the index of its last accepted node [..., 1]. A 1-node path (a plain step) needs none of a longer
-    path's gathers: its root and the pick after it, ``last`` None (fewer ops, which a CPU
-    step pays ~50 µs each for with its caches cold after the forward)."""
+    [..., W, D], and the index of its last accepted node [..., 1]. A 1-node path (a plain
+    step, ``root_only``) needs none of a longer path's gathers: its root and the pick after
+    it, ``last`` None."""
     nodes = accepted.nodes  # [..., W]
     w = nodes.shape[-1]
     if w == 1:
@@ -372,14 +372,12 @@ def accepted_path(verified: Verified, accepted: Accepted) -> tuple[torch.Tensor,
     return emitted, bonus, verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d)), last
 
 
-def at_last(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
-    """Hidden states [..., W, D] (or tokens [..., W]) of a path at its last accepted node
-    ``last`` [..., 1] (``accepted_path``; None: a 1-node path): [..., 1, D] (or [..., 1])."""
-    if last is None:  # a 1-node path's are already that node's
-        return x
-    if x.dim() > last.dim():  # hidden states
-        return x.gather(-2, last[..., None].expand(*last.shape, x.shape[-1]))
-    return x.gather(-1, last)
+def at_last(hidden: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+    """A path's hidden states [..., W, D] at its last accepted node ``last`` [..., 1]
+    (``accepted_path``; None: a 1-node path, already that node's): [..., 1, D]."""
+    if last is None:
+        return hidden
+    return hidden.gather(-2, last[..., None].expand(*last.shape, hidden.shape[-1]))
 
 
 def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:
