@@ -46,9 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="our methods' precision: 'auto' (default) the planner's, as in the app and chat (int4 for a "
                         "4-bit GGUF on a CPU, bf16 on a GPU), or force one; transformers' methods run int8/int4 "
                         "as the float dtype around them")
-    p.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
-                   help="what runs our methods' forward: 'auto' (default) as the app chooses (llama.cpp for a "
-                        "4-bit GGUF on a CPU where llama-cpp-python is installed, else ours), or force one")
+    p.add_argument("--backend", choices=["auto", "torch", "native", "llamacpp"], default="auto",
+                   help="what runs our methods' forward: 'auto' (default) as the app chooses (for a 4-bit GGUF "
+                        "on a CPU our C forward, 'native', else llama.cpp where installed; elsewhere ours in "
+                        "torch), or force one")
     add_threads_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by method")
     p.add_argument("--save", default=None, metavar="FILE",

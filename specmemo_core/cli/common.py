@@ -75,9 +75,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    default="auto",
                    help="'auto' (the planner's precision, as in the app and `plan`: int4 for a 4-bit GGUF on a CPU, "
                         "bf16 on a GPU and on a CPU with bf16 matrix units, else fp32), or force one")
-    p.add_argument("--backend", choices=["auto", "torch", "llamacpp"], default="auto",
-                   help="what runs the model's forward: 'auto' (llama.cpp for a 4-bit GGUF on a CPU where "
-                        "llama-cpp-python is installed, else ours), or force one")
+    p.add_argument("--backend", choices=["auto", "torch", "native", "llamacpp"], default="auto",
+                   help="what runs the model's forward: 'auto' (for a 4-bit GGUF on a CPU our C forward over its "
+                        "blocks, 'native', built once with the system's C compiler, else llama.cpp where "
+                        "llama-cpp-python is installed; elsewhere ours in torch), or force one")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: the best one found)")
     add_devices_arg(p)
     p.add_argument("--max-new-tokens", type=int, default=256)

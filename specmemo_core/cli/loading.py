@@ -107,7 +107,8 @@ class ChatSetup:
         mode = f"speculative, tree {tree}" if tree else "plain decoding"
         threads = f"{self.threads} thread" + ("s" if self.threads > 1 else "")
         engine = self.planned.engine
-        precision = engine.precision + (" through llama.cpp" if engine.backend == "llamacpp" else "")
+        backend = {"llamacpp": " through llama.cpp", "native": ", native forward"}.get(engine.backend, "")
+        precision = engine.precision + backend
         return (f"{engine.identity.name} on {self.planned.device.torch_device} ({mode}, "
                 f"{precision}, {threads}, context {self.capacity} tokens)")
 

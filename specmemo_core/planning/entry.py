@@ -48,13 +48,13 @@ class PlanChoices:
     speculate: bool = True  # False: plain decoding, no heads
     tree: str | None = None  # a tree the user forces: planned with this tree only
     batch: int = 1  # conversations decoded together (a server's batch slots; runtime/batch.py)
-    backend: str | None = None  # the base model's forward: None chooses (``backend_for``), else "torch"/"llamacpp"
+    backend: str | None = None  # the base model's forward: None chooses (``backend_for``), else one of BACKENDS
 
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise SpecMemoError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
-        if self.backend not in (None, "torch", "llamacpp"):
-            raise SpecMemoError(f"unknown backend {self.backend!r}: choose torch or llamacpp")
+        if self.backend not in (None, "torch", "native", "llamacpp"):
+            raise SpecMemoError(f"unknown backend {self.backend!r}: choose torch, native or llamacpp")
 
     def request(self) -> PlanRequest:
         return PlanRequest(turns=self.turns, prefer=self.prefer, precision=self.precision,
@@ -290,16 +290,19 @@ def torch_dtype(precision: str | None, device_kind: str | None = None):
 
 
 def backend_for(source: Any, device: DeviceInfo, first: Plan) -> str:
-    """What runs the base model's forward by default: llama.cpp (``runtime/ggml_step.py``)
-    for a GGUF planned as int4 on a CPU for one conversation at a time, wherever
-    llama-cpp-python is installed (on a 2-core AVX2 EPYC its step over the default model's
-    Q4_1 blocks took 11.6 ms, our int4 one 28.5); else ours (batched decoding too)."""
+    """What runs the base model's forward by default, for a GGUF planned as int4 on a CPU for
+    one conversation at a time: our C forward over the file's blocks (``runtime/native``)
+    where it runs the model, else llama.cpp's (``runtime/ggml_step.py``) where
+    llama-cpp-python is installed; ours in torch otherwise (batched decoding too). On a
+    2-core Xeon, one step of the default model: native NATIVE_MS ms, llama.cpp LLAMA_MS, torch int4 TORCH_MS."""
     from specmemo_core.runtime.ggml_step import available
+    from specmemo_core.runtime.native.lm import supports
 
     whole = not first.streamed_layers and not first.split and first.batch == 1
     gguf = Path(str(getattr(source, "source", ""))).suffix.lower() == ".gguf"
-    return "llamacpp" if device.kind == "cpu" and first.precision == "int4" and whole and gguf and available() \
-        else "torch"
+    if not (device.kind == "cpu" and first.precision == "int4" and whole and gguf):
+        return "torch"
+    return "native" if supports(source) else "llamacpp" if available() else "torch"
 
 
 def load_planned(model: str | Path = "default", *, heads: Any = "auto", choices: PlanChoices = PlanChoices(),

@@ -23,7 +23,8 @@ from specmemo_core.storage.sources import LoadedModel, ModelIdentity, OpenedMode
 from specmemo_core.runtime.tree import Tree, load_tree, split_lookup
 
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
-BACKENDS = ("torch", "llamacpp")  # the base model's forward: ours, or llama.cpp's (ggml_step.py)
+BACKENDS = ("torch", "native", "llamacpp")  # the base model's forward: ours in torch, ours in C (native/lm.py),
+# or llama.cpp's (ggml_step.py)
 DEFAULT_CAPACITY = 4096
 
 
@@ -168,12 +169,14 @@ class Engine:
         (``offload.py``; the plan's ``resident_layers``); None: every layer on ``device``.
         ``split``: the decoder layers over several devices (``split.py``; the plan's split);
         ``device`` is then ignored: the heads go to the split's home device. ``backend``
-        "llamacpp": the base model's forward is llama.cpp's over the GGUF's own blocks
-        (``ggml_step.py``; CPU, whole, int4), our heads and trees around it."""
+        "native" or "llamacpp": the base model's forward is our C one (``native/lm.py``) or
+        llama.cpp's (``ggml_step.py``) over the GGUF's own blocks (CPU, whole, int4), our heads
+        and trees around it."""
         opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
-        if backend == "llamacpp":
-            return cls._on_llamacpp(opened, heads=heads, tree=tree, device=device, progress=progress,
-                                    precision=precision, resident_layers=resident_layers, split=split)
+        if backend in ("native", "llamacpp"):
+            return cls._on_host_forward(opened, backend=backend, heads=heads, tree=tree, device=device,
+                                        progress=progress, precision=precision, resident_layers=resident_layers,
+                                        split=split)
         if backend != "torch":
             raise SpecMemoError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         streaming = resident_layers is not None
@@ -202,26 +205,30 @@ class Engine:
         return engine.with_tree(tree)
 
     @classmethod
-    def _on_llamacpp(cls, opened: "LoadedModel | OpenedModel", *, heads: "HeadsSource | str | None",
-                     tree: str | Path | None, device: str | torch.device, progress: Callable[[str, float], None] | None,
-                     precision: str | None, resident_layers: int | None, split: "LayerSplit | None") -> "Engine":
-        """The engine over llama.cpp's forward (``ggml_step.py``): a GGUF on the CPU, whole, as
+    def _on_host_forward(cls, opened: "LoadedModel | OpenedModel", *, backend: str,
+                         heads: "HeadsSource | str | None", tree: str | Path | None, device: str | torch.device,
+                         progress: Callable[[str, float], None] | None, precision: str | None,
+                         resident_layers: int | None, split: "LayerSplit | None") -> "Engine":
+        """The engine over a forward outside torch (``host_forward.py``): ours in C
+        (``native/lm.py``) or llama.cpp's (``ggml_step.py``), on a GGUF on the CPU, whole, as
         its file stores it (the planner counts it as int4); heads in fp32, packed."""
         from specmemo_core.runtime.ggml_step import load_llamacpp
+        from specmemo_core.runtime.native.lm import load_native
 
+        what = {"native": "the native", "llamacpp": "the llama.cpp"}[backend]
         if precision not in (None, "int4"):
-            raise SpecMemoError(f"the llama.cpp backend runs the file's own 4-bit blocks, not {precision}: "
+            raise SpecMemoError(f"{what} backend runs the file's own 4-bit blocks, not {precision}: "
                                 "choose int4 (or auto), or the torch backend for another precision")
-
         if torch.device(device).type != "cpu" or resident_layers is not None or split is not None:
-            raise SpecMemoError("the llama.cpp backend runs the whole model on the CPU; use the torch backend "
+            raise SpecMemoError(f"{what} backend runs the whole model on the CPU; use the torch backend "
                                 "to stream, split or run on a GPU")
         if not isinstance(opened, OpenedModel):
             opened = open_model(opened.source, progress=progress)
         if opened.stored_bits != 4:
-            raise SpecMemoError(f"the llama.cpp backend runs 4-bit GGUFs (Q4_0, Q4_1, Q4_K, …), whose memory the "
+            raise SpecMemoError(f"{what} backend runs 4-bit GGUFs (Q4_0, Q4_1, Q4_K, …), whose memory the "
                                 f"planner counts as int4; {opened.source.name} is not one: use the torch backend")
-        lm = load_llamacpp(opened, threads=torch.get_num_threads(), progress=progress)
+        load = load_native if backend == "native" else load_llamacpp
+        lm = load(opened, threads=torch.get_num_threads(), progress=progress)
         opened.finished(progress)
         draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, torch.float32, "cpu")
         if draft is not None and draft.spec.draft_vocab:
@@ -229,12 +236,12 @@ class Engine:
         if draft is not None:
             pack_linears(draft)
         engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, "int4",
-                     backend="llamacpp")
+                     backend=backend)
         return engine.with_tree(tree)
 
     def on_torch(self, progress: Callable[[str, float], None] | None = None) -> "Engine":
         """This engine on our own forward (itself if it runs there): the same file, precision,
-        heads and tree, loaded again for what llama.cpp's forward does not do (batched
+        heads and tree, loaded again for what a forward outside torch does not do (batched
         decoding: the server)."""
         if self.backend == "torch":
             return self

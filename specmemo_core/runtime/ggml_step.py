@@ -14,9 +14,7 @@ context and exactly its ancestors (``tree_sequences``). After the step the accep
 becomes sequence 0 again and every other node's cells are freed (``LlamaCppCache.commit_row``).
 
 What the step reads: ``LlamaCppLM.forward`` returns the final (normed) hidden states, which
-the heads take, and keeps llama.cpp's logits of the same rows, which ``greedy_picks`` and
-``logits`` give back for rows equal to them; other rows are scored by our own LM head
-over the GGUF's embedding (int8 rows, as the torch int4 path holds it).
+the heads take, and keeps llama.cpp's logits of the same rows (``host_forward.py``).
 """
 
 from __future__ import annotations
@@ -24,18 +22,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.runtime.cpu_linear import Int8RowLinear
+from specmemo_core.runtime.host_forward import HostForwardLM
 from specmemo_core.runtime.kv_cache import KVCache
-from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
 
 MAX_SEQUENCES = 64  # llama.cpp's own limit (LLAMA_MAX_SEQ): sequence 0 and one per leaf of a tree
 BATCH = 512  # tokens per llama_decode: a prefill chunk (decoding.PREFILL_CHUNK) or a tree
@@ -172,24 +167,13 @@ class LlamaCppCache(KVCache):
         self.sequences = sequences
 
 
-@dataclass
-class LastRows:
-    """The rows the last forward gave (``LlamaCppLM._read_rows``)."""
+class LlamaCppLM(HostForwardLM):
+    """The base model as llama.cpp runs it (``host_forward.HostForwardLM``'s surface)."""
 
-    rows: torch.Tensor | None = None  # their hidden states [N, D]
-    given: torch.Tensor | None = None  # the tensor the forward returned them in
-    logits: list[np.ndarray] = field(default_factory=list)  # llama.cpp's logits of them: N views [V] of its buffer
-    picks: torch.Tensor | None = None  # their argmax [N]
-
-
-class LlamaCppLM(nn.Module):
-    """The base model as llama.cpp runs it, with the surface our step reads from
-    ``model.CausalLM``: ``forward`` (hidden states), ``greedy_picks``, ``logits``,
-    ``new_cache``, ``rope``, ``draft_embedding`` and ``lm_head`` for the heads. Its own
-    parameters are the embedding and that LM head; llama.cpp holds the rest."""
+    engine_name = "llama.cpp"
 
     def __init__(self, path: Path, config: Any, embedding: torch.Tensor, head: torch.Tensor, *, threads: int) -> None:
-        super().__init__()
+        super().__init__(config, embedding, head)
         self.ll = _llama()
         self.ll.llama_backend_init()
         params = self.ll.llama_model_default_params()
@@ -198,40 +182,10 @@ class LlamaCppLM(nn.Module):
         if not self.handle:
             raise SpecMemoError(f"llama.cpp could not load {path}; check the file, or use the torch backend")
         self.path, self.threads = path, threads
-        self.eval()
-        self.spec = ModelSpec.from_config(config)
         self.vocab = int(self.ll.llama_vocab_n_tokens(self.ll.llama_model_get_vocab(self.handle)))
-        self.embed_tokens = nn.Embedding.from_pretrained(embedding, freeze=True)
-        self.head_weight = head  # the output matrix (the embedding itself where tied), float32
-        linear = nn.Linear(head.shape[1], head.shape[0], bias=False)
-        linear.weight = nn.Parameter(head, requires_grad=False)
-        self.lm_head = Int8RowLinear(linear)  # what the heads draft with, and scores rows not llama.cpp's
-        inv_freq, self.rope_scale = rope_inverse_frequencies(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.last = LastRows()  # what the last forward gave (a plain object: a module's setattr costs more)
-
-    device = torch.device("cpu")
-    dtype = torch.float32
-    capturable = False
-    one_device = True
-    streamed = None  # every layer is llama.cpp's, none streamed (offload.py) or split (split.py)
-    placement = None
-
-    def use_regions(self, regions: Any) -> None:
-        """How our decoder layers run (``model.LayerRegions``): llama.cpp runs its own, eagerly."""
-        from specmemo_core.runtime.model import EAGER_REGIONS
-
-        if regions is not EAGER_REGIONS:
-            raise SpecMemoError("compiled layer regions are our own layers'; run them with the torch backend")
 
     def new_cache(self, capacity: int) -> LlamaCppCache:
         return LlamaCppCache(self, capacity)
-
-    def draft_embedding(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        return self.embed_tokens
-
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: LlamaCppCache, last_only: bool = False) -> torch.Tensor:
@@ -300,34 +254,9 @@ class LlamaCppLM(nn.Module):
         ll = self.ll
         out = torch.from_numpy(np.stack([_floats(ll.llama_get_embeddings_ith(ctx, i), self.spec.hidden_size)
                                          for i in rows]))
-        last = self.last
-        last.logits = [_floats(ll.llama_get_logits_ith(ctx, i), self.vocab) for i in rows]
-        last.picks = torch.from_numpy(np.fromiter((row.argmax() for row in last.logits), np.int64, len(rows)))
-        last.rows, last.given = out.clone(), out  # a copy: the caller may change what it was given
-        return out
-
-    def _kept(self, hidden: torch.Tensor) -> slice | torch.Tensor | None:
-        """Which rows of the last forward ``hidden``'s rows are ([T] indices, or every one in order),
-        so their llama.cpp logits and picks stand for them; None where some row is not one."""
-        rows = self.last.rows
-        if rows is None or hidden.dim() != 2 or hidden.shape[-1] != rows.shape[-1]:
-            return None
-        if hidden is self.last.given and torch.equal(hidden, rows):  # the forward's own output, unchanged
-            return slice(None)
-        same = (hidden[:, None, :] == rows[None, :, :]).all(-1)  # [T, N]
-        if not bool(same.any(-1).all()):
-            return None
-        return same.int().argmax(-1)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        kept = self._kept(hidden)
-        if kept is None:
-            return self.lm_head(hidden)
-        return torch.from_numpy(np.stack(self.last.logits))[kept]  # a copy, out of llama.cpp's buffer
-
-    def greedy_picks(self, hidden: torch.Tensor) -> torch.Tensor:
-        kept = self._kept(hidden)
-        return self.last.picks[kept] if kept is not None else self.lm_head(hidden).argmax(-1)
+        logits = [_floats(ll.llama_get_logits_ith(ctx, i), self.vocab) for i in rows]
+        picks = torch.from_numpy(np.fromiter((row.argmax() for row in logits), np.int64, len(rows)))
+        return self.last.keep(out, logits, picks)
 
 
 def load_llamacpp(opened: Any, *, threads: int, progress: Callable[[str, float], None] | None = None) -> LlamaCppLM:

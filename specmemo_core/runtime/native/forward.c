@@ -1,0 +1,403 @@
+/* The base model's forward for a CPU, over a GGUF's own 4- and 8-bit blocks: a Llama-style
+ * decoder (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP), T tokens at a time
+ * at any positions, each attending to the committed context and to the new tokens its mask
+ * row names (a tree's ancestors, or a causal chunk's earlier tokens).
+ *
+ * Why our own: a speculative step verifies several tokens at once, and a forward of T tokens
+ * should cost little more than one while the weights stream from memory. Here every weight
+ * block is unpacked once per group of up to 8 tokens and multiplied with each token's int8
+ * activations (AVX-512 VNNI's u8 x s8 dot products, or AVX2's), so T tokens share one read
+ * of the weights.
+ *
+ * Exactness: each token's arithmetic (its matmul sums, its attention over the slots it sees,
+ * in slot order) does not depend on T or on the other tokens of the forward, so a tree's
+ * accepted nodes get bit for bit the hidden states plain decoding gives them.
+ *
+ * Weights (native_lm.py repacks them once): every matrix row as pairs of 32-element blocks,
+ * w = d * u + m with u unsigned (Q4_0's and Q4_1's nibbles, Q8_0's bytes plus 128), the two
+ * blocks' bytes interleaved in 4-byte groups so the dot product's 32-bit lanes alternate
+ * between them; activations are quantized per 32-element block to int8 (scale amax / 127)
+ * in the same order. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#include <omp.h>
+
+#define GROUP 8 /* tokens per pass over a matrix's weights */
+
+typedef struct {
+    int rows, cols, nibbles;  /* nibbles: 1 for 4-bit u (16 bytes a block), 0 for 8-bit (32) */
+    const uint8_t *u;         /* [rows][cols / 64][32 or 64] interleaved pairs of blocks */
+    const float *d, *m;       /* [rows][cols / 32] each */
+} QMatrix;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [D] */
+    QMatrix q, k, v, o, gate, up, down;
+} Layer;
+
+typedef struct {
+    int layers, dim, heads, kv_heads, head_dim, ffn, vocab, threads, max_tokens;
+    float eps, rope_scale;
+    const float *inv_freq;   /* [head_dim / 2] */
+    const float *out_norm;   /* [D] */
+    QMatrix embed, head;     /* token embedding (read per token) and the LM head */
+    Layer *layer;
+    /* workspace for max_tokens tokens */
+    float *x, *xn, *q, *k, *v, *att, *g, *scores;
+    int8_t *aq; float *as, *ab;   /* quantized activations: bytes, scales per lane, block sums */
+} Model;
+
+/* ---- activations: int8 per 32-element block, laid out as the weights' pairs ---- */
+
+/* x [cols] -> aq [cols] bytes (pairs of blocks, 64 bytes each), as [cols/64][16] lane scales,
+ * ab [cols/32] scale * sum of the block's ints (for the weights' offset m). */
+static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float *ab) {
+    int nb = cols / 32;
+    float sc[2];
+    int8_t qb[2][32];
+    for (int p = 0; p < nb / 2; p++) {
+        for (int h = 0; h < 2; h++) {
+            const float *b = x + (2 * p + h) * 32;
+            float amax = 0.f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(b[i]));
+            float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
+            int sum = 0;
+            for (int i = 0; i < 32; i++) {
+                int v = (int)lrintf(b[i] * inv);
+                qb[h][i] = (int8_t)v;
+                sum += v;
+            }
+            sc[h] = s;
+            ab[2 * p + h] = s * (float)sum;
+        }
+        int8_t *o = aq + p * 64;
+        for (int lane = 0; lane < 16; lane++) {  /* lane: block lane % 2, elements (lane / 2) * 4 + 0..3 */
+            const int8_t *src = qb[lane & 1] + (lane >> 1) * 4;
+            memcpy(o + lane * 4, src, 4);
+            as[p * 16 + lane] = sc[lane & 1];
+        }
+    }
+}
+
+/* ---- the matmul: out[t][r] (+)= row r of W . token t ---- */
+
+/* a float dot product, vectorized; one compiled copy (never inlined), so its summation order
+ * depends on n alone and a token's sums do not depend on the kernel or forward it runs in */
+__attribute__((noinline)) static float dotf(const float *a, const float *b, int n) {
+    float s = 0.f;
+    #pragma omp simd reduction(+ : s)
+    for (int k = 0; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+typedef __m512 facc;
+static inline __m512i load_u(const QMatrix *w, const uint8_t *row, int p) {
+    if (w->nibbles) {
+        const __m256i mask = _mm256_set1_epi8(0x0F);
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(row + p * 32));
+        __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    return _mm512_loadu_si512((const void *)(row + p * 64));
+}
+#define ROW_KERNEL(M)                                                                                     \
+    static void row_##M(const QMatrix *w, int r, int np, const int8_t *aq, const float *as,            \
+                        const float *ab, float *out, int ostride, int accumulate) {                       \
+        const uint8_t *row = w->u + (size_t)r * np * (w->nibbles ? 32 : 64);                             \
+        const float *d = w->d + (size_t)r * np * 2, *m = w->m + (size_t)r * np * 2;                      \
+        __m512 acc[M];                                                                                    \
+        for (int t = 0; t < M; t++) acc[t] = _mm512_setzero_ps();                                        \
+        for (int p = 0; p < np; p++) {                                                                    \
+            __m512i u = load_u(w, row, p);                                                                \
+            __m512 dv = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)(d + 2 * p)));                  \
+            for (int t = 0; t < M; t++) {                                                                 \
+                __m512i x = _mm512_loadu_si512((const void *)(aq + ((size_t)t * np + p) * 64));          \
+                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);                           \
+                __m512 xs = _mm512_loadu_ps(as + ((size_t)t * np + p) * 16);                             \
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), xs), dv, acc[t]);          \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int t = 0; t < M; t++) {                                                                     \
+            float v = _mm512_reduce_add_ps(acc[t]) + dotf(m, ab + (size_t)t * np * 2, np * 2);           \
+            float *o = out + (size_t)t * ostride + r;                                                     \
+            *o = accumulate ? *o + v : v;                                                                 \
+        }                                                                                                 \
+    }
+#else
+/* AVX2 (and plain C elsewhere): the same sums in 32-bit lanes of 8 */
+static inline void unpack_u(const QMatrix *w, const uint8_t *row, int p, uint8_t u[64]) {
+    if (w->nibbles) {
+        const uint8_t *b = row + p * 32;
+        for (int i = 0; i < 32; i++) { u[i] = b[i] & 0x0F; u[32 + i] = b[i] >> 4; }
+    } else {
+        memcpy(u, row + p * 64, 64);
+    }
+}
+#define ROW_KERNEL(M)                                                                                     \
+    static void row_##M(const QMatrix *w, int r, int np, const int8_t *aq, const float *as,            \
+                        const float *ab, float *out, int ostride, int accumulate) {                       \
+        const uint8_t *row = w->u + (size_t)r * np * (w->nibbles ? 32 : 64);                             \
+        const float *d = w->d + (size_t)r * np * 2, *m = w->m + (size_t)r * np * 2;                      \
+        float acc[M][16];                                                                                 \
+        memset(acc, 0, sizeof(acc));                                                                      \
+        uint8_t u[64];                                                                                    \
+        for (int p = 0; p < np; p++) {                                                                    \
+            unpack_u(w, row, p, u);                                                                       \
+            float dp[2] = {d[2 * p], d[2 * p + 1]};                                                       \
+            for (int t = 0; t < M; t++) {                                                                 \
+                const int8_t *x = aq + ((size_t)t * np + p) * 64;                                        \
+                const float *xs = as + ((size_t)t * np + p) * 16;                                        \
+                for (int lane = 0; lane < 16; lane++) {                                                   \
+                    int s = 0;                                                                            \
+                    for (int j = 0; j < 4; j++) s += (int)u[lane * 4 + j] * (int)x[lane * 4 + j];        \
+                    acc[t][lane] += ((float)s * xs[lane]) * dp[lane & 1];                                 \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int t = 0; t < M; t++) {                                                                     \
+            float v = 0.f;                                                                                \
+            for (int lane = 0; lane < 16; lane++) v += acc[t][lane];                                     \
+            v += dotf(m, ab + (size_t)t * np * 2, np * 2);                                                \
+            float *o = out + (size_t)t * ostride + r;                                                     \
+            *o = accumulate ? *o + v : v;                                                                 \
+        }                                                                                                 \
+    }
+#endif
+ROW_KERNEL(1) ROW_KERNEL(2) ROW_KERNEL(3) ROW_KERNEL(4) ROW_KERNEL(5) ROW_KERNEL(6) ROW_KERNEL(7) ROW_KERNEL(8)
+typedef void (*row_fn)(const QMatrix *, int, int, const int8_t *, const float *, const float *, float *, int, int);
+static const row_fn ROWS[GROUP + 1] = {0, row_1, row_2, row_3, row_4, row_5, row_6, row_7, row_8};
+
+/* This thread's share of out[t][r0:r1] for the T tokens of (aq, as, ab); out rows of stride ostride. */
+static void matmul_part(const QMatrix *w, int T, const int8_t *aq, const float *as, const float *ab,
+                        float *out, int ostride, int accumulate) {
+    int th = omp_get_thread_num(), n = omp_get_num_threads();
+    int r0 = (int)((long)w->rows * th / n), r1 = (int)((long)w->rows * (th + 1) / n);
+    int np = w->cols / 64;
+    for (int t0 = 0; t0 < T; t0 += GROUP) {
+        int g = T - t0 < GROUP ? T - t0 : GROUP;
+        for (int r = r0; r < r1; r++)
+            ROWS[g](w, r, np, aq + (size_t)t0 * w->cols, as + (size_t)t0 * np * 16, ab + (size_t)t0 * np * 2,
+                    out + (size_t)t0 * ostride, ostride, accumulate);
+    }
+}
+
+/* ---- the rest of a layer ---- */
+
+static void rms_norm_quantize(const float *x, const float *weight, int dim, float eps, float *xn,
+                              int8_t *aq, float *as, float *ab) {
+    float inv = 1.f / sqrtf(dotf(x, x, dim) / (float)dim + eps);
+    for (int i = 0; i < dim; i++) xn[i] = x[i] * inv * weight[i];
+    quantize_row(xn, dim, aq, as, ab);
+}
+
+/* rotary embedding of one head's vector at position pos: pairs (2i, 2i + 1), the GGUF's order */
+static void rope(float *v, int head_dim, const float *inv_freq, float scale, int pos) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        float a = (float)pos * inv_freq[i], c = cosf(a) * scale, s = sinf(a) * scale;
+        float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c - x1 * s;
+        v[2 * i + 1] = x0 * s + x1 * c;
+    }
+}
+
+/* One query head of token t: softmax over the context's slots [0, length) and the new
+ * tokens its mask row allows (slots length + j), in slot order; writes att [head_dim]. */
+static void attend(const Model *M, const float *kc, const float *vc, int length, int T, int t,
+                   const uint8_t *mask, const float *q, int kvh, float *scores, float *att) {
+    int hd = M->head_dim, kvd = M->kv_heads * hd, n = 0;
+    float scale = 1.f / sqrtf((float)hd), best = -INFINITY;
+    for (int s = 0; s < length + T; s++) {
+        if (s >= length && !(mask ? mask[t * T + (s - length)] : (s - length) <= t)) { scores[s] = -INFINITY; continue; }
+        scores[s] = dotf(q, kc + (size_t)s * kvd + kvh * hd, hd) * scale;
+        if (scores[s] > best) best = scores[s];
+        n++;
+    }
+    float sum = 0.f;
+    for (int s = 0; s < length + T; s++) {
+        float e = scores[s] == -INFINITY ? 0.f : expf(scores[s] - best);
+        scores[s] = e;
+        sum += e;
+    }
+    for (int i = 0; i < hd; i++) att[i] = 0.f;
+    for (int s = 0; s < length + T; s++) {
+        if (scores[s] == 0.f) continue;
+        const float *v = vc + (size_t)s * kvd + kvh * hd;
+        float w = scores[s] / sum;
+        for (int i = 0; i < hd; i++) att[i] += w * v[i];
+    }
+    (void)n;
+}
+
+static inline float silu(float x) { return x / (1.f + expf(-x)); }
+
+/* ---- the API ---- */
+
+Model *sm_model_new(int layers, int dim, int heads, int kv_heads, int head_dim, int ffn, int vocab,
+                    float eps, float rope_scale, const float *inv_freq, const float *out_norm,
+                    int threads, int max_tokens) {
+    Model *M = calloc(1, sizeof(Model));
+    M->layers = layers; M->dim = dim; M->heads = heads; M->kv_heads = kv_heads; M->head_dim = head_dim;
+    M->ffn = ffn; M->vocab = vocab; M->eps = eps; M->rope_scale = rope_scale; M->inv_freq = inv_freq;
+    M->out_norm = out_norm; M->threads = threads; M->max_tokens = max_tokens;
+    M->layer = calloc((size_t)layers, sizeof(Layer));
+    size_t T = (size_t)max_tokens, wide = (size_t)(ffn > dim ? ffn : dim);
+    M->x = malloc(T * dim * sizeof(float));
+    M->xn = malloc(T * dim * sizeof(float));
+    M->q = malloc(T * heads * head_dim * sizeof(float));
+    M->k = malloc(T * kv_heads * head_dim * sizeof(float));
+    M->v = malloc(T * kv_heads * head_dim * sizeof(float));
+    M->att = malloc(T * heads * head_dim * sizeof(float));
+    M->g = malloc(T * 2 * ffn * sizeof(float));
+    M->aq = malloc(T * wide);
+    M->as = malloc(T * (wide / 4) * sizeof(float));
+    M->ab = malloc(T * (wide / 32) * sizeof(float));
+    M->scores = NULL;
+    return M;
+}
+
+void sm_model_free(Model *M) {
+    if (!M) return;
+    free(M->x); free(M->xn); free(M->q); free(M->k); free(M->v); free(M->att); free(M->g);
+    free(M->aq); free(M->as); free(M->ab); free(M->scores); free(M->layer); free(M);
+}
+
+static QMatrix qm(int rows, int cols, int nibbles, const uint8_t *u, const float *d, const float *m) {
+    QMatrix w = {rows, cols, nibbles, u, d, m};
+    return w;
+}
+
+/* matrix 0..6: q, k, v, o, gate, up, down; -1: the embedding, -2: the LM head */
+void sm_set_matrix(Model *M, int layer, int which, int rows, int cols, int nibbles,
+                   const uint8_t *u, const float *d, const float *m) {
+    QMatrix w = qm(rows, cols, nibbles, u, d, m);
+    if (which == -1) { M->embed = w; return; }
+    if (which == -2) { M->head = w; return; }
+    Layer *L = &M->layer[layer];
+    QMatrix *slot[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+    *slot[which] = w;
+}
+
+void sm_set_norms(Model *M, int layer, const float *attn_norm, const float *ffn_norm) {
+    M->layer[layer].attn_norm = attn_norm;
+    M->layer[layer].ffn_norm = ffn_norm;
+}
+
+/* one embedding row, dequantized */
+static void embed_row(const QMatrix *w, int token, float *out) {
+    int np = w->cols / 64, stride = w->nibbles ? 32 : 64;
+    const uint8_t *row = w->u + (size_t)token * np * stride;
+    const float *d = w->d + (size_t)token * np * 2, *m = w->m + (size_t)token * np * 2;
+    for (int p = 0; p < np; p++)
+        for (int lane = 0; lane < 16; lane++)
+            for (int j = 0; j < 4; j++) {
+                int byte = lane * 4 + j, h = lane & 1;
+                int el = (lane >> 1) * 4 + j;  /* 0..31 within the block */
+                int u = w->nibbles ? (byte < 32 ? row[p * 32 + byte] & 0x0F : row[p * 32 + byte - 32] >> 4)
+                                   : row[p * 64 + byte];
+                out[(2 * p + h) * 32 + el] = d[2 * p + h] * (float)u + m[2 * p + h];
+            }
+}
+
+/* T tokens at positions, written to cache slots [length, length + T) of every layer's
+ * kc/vc ([layers][capacity][kv_heads * head_dim]); mask [T][T] (1: may attend) or NULL
+ * for causal. hidden [T][D]: the final normed states. The LM head scores the n_out rows
+ * out_rows into logits [n_out][vocab], and picks [n_out] their argmax (first maximum). */
+int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, const int32_t *tokens,
+               const int32_t *positions, const uint8_t *mask, float *hidden, int n_out, const int32_t *out_rows,
+               float *logits, int64_t *picks) {
+    if (T > M->max_tokens || length + T > capacity) return -1;
+    int D = M->dim, H = M->heads, KVH = M->kv_heads, hd = M->head_dim, F = M->ffn;
+    int kvd = KVH * hd, group = H / KVH;
+    M->scores = realloc(M->scores, (size_t)M->threads * (length + T) * sizeof(float));
+    float *x = M->x, *xn = M->xn;
+    for (int t = 0; t < T; t++) embed_row(&M->embed, tokens[t], x + (size_t)t * D);
+    #pragma omp parallel num_threads(M->threads)
+    {
+        int th = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *scores = M->scores + (size_t)th * (length + T);
+        for (int l = 0; l < M->layers; l++) {
+            const Layer *L = &M->layer[l];
+            float *kl = kc + (size_t)l * capacity * kvd, *vl = vc + (size_t)l * capacity * kvd;
+            #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++)
+                rms_norm_quantize(x + (size_t)t * D, L->attn_norm, D, M->eps, xn + (size_t)t * D,
+                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 4), M->ab + (size_t)t * (D / 32));
+            matmul_part(&L->q, T, M->aq, M->as, M->ab, M->q, H * hd, 0);
+            matmul_part(&L->k, T, M->aq, M->as, M->ab, M->k, kvd, 0);
+            matmul_part(&L->v, T, M->aq, M->as, M->ab, M->v, kvd, 0);
+            #pragma omp barrier
+            #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++) {
+                for (int h = 0; h < H; h++) rope(M->q + (size_t)t * H * hd + h * hd, hd, M->inv_freq, M->rope_scale, positions[t]);
+                float *ks = kl + (size_t)(length + t) * kvd, *vs = vl + (size_t)(length + t) * kvd;
+                memcpy(ks, M->k + (size_t)t * kvd, kvd * sizeof(float));
+                memcpy(vs, M->v + (size_t)t * kvd, kvd * sizeof(float));
+                for (int h = 0; h < KVH; h++) rope(ks + h * hd, hd, M->inv_freq, M->rope_scale, positions[t]);
+            }
+            #pragma omp for schedule(static)
+            for (int th_ = 0; th_ < T * H; th_++) {
+                int t = th_ / H, h = th_ % H;
+                attend(M, kl, vl, length, T, t, mask, M->q + (size_t)t * H * hd + h * hd, h / group, scores,
+                       M->att + (size_t)t * H * hd + h * hd);
+            }
+            #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++)
+                quantize_row(M->att + (size_t)t * H * hd, H * hd, M->aq + (size_t)t * H * hd,
+                             M->as + (size_t)t * (H * hd / 4), M->ab + (size_t)t * (H * hd / 32));
+            matmul_part(&L->o, T, M->aq, M->as, M->ab, x, D, 1);  /* the residual: x += o(att) */
+            #pragma omp barrier
+            #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++)
+                rms_norm_quantize(x + (size_t)t * D, L->ffn_norm, D, M->eps, xn + (size_t)t * D,
+                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 4), M->ab + (size_t)t * (D / 32));
+            matmul_part(&L->gate, T, M->aq, M->as, M->ab, M->g, 2 * F, 0);
+            matmul_part(&L->up, T, M->aq, M->as, M->ab, M->g + F, 2 * F, 0);
+            #pragma omp barrier
+            #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++) {
+                float *g = M->g + (size_t)t * 2 * F;
+                for (int i = 0; i < F; i++) g[i] = silu(g[i]) * g[F + i];
+                quantize_row(g, F, M->aq + (size_t)t * F, M->as + (size_t)t * (F / 4), M->ab + (size_t)t * (F / 32));
+            }
+            matmul_part(&L->down, T, M->aq, M->as, M->ab, x, D, 1);  /* x += down(silu(gate) * up) */
+            #pragma omp barrier
+        }
+        #pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const float *xr = x + (size_t)t * D;
+            float inv = 1.f / sqrtf(dotf(xr, xr, D) / (float)D + M->eps);
+            for (int i = 0; i < D; i++) hidden[(size_t)t * D + i] = xr[i] * inv * M->out_norm[i];
+        }
+        #pragma omp for schedule(static)
+        for (int i = 0; i < n_out; i++)
+            quantize_row(hidden + (size_t)out_rows[i] * D, D, M->aq + (size_t)i * D, M->as + (size_t)i * (D / 4),
+                         M->ab + (size_t)i * (D / 32));
+        if (n_out > 0) matmul_part(&M->head, n_out, M->aq, M->as, M->ab, logits, M->vocab, 0);
+        (void)nth;
+    }
+    for (int i = 0; i < n_out; i++) {
+        const float *row = logits + (size_t)i * M->vocab;
+        int64_t best = 0;
+        for (int j = 1; j < M->vocab; j++) if (row[j] > row[best]) best = j;
+        picks[i] = best;
+    }
+    return 0;
+}
+
+/* Keep the accepted path: slots length + nodes[i] -> length + i for i < count, every layer. */
+void sm_commit(const Model *M, float *kc, float *vc, int capacity, int length, int count, const int64_t *nodes) {
+    int kvd = M->kv_heads * M->head_dim;
+    for (int l = 0; l < M->layers; l++)
+        for (int i = 0; i < count; i++) {
+            if (nodes[i] == i) continue;
+            size_t src = (size_t)l * capacity + length + nodes[i], dst = (size_t)l * capacity + length + i;
+            memmove(kc + dst * kvd, kc + src * kvd, kvd * sizeof(float));
+            memmove(vc + dst * kvd, vc + src * kvd, kvd * sizeof(float));
+        }
+}

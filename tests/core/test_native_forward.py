@@ -1,0 +1,177 @@
+"""The native CPU forward (runtime/native): the GGUF's blocks repacked exactly, its forward
+against our torch model in float32, and under our one step: a tree's accepted nodes get bit
+for bit the hidden states plain decoding gives, so greedy speculative replies equal plain
+greedy ones; the cache commits the accepted path and a second turn reuses the prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specmemo_core.runtime.native import weights as packing
+from specmemo_core.runtime.native.build import available
+from specmemo_core.runtime.tree import load_tree
+from tests.core.test_sources import write_tiny_gguf
+
+needs_compiler = pytest.mark.skipif(not available(), reason="no C compiler to build the native forward")
+
+
+@pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_repacked_matrix_holds_exactly_the_weights_gguf_reads_from_the_file(quant):
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    kind = gguf.GGMLQuantizationType[quant]
+    w = np.random.default_rng(0).standard_normal((6, 128)).astype(np.float32)
+    raw = quantize(w, kind)
+    packed = packing.pack(raw, int(kind), 6, 128)
+    assert packed.nibbles == (quant != "Q8_0")
+    np.testing.assert_array_equal(packing.dequantize(packed), dequantize(raw, kind))
+
+
+def test_a_float_matrix_becomes_8_bit_blocks_within_half_a_step_of_each_weight():
+    w = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    w[0, :32] = 0.5  # a constant block: step 0
+    packed = packing.from_float(w)
+    step = np.repeat(packed.d, 32, axis=1)
+    assert np.all(np.abs(packing.dequantize(packed) - w) <= step / 2 + 1e-6)
+    assert packed.d[0, 0] == 0 and packing.dequantize(packed)[0, 0] == 0.5
+
+
+def _tiny(tmp_path: Path, quant: str = "Q4_0", hidden: int = 64, **kw) -> Path:
+    return write_tiny_gguf(tmp_path / f"tiny-{quant}-{hidden}.gguf", hidden=hidden, layers=2, quant=quant, tied=True,
+                           **kw)
+
+
+def _native(path: Path, march: str = "native"):
+    from specmemo_core.runtime.native.lm import load_native
+    from specmemo_core.storage.sources import open_model
+
+    return load_native(open_model(path), threads=2, march=march)
+
+
+@needs_compiler
+@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
+def test_the_forward_scores_a_prompt_as_our_float32_model_does(data_dir, tmp_path, march):
+    """Weights as the file holds them, activations in int8 blocks of 32 (as llama.cpp's):
+    the logits of every row within a few percent of our float32 model's, the same picks,
+    on this CPU's kernel and on the AVX2 and plain-C ones."""
+    import platform
+
+    from specmemo_core.runtime.engine import Engine
+
+    if march != "native" and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("an x86 target")
+    path = _tiny(tmp_path)
+    lm, ref = _native(path, march), Engine.load(path, heads="none").model
+    tokens = torch.randint(3, 200, (12,), generator=torch.Generator().manual_seed(3))
+    cache, ref_cache = lm.new_cache(64), ref.new_cache(64)
+    logits = lm.logits(lm(tokens, *cache.prepare(torch.arange(12)), cache))
+    with torch.no_grad():
+        expected = ref.logits(ref(tokens, *ref_cache.prepare(torch.arange(12)), ref_cache))
+    assert (logits - expected).abs().max() < 0.05 * expected.abs().max()
+    assert (logits.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
+
+
+@needs_compiler
+def test_a_trees_nodes_get_the_hidden_states_of_their_paths_decoded_one_by_one(data_dir, tmp_path):
+    """Each node of a 64-node tree after a context: bit for bit the hidden state of the same
+    tokens decoded as a chain (the context, then the node's ancestors, then itself)."""
+    lm = _native(_tiny(tmp_path))
+    buffers = load_tree("medusa-64").buffers
+    ancestors, depths = buffers.attn_mask, buffers.depths
+    g = torch.Generator().manual_seed(4)
+    context, nodes = torch.randint(3, 200, (9,), generator=g), torch.randint(3, 200, (64,), generator=g)
+    cache = lm.new_cache(128)
+    lm(context, *cache.prepare(torch.arange(9)), cache)
+    cache.settle(9)
+    tree = lm(nodes, *cache.prepare(depths, ancestors), cache).clone()
+    for i in (0, 1, 5, 17, 40, 63):
+        path = ancestors[i].nonzero().flatten()  # root first: ancestors before descendants
+        chain_cache = lm.new_cache(128)
+        whole = torch.cat([context, nodes[path]])
+        chain = lm(whole, *chain_cache.prepare(torch.arange(whole.shape[0])), chain_cache)
+        assert torch.equal(chain[-1], tree[i]), i
+
+
+def _reply(engine, prompt, tree=None, n=40, decoder=None):
+    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+
+    heads = engine.heads if tree is not None else None
+    decoder = decoder or Decoder(engine.model, engine.model.new_cache(len(prompt) + n + 64), heads,
+                                 load_tree(tree) if tree else None)
+    return [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=n)) for t in s.token_ids], decoder
+
+
+@needs_compiler
+@pytest.mark.parametrize("tree", ["1-3-2", "chain-2", "medusa-64"])
+def test_speculative_replies_on_the_native_forward_are_its_plain_greedy_replies(data_dir, tmp_path, tree):
+    from specmemo_core.runtime.engine import Engine
+
+    engine = Engine.load(_tiny(tmp_path, "Q4_1"), heads="random", backend="native")
+    prompt = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    plain, _ = _reply(engine, prompt)
+    spec, _ = _reply(engine, prompt, tree)
+    assert spec == plain and len(plain) == 40
+
+
+@needs_compiler
+def test_a_second_turn_on_the_native_forward_reuses_the_cached_prefix(data_dir, tmp_path):
+    from specmemo_core.runtime.engine import Engine
+
+    engine = Engine.load(_tiny(tmp_path), heads="random", backend="native")
+    first = torch.randint(3, 200, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    reply, decoder = _reply(engine, first, "1-3-2", n=12)
+    second = first + reply[:6] + [7, 8, 9]  # diverges from the cached reply after 6 tokens
+    again, _ = _reply(engine, second, "1-3-2", n=12, decoder=decoder)
+    fresh, _ = _reply(engine, second, "1-3-2", n=12)
+    assert again == fresh
+
+
+@needs_compiler
+def test_a_4_bit_llama_file_on_a_cpu_is_planned_onto_the_native_forward(data_dir, tmp_path):
+    """The planner's default for a 4-bit GGUF on a CPU; a family it does not run (qwen2, with
+    biases) goes to another backend; torch when asked for."""
+    from dataclasses import replace
+
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import PlanChoices, load_planned
+
+    choices = PlanChoices(turns=1, reply_tokens=8, speculate=False)
+
+    def planned(path, **kw):
+        return load_planned(path, heads="none", choices=replace(choices, **kw), device=cpu_device(),
+                            data_folder=tmp_path, wait_for_timing=False).engine
+
+    auto = planned(_tiny(tmp_path, "Q4_1"))
+    assert (auto.backend, auto.precision, type(auto.model).__name__) == ("native", "int4", "NativeLM")
+    assert planned(_tiny(tmp_path, "Q4_1", arch="qwen2")).backend in ("llamacpp", "torch")
+    assert planned(_tiny(tmp_path, "Q4_1"), backend="torch").backend == "torch"
+
+
+@needs_compiler
+def test_a_k_quant_file_runs_as_8_bit_blocks_within_half_a_step_of_its_own_weights(data_dir, tmp_path):
+    """Formats the forward does not repack exactly (K-quants here) are read through gguf and
+    held as 8-bit blocks of 32, each weight within half a step of the file's; the first
+    row's logits (before any attention mixes rows) close to our float32 model's."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from specmemo_core.runtime.engine import Engine
+
+    path = _tiny(tmp_path, "Q4_K", hidden=256)  # K-quants' blocks are 256 wide
+    lm, ref = _native(path), Engine.load(path, heads="none").model
+    held = lm.weights["blk.0.ffn_up"]
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.ffn_up.weight")
+    own = dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.tensor_type))
+    assert not held.nibbles and held.u.shape == (512, 4, 64)
+    assert np.all(np.abs(packing.dequantize(held) - own) <= np.repeat(held.d, 32, axis=1) / 2 + 1e-5)
+    tokens = torch.randint(3, 200, (6,), generator=torch.Generator().manual_seed(5))
+    cache, ref_cache = lm.new_cache(64), ref.new_cache(64)
+    logits = lm.logits(lm(tokens, *cache.prepare(torch.arange(6)), cache))
+    with torch.no_grad():
+        expected = ref.logits(ref(tokens, *ref_cache.prepare(torch.arange(6)), ref_cache))
+    assert (logits[0] - expected[0]).abs().max() < 0.03 * expected[0].abs().max()
