@@ -33,6 +33,7 @@ typedef struct {
     int rows, cols, nibbles;  /* nibbles: 1 for 4-bit u (16 bytes a block), 0 for 8-bit (32) */
     const uint8_t *u;         /* [rows][cols / 64][32 or 64] interleaved pairs of blocks */
     const float *d, *m;       /* [rows][cols / 32] each */
+    float *kernel_m;          /* AVX2, 8-bit: m + 128 d (the kernel's bytes are u - 128); else NULL */
 } QMatrix;
 
 typedef struct {
@@ -84,19 +85,25 @@ static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float 
     }
 }
 
-/* ---- the matmul: out[t][r] (+)= row r of W . token t ---- */
-
-/* a float dot product, vectorized; one compiled copy (never inlined), so its summation order
- * depends on n alone and a token's sums do not depend on the kernel or forward it runs in */
-__attribute__((noinline)) static float dotf(const float *a, const float *b, int n) {
-    float s = 0.f;
-    #pragma omp simd reduction(+ : s)
-    for (int k = 0; k < n; k++) s += a[k] * b[k];
-    return s;
-}
+/* ---- the matmul: out[t][r] (+)= row r of W . token t ----
+ *
+ * Every sum below runs in an order fixed by the shapes alone (intrinsics, or scalar loops
+ * the compiler may not reorder), never by how many tokens share a pass: that is what makes a
+ * tree's nodes bit-exact to the same tokens decoded one by one. */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-typedef __m512 facc;
+#define KERNEL "avx512-vnni"
+/* a . b over n floats (n a multiple of 16 or not: the tail is masked) */
+static inline float dotf(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
+    if (k < n) {
+        __mmask16 tail = (__mmask16)((1u << (n - k)) - 1);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + k), _mm512_maskz_loadu_ps(tail, b + k), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
 static inline __m512i load_u(const QMatrix *w, const uint8_t *row, int p) {
     if (w->nibbles) {
         const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -129,8 +136,72 @@ static inline __m512i load_u(const QMatrix *w, const uint8_t *row, int p) {
             *o = accumulate ? *o + v : v;                                                                 \
         }                                                                                                 \
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KERNEL "avx2"
+static inline float hsum8(__m256 v) {  /* a fixed order: halves, then pairs, then the last two */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+static inline float dotf(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    float s = hsum8(acc);
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+/* the 32-bit lane sums of u (unsigned) . x (signed), 4 bytes a lane, as dpbusd gives them; for
+ * 8-bit weights (u up to 255, whose byte products would saturate maddubs' 16 bits) the bytes
+ * are taken as u - 128 (the matrix's m then holds m + 128 d: see sm_set_matrix) */
+static inline __m256i lane_dots(__m256i u, __m256i x, int nibbles) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (nibbles) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones);
+    __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), ones);
+}
+#define ROW_KERNEL(M)                                                                                     \
+    static void row_##M(const QMatrix *w, int r, int np, const int8_t *aq, const float *as,            \
+                        const float *ab, float *out, int ostride, int accumulate) {                       \
+        const uint8_t *row = w->u + (size_t)r * np * (w->nibbles ? 32 : 64);                             \
+        const float *d = w->d + (size_t)r * np * 2, *m = w->kernel_m + (size_t)r * np * 2;               \
+        const __m256i mask = _mm256_set1_epi8(0x0F);                                                      \
+        __m256 acc[M];                                                                                    \
+        for (int t = 0; t < M; t++) acc[t] = _mm256_setzero_ps();                                        \
+        for (int p = 0; p < np; p++) {                                                                    \
+            __m256i lo, hi;                                                                               \
+            if (w->nibbles) {                                                                             \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(row + p * 32));                       \
+                lo = _mm256_and_si256(raw, mask);                                                         \
+                hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);                                   \
+            } else {                                                                                      \
+                lo = _mm256_loadu_si256((const __m256i *)(row + p * 64));                                \
+                hi = _mm256_loadu_si256((const __m256i *)(row + p * 64 + 32));                           \
+            }                                                                                             \
+            __m256 dv = _mm256_castpd_ps(_mm256_set1_pd(*(const double *)(d + 2 * p)));                  \
+            for (int t = 0; t < M; t++) {                                                                 \
+                const int8_t *x = aq + ((size_t)t * np + p) * 64;                                        \
+                const float *xs = as + ((size_t)t * np + p) * 16;                                        \
+                __m256i s0 = lane_dots(lo, _mm256_loadu_si256((const __m256i *)x), w->nibbles);          \
+                __m256i s1 = lane_dots(hi, _mm256_loadu_si256((const __m256i *)(x + 32)), w->nibbles);   \
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s0), _mm256_loadu_ps(xs)), dv, acc[t]); \
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s1), _mm256_loadu_ps(xs + 8)), dv, \
+                                         acc[t]);                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int t = 0; t < M; t++) {                                                                     \
+            float v = hsum8(acc[t]) + dotf(m, ab + (size_t)t * np * 2, np * 2);                          \
+            float *o = out + (size_t)t * ostride + r;                                                     \
+            *o = accumulate ? *o + v : v;                                                                 \
+        }                                                                                                 \
+    }
 #else
-/* AVX2 (and plain C elsewhere): the same sums in 32-bit lanes of 8 */
+#define KERNEL "c"
+static float dotf(const float *a, const float *b, int n) {
+    float s = 0.f;
+    for (int k = 0; k < n; k++) s += a[k] * b[k];
+    return s;
+}
 static inline void unpack_u(const QMatrix *w, const uint8_t *row, int p, uint8_t u[64]) {
     if (w->nibbles) {
         const uint8_t *b = row + p * 32;
@@ -263,25 +334,38 @@ Model *sm_model_new(int layers, int dim, int heads, int kv_heads, int head_dim, 
 
 void sm_model_free(Model *M) {
     if (!M) return;
+    for (int l = 0; l < M->layers; l++) {
+        Layer *L = &M->layer[l];
+        QMatrix *all[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+        for (int i = 0; i < 7; i++) free(all[i]->kernel_m);
+    }
+    free(M->embed.kernel_m); free(M->head.kernel_m);
     free(M->x); free(M->xn); free(M->q); free(M->k); free(M->v); free(M->att); free(M->g);
     free(M->aq); free(M->as); free(M->ab); free(M->scores); free(M->layer); free(M);
 }
 
 static QMatrix qm(int rows, int cols, int nibbles, const uint8_t *u, const float *d, const float *m) {
-    QMatrix w = {rows, cols, nibbles, u, d, m};
+    QMatrix w = {rows, cols, nibbles, u, d, m, NULL};
+#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+    size_t n = (size_t)rows * (cols / 32);
+    w.kernel_m = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) w.kernel_m[i] = nibbles ? m[i] : m[i] + 128.f * d[i];
+#endif
     return w;
 }
 
 /* matrix 0..6: q, k, v, o, gate, up, down; -1: the embedding, -2: the LM head */
 void sm_set_matrix(Model *M, int layer, int which, int rows, int cols, int nibbles,
                    const uint8_t *u, const float *d, const float *m) {
-    QMatrix w = qm(rows, cols, nibbles, u, d, m);
-    if (which == -1) { M->embed = w; return; }
-    if (which == -2) { M->head = w; return; }
-    Layer *L = &M->layer[layer];
+    Layer *L = &M->layer[layer < 0 ? 0 : layer];
     QMatrix *slot[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-    *slot[which] = w;
+    QMatrix *target = which == -1 ? &M->embed : which == -2 ? &M->head : slot[which];
+    free(target->kernel_m);
+    *target = qm(rows, cols, nibbles, u, d, m);
 }
+
+/* which kernel this build runs: "avx512-vnni", "avx2" or "c" */
+const char *sm_kernel(void) { return KERNEL; }
 
 void sm_set_norms(Model *M, int layer, const float *attn_norm, const float *ffn_norm) {
     M->layer[layer].attn_norm = attn_norm;
