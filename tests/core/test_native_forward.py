@@ -20,25 +20,27 @@ needs_compiler = pytest.mark.skipif(not available(), reason="no C compiler to bu
 
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0"])
-def test_a_repacked_matrix_holds_exactly_the_weights_gguf_reads_from_the_file(quant):
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_a_repacked_matrix_holds_exactly_the_weights_gguf_reads_from_the_file(quant, lanes):
+    """Rows in groups of the kernel's lanes (the last one padded: 21 rows here)."""
     import gguf
     from gguf.quants import dequantize, quantize
 
     kind = gguf.GGMLQuantizationType[quant]
-    w = np.random.default_rng(0).standard_normal((6, 128)).astype(np.float32)
+    w = np.random.default_rng(0).standard_normal((21, 96)).astype(np.float32)
     raw = quantize(w, kind)
-    packed = packing.pack(raw, int(kind), 6, 128)
-    assert packed.nibbles == (quant != "Q8_0")
+    packed = packing.pack(raw, int(kind), 21, 96, lanes)
+    assert packed.nibbles == (quant != "Q8_0") and packed.u.shape[:2] == (-(-21 // lanes), 3)
     np.testing.assert_array_equal(packing.dequantize(packed), dequantize(raw, kind))
 
 
 def test_a_float_matrix_becomes_8_bit_blocks_within_half_a_step_of_each_weight():
     w = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
     w[0, :32] = 0.5  # a constant block: step 0
-    packed = packing.from_float(w)
-    step = np.repeat(packed.d, 32, axis=1)
+    packed = packing.from_float(w, 8)
+    step = np.repeat(packed.d.transpose(0, 2, 1).reshape(-1, 2)[:4], 32, axis=1)
     assert np.all(np.abs(packing.dequantize(packed) - w) <= step / 2 + 1e-6)
-    assert packed.d[0, 0] == 0 and packing.dequantize(packed)[0, 0] == 0.5
+    assert packed.d[0, 0, 0] == 0 and packing.dequantize(packed)[0, 0] == 0.5
 
 
 def _tiny(tmp_path: Path, quant: str = "Q4_0", hidden: int = 64, **kw) -> Path:
@@ -167,8 +169,9 @@ def test_a_k_quant_file_runs_as_8_bit_blocks_within_half_a_step_of_its_own_weigh
     held = lm.weights["blk.0.ffn_up"]
     tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.ffn_up.weight")
     own = dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.tensor_type))
-    assert not held.nibbles and held.u.shape == (512, 4, 64)
-    assert np.all(np.abs(packing.dequantize(held) - own) <= np.repeat(held.d, 32, axis=1) / 2 + 1e-5)
+    assert not held.nibbles and held.rows == 512 and held.u.shape[1:3] == (8, 8)
+    step = np.repeat(held.d.transpose(0, 2, 1).reshape(512, 8), 32, axis=1)
+    assert np.all(np.abs(packing.dequantize(held) - own) <= step / 2 + 1e-5)
     tokens = torch.randint(3, 200, (6,), generator=torch.Generator().manual_seed(5))
     cache, ref_cache = lm.new_cache(64), ref.new_cache(64)
     logits = lm.logits(lm(tokens, *cache.prepare(torch.arange(6)), cache))

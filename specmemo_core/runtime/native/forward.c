@@ -13,11 +13,14 @@
  * in slot order) does not depend on T or on the other tokens of the forward, so a tree's
  * accepted nodes get bit for bit the hidden states plain decoding gives them.
  *
- * Weights (native_lm.py repacks them once): every matrix row as pairs of 32-element blocks,
- * w = d * u + m with u unsigned (Q4_0's and Q4_1's nibbles, Q8_0's bytes plus 128), the two
- * blocks' bytes interleaved in 4-byte groups so the dot product's 32-bit lanes alternate
- * between them; activations are quantized per 32-element block to int8 (scale amax / 127)
- * in the same order. */
+ * Weights (weights.py repacks them once): LANES rows at a time (16 with AVX-512, else 8),
+ * w = d * u + m per 32-element block with u unsigned (Q4_0's and Q4_1's nibbles, Q8_0's bytes
+ * plus 128). For a group of LANES rows and one block, the block's bytes lie as registers of
+ * LANES 32-bit lanes, lane l holding 4 consecutive elements of row l: one dot-product
+ * instruction then adds 4 products to every row of the group, the whole block's sum stays
+ * in 32-bit integers, and the scales are applied once per block (not per 4 elements), with
+ * no horizontal sums at the end. Activations are quantized per 32-element block to int8
+ * (scale amax / 127), in their own order. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,9 +33,9 @@
 #define GROUP 8 /* tokens per pass over a matrix's weights */
 
 typedef struct {
-    int rows, cols, nibbles;  /* nibbles: 1 for 4-bit u (16 bytes a block), 0 for 8-bit (32) */
-    const uint8_t *u;         /* [rows][cols / 64][32 or 64] interleaved pairs of blocks */
-    const float *d, *m;       /* [rows][cols / 32] each */
+    int rows, cols, nibbles;  /* nibbles: 1 for 4-bit u (16 bytes a row's block), 0 for 8-bit (32) */
+    const uint8_t *u;         /* [groups][cols / 32][4 or 8][LANES][4]: see the top */
+    const float *d, *m;       /* [groups][cols / 32][LANES] each */
     float *kernel_m;          /* AVX2, 8-bit: m + 128 d (the kernel's bytes are u - 128); else NULL */
 } QMatrix;
 
@@ -50,39 +53,34 @@ typedef struct {
     Layer *layer;
     /* workspace for max_tokens tokens */
     float *x, *xn, *q, *k, *v, *att, *g, *scores;
-    int8_t *aq; float *as, *ab;   /* quantized activations: bytes, scales per lane, block sums */
+    int8_t *aq; float *as, *ab;   /* quantized activations: bytes, block scales, scale * block sums */
 } Model;
 
-/* ---- activations: int8 per 32-element block, laid out as the weights' pairs ---- */
+/* ---- activations: int8 per 32-element block ---- */
 
-/* x [cols] -> aq [cols] bytes (pairs of blocks, 64 bytes each), as [cols/64][16] lane scales,
- * ab [cols/32] scale * sum of the block's ints (for the weights' offset m). */
+/* x [cols] -> aq [cols] bytes, as [cols/32] block scales, ab [cols/32] scale * the block's sum
+ * of ints (for the weights' offset m). */
 static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float *ab) {
-    int nb = cols / 32;
-    float sc[2];
-    int8_t qb[2][32];
-    for (int p = 0; p < nb / 2; p++) {
-        for (int h = 0; h < 2; h++) {
-            const float *b = x + (2 * p + h) * 32;
-            float amax = 0.f;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(b[i]));
-            float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
-            int sum = 0;
-            for (int i = 0; i < 32; i++) {
-                int v = (int)lrintf(b[i] * inv);
-                qb[h][i] = (int8_t)v;
-                sum += v;
-            }
-            sc[h] = s;
-            ab[2 * p + h] = s * (float)sum;
+    for (int b = 0; b < cols / 32; b++) {
+        const float *v = x + b * 32;
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = (int)lrintf(v[i] * inv);
+            aq[b * 32 + i] = (int8_t)q;
+            sum += q;
         }
-        int8_t *o = aq + p * 64;
-        for (int lane = 0; lane < 16; lane++) {  /* lane: block lane % 2, elements (lane / 2) * 4 + 0..3 */
-            const int8_t *src = qb[lane & 1] + (lane >> 1) * 4;
-            memcpy(o + lane * 4, src, 4);
-            as[p * 16 + lane] = sc[lane & 1];
-        }
+        as[b] = s;
+        ab[b] = s * (float)sum;
     }
+}
+
+static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-bit lane */
+    int32_t v;
+    memcpy(&v, x, 4);
+    return v;
 }
 
 /* ---- the matmul: out[t][r] (+)= row r of W . token t ----
@@ -93,7 +91,8 @@ static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float 
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define KERNEL "avx512-vnni"
-/* a . b over n floats (n a multiple of 16 or not: the tail is masked) */
+#define LANES 16
+/* a . b over n floats (the tail masked) */
 static inline float dotf(const float *a, const float *b, int n) {
     __m512 acc = _mm512_setzero_ps();
     int k = 0;
@@ -104,40 +103,48 @@ static inline float dotf(const float *a, const float *b, int n) {
     }
     return _mm512_reduce_add_ps(acc);
 }
-static inline __m512i load_u(const QMatrix *w, const uint8_t *row, int p) {
-    if (w->nibbles) {
-        const __m256i mask = _mm256_set1_epi8(0x0F);
-        __m256i raw = _mm256_loadu_si256((const __m256i *)(row + p * 32));
-        __m256i lo = _mm256_and_si256(raw, mask), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    }
-    return _mm512_loadu_si512((const void *)(row + p * 64));
-}
-#define ROW_KERNEL(M)                                                                                     \
-    static void row_##M(const QMatrix *w, int r, int np, const int8_t *aq, const float *as,            \
-                        const float *ab, float *out, int ostride, int accumulate) {                       \
-        const uint8_t *row = w->u + (size_t)r * np * (w->nibbles ? 32 : 64);                             \
-        const float *d = w->d + (size_t)r * np * 2, *m = w->m + (size_t)r * np * 2;                      \
-        __m512 acc[M];                                                                                    \
-        for (int t = 0; t < M; t++) acc[t] = _mm512_setzero_ps();                                        \
-        for (int p = 0; p < np; p++) {                                                                    \
-            __m512i u = load_u(w, row, p);                                                                \
-            __m512 dv = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)(d + 2 * p)));                  \
-            for (int t = 0; t < M; t++) {                                                                 \
-                __m512i x = _mm512_loadu_si512((const void *)(aq + ((size_t)t * np + p) * 64));          \
-                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);                           \
-                __m512 xs = _mm512_loadu_ps(as + ((size_t)t * np + p) * 16);                             \
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), xs), dv, acc[t]);          \
+#define GROUP_KERNEL(MT)                                                                                  \
+    static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
+                           float *out, int ostride, int accumulate) {                                     \
+        int nb = w->cols / 32, step = w->nibbles ? 256 : 512;                                            \
+        const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
+        const float *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;              \
+        const __m512i low = _mm512_set1_epi8(0x0F);                                                       \
+        __m512 acc[MT];                                                                                   \
+        for (int t = 0; t < MT; t++) acc[t] = _mm512_setzero_ps();                                       \
+        for (int b = 0; b < nb; b++) {                                                                    \
+            __m512i R[8];                                                                                 \
+            const uint8_t *ub = u + (size_t)b * step;                                                     \
+            if (w->nibbles) {                                                                             \
+                for (int j = 0; j < 4; j++) {                                                             \
+                    __m512i raw = _mm512_loadu_si512((const void *)(ub + j * 64));                        \
+                    R[j] = _mm512_and_si512(raw, low);                                                    \
+                    R[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);                          \
+                }                                                                                         \
+            } else {                                                                                      \
+                for (int j = 0; j < 8; j++) R[j] = _mm512_loadu_si512((const void *)(ub + j * 64));       \
+            }                                                                                             \
+            __m512 dv = _mm512_loadu_ps(d + b * LANES), mv = _mm512_loadu_ps(m + b * LANES);             \
+            for (int t = 0; t < MT; t++) {                                                                \
+                const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
+                __m512i s = _mm512_setzero_si512();                                                       \
+                for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, R[j], _mm512_set1_epi32(word(x + 4 * j))); \
+                __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(as[(size_t)t * nb + b]));                 \
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[t]);                           \
+                acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ab[(size_t)t * nb + b]), acc[t]);             \
             }                                                                                             \
         }                                                                                                 \
-        for (int t = 0; t < M; t++) {                                                                     \
-            float v = _mm512_reduce_add_ps(acc[t]) + dotf(m, ab + (size_t)t * np * 2, np * 2);           \
-            float *o = out + (size_t)t * ostride + r;                                                     \
-            *o = accumulate ? *o + v : v;                                                                 \
+        int valid = w->rows - g * LANES;                                                                  \
+        __mmask16 k = valid >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);                \
+        for (int t = 0; t < MT; t++) {                                                                    \
+            float *o = out + (size_t)t * ostride + (size_t)g * LANES;                                    \
+            __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(k, o), acc[t]) : acc[t];          \
+            _mm512_mask_storeu_ps(o, k, v);                                                               \
         }                                                                                                 \
     }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KERNEL "avx2"
+#define LANES 8
 static inline float hsum8(__m256 v) {  /* a fixed order: halves, then pairs, then the last two */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -151,110 +158,119 @@ static inline float dotf(const float *a, const float *b, int n) {
     for (; k < n; k++) s += a[k] * b[k];
     return s;
 }
-/* the 32-bit lane sums of u (unsigned) . x (signed), 4 bytes a lane, as dpbusd gives them; for
- * 8-bit weights (u up to 255, whose byte products would saturate maddubs' 16 bits) the bytes
- * are taken as u - 128 (the matrix's m then holds m + 128 d: see sm_set_matrix) */
-static inline __m256i lane_dots(__m256i u, __m256i x, int nibbles) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (nibbles) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones);
-    __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), ones);
-}
-#define ROW_KERNEL(M)                                                                                     \
-    static void row_##M(const QMatrix *w, int r, int np, const int8_t *aq, const float *as,            \
-                        const float *ab, float *out, int ostride, int accumulate) {                       \
-        const uint8_t *row = w->u + (size_t)r * np * (w->nibbles ? 32 : 64);                             \
-        const float *d = w->d + (size_t)r * np * 2, *m = w->kernel_m + (size_t)r * np * 2;               \
-        const __m256i mask = _mm256_set1_epi8(0x0F);                                                      \
-        __m256 acc[M];                                                                                    \
-        for (int t = 0; t < M; t++) acc[t] = _mm256_setzero_ps();                                        \
-        for (int p = 0; p < np; p++) {                                                                    \
-            __m256i lo, hi;                                                                               \
+/* 8-bit weights (u up to 255, whose byte products would saturate maddubs' 16 bits) are taken
+ * as u - 128 through the sign trick; the matrix's kernel_m then holds m + 128 d */
+#define GROUP_KERNEL(MT)                                                                                  \
+    static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
+                           float *out, int ostride, int accumulate) {                                     \
+        int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
+        const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
+        const float *d = w->d + (size_t)g * nb * LANES;                                                  \
+        const float *m = (w->kernel_m ? w->kernel_m : w->m) + (size_t)g * nb * LANES;                   \
+        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                          \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                                \
+        __m256 acc[MT];                                                                                   \
+        for (int t = 0; t < MT; t++) acc[t] = _mm256_setzero_ps();                                       \
+        for (int b = 0; b < nb; b++) {                                                                    \
+            __m256i R[8];                                                                                 \
+            const uint8_t *ub = u + (size_t)b * step;                                                     \
             if (w->nibbles) {                                                                             \
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(row + p * 32));                       \
-                lo = _mm256_and_si256(raw, mask);                                                         \
-                hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);                                   \
+                for (int j = 0; j < 4; j++) {                                                             \
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(ub + j * 32));                    \
+                    R[j] = _mm256_and_si256(raw, low);                                                    \
+                    R[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                          \
+                }                                                                                         \
             } else {                                                                                      \
-                lo = _mm256_loadu_si256((const __m256i *)(row + p * 64));                                \
-                hi = _mm256_loadu_si256((const __m256i *)(row + p * 64 + 32));                           \
+                for (int j = 0; j < 8; j++)                                                               \
+                    R[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(ub + j * 32)), flip);   \
             }                                                                                             \
-            __m256 dv = _mm256_castpd_ps(_mm256_set1_pd(*(const double *)(d + 2 * p)));                  \
-            for (int t = 0; t < M; t++) {                                                                 \
-                const int8_t *x = aq + ((size_t)t * np + p) * 64;                                        \
-                const float *xs = as + ((size_t)t * np + p) * 16;                                        \
-                __m256i s0 = lane_dots(lo, _mm256_loadu_si256((const __m256i *)x), w->nibbles);          \
-                __m256i s1 = lane_dots(hi, _mm256_loadu_si256((const __m256i *)(x + 32)), w->nibbles);   \
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s0), _mm256_loadu_ps(xs)), dv, acc[t]); \
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s1), _mm256_loadu_ps(xs + 8)), dv, \
-                                         acc[t]);                                                         \
+            __m256 dv = _mm256_loadu_ps(d + b * LANES), mv = _mm256_loadu_ps(m + b * LANES);             \
+            for (int t = 0; t < MT; t++) {                                                                \
+                const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
+                __m256i s;                                                                                \
+                if (w->nibbles) { /* 8 products of nibbles and int8 stay within 16 bits: 8*2*15*127 */    \
+                    __m256i h = _mm256_setzero_si256();                                                   \
+                    for (int j = 0; j < 8; j++)                                                           \
+                        h = _mm256_add_epi16(h, _mm256_maddubs_epi16(R[j], _mm256_set1_epi32(word(x + 4 * j)))); \
+                    s = _mm256_madd_epi16(h, ones);                                                       \
+                } else {                                                                                  \
+                    s = _mm256_setzero_si256();                                                           \
+                    for (int j = 0; j < 8; j++) {                                                         \
+                        __m256i xj = _mm256_set1_epi32(word(x + 4 * j));                                  \
+                        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(R[j], R[j]), _mm256_sign_epi8(xj, R[j])); \
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));                              \
+                    }                                                                                     \
+                }                                                                                         \
+                __m256 scale = _mm256_mul_ps(dv, _mm256_set1_ps(as[(size_t)t * nb + b]));                 \
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[t]);                           \
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ab[(size_t)t * nb + b]), acc[t]);             \
             }                                                                                             \
         }                                                                                                 \
-        for (int t = 0; t < M; t++) {                                                                     \
-            float v = hsum8(acc[t]) + dotf(m, ab + (size_t)t * np * 2, np * 2);                          \
-            float *o = out + (size_t)t * ostride + r;                                                     \
-            *o = accumulate ? *o + v : v;                                                                 \
+        int valid = w->rows - g * LANES;                                                                  \
+        for (int t = 0; t < MT; t++) {                                                                    \
+            float *o = out + (size_t)t * ostride + (size_t)g * LANES, v[LANES];                          \
+            _mm256_storeu_ps(v, acc[t]);                                                                  \
+            for (int l = 0; l < LANES && l < valid; l++) o[l] = accumulate ? o[l] + v[l] : v[l];         \
         }                                                                                                 \
     }
 #else
 #define KERNEL "c"
+#define LANES 8
 static float dotf(const float *a, const float *b, int n) {
     float s = 0.f;
     for (int k = 0; k < n; k++) s += a[k] * b[k];
     return s;
 }
-static inline void unpack_u(const QMatrix *w, const uint8_t *row, int p, uint8_t u[64]) {
-    if (w->nibbles) {
-        const uint8_t *b = row + p * 32;
-        for (int i = 0; i < 32; i++) { u[i] = b[i] & 0x0F; u[32 + i] = b[i] >> 4; }
-    } else {
-        memcpy(u, row + p * 64, 64);
-    }
-}
-#define ROW_KERNEL(M)                                                                                     \
-    static void row_##M(const QMatrix *w, int r, int np, const int8_t *aq, const float *as,            \
-                        const float *ab, float *out, int ostride, int accumulate) {                       \
-        const uint8_t *row = w->u + (size_t)r * np * (w->nibbles ? 32 : 64);                             \
-        const float *d = w->d + (size_t)r * np * 2, *m = w->m + (size_t)r * np * 2;                      \
-        float acc[M][16];                                                                                 \
+#define GROUP_KERNEL(MT)                                                                                  \
+    static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
+                           float *out, int ostride, int accumulate) {                                     \
+        int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
+        const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
+        const float *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;              \
+        float acc[MT][LANES];                                                                             \
         memset(acc, 0, sizeof(acc));                                                                      \
-        uint8_t u[64];                                                                                    \
-        for (int p = 0; p < np; p++) {                                                                    \
-            unpack_u(w, row, p, u);                                                                       \
-            float dp[2] = {d[2 * p], d[2 * p + 1]};                                                       \
-            for (int t = 0; t < M; t++) {                                                                 \
-                const int8_t *x = aq + ((size_t)t * np + p) * 64;                                        \
-                const float *xs = as + ((size_t)t * np + p) * 16;                                        \
-                for (int lane = 0; lane < 16; lane++) {                                                   \
+        for (int b = 0; b < nb; b++) {                                                                    \
+            const uint8_t *ub = u + (size_t)b * step;                                                     \
+            for (int t = 0; t < MT; t++) {                                                                \
+                const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
+                for (int l = 0; l < LANES; l++) {                                                         \
                     int s = 0;                                                                            \
-                    for (int j = 0; j < 4; j++) s += (int)u[lane * 4 + j] * (int)x[lane * 4 + j];        \
-                    acc[t][lane] += ((float)s * xs[lane]) * dp[lane & 1];                                 \
+                    for (int j = 0; j < 8; j++)                                                           \
+                        for (int k = 0; k < 4; k++) {                                                     \
+                            int q = w->nibbles ? (ub[((j & 3) * LANES + l) * 4 + k] >> (j < 4 ? 0 : 4)) & 0x0F \
+                                               : ub[(j * LANES + l) * 4 + k];                             \
+                            s += q * (int)x[4 * j + k];                                                   \
+                        }                                                                                 \
+                    float scale = d[b * LANES + l] * as[(size_t)t * nb + b];                              \
+                    acc[t][l] += (float)s * scale;                                                        \
+                    acc[t][l] += m[b * LANES + l] * ab[(size_t)t * nb + b];                               \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
-        for (int t = 0; t < M; t++) {                                                                     \
-            float v = 0.f;                                                                                \
-            for (int lane = 0; lane < 16; lane++) v += acc[t][lane];                                     \
-            v += dotf(m, ab + (size_t)t * np * 2, np * 2);                                                \
-            float *o = out + (size_t)t * ostride + r;                                                     \
-            *o = accumulate ? *o + v : v;                                                                 \
+        int valid = w->rows - g * LANES;                                                                  \
+        for (int t = 0; t < MT; t++) {                                                                    \
+            float *o = out + (size_t)t * ostride + (size_t)g * LANES;                                    \
+            for (int l = 0; l < LANES && l < valid; l++) o[l] = accumulate ? o[l] + acc[t][l] : acc[t][l]; \
         }                                                                                                 \
     }
 #endif
-ROW_KERNEL(1) ROW_KERNEL(2) ROW_KERNEL(3) ROW_KERNEL(4) ROW_KERNEL(5) ROW_KERNEL(6) ROW_KERNEL(7) ROW_KERNEL(8)
-typedef void (*row_fn)(const QMatrix *, int, int, const int8_t *, const float *, const float *, float *, int, int);
-static const row_fn ROWS[GROUP + 1] = {0, row_1, row_2, row_3, row_4, row_5, row_6, row_7, row_8};
+GROUP_KERNEL(1) GROUP_KERNEL(2) GROUP_KERNEL(3) GROUP_KERNEL(4) GROUP_KERNEL(5) GROUP_KERNEL(6) GROUP_KERNEL(7)
+GROUP_KERNEL(8)
+typedef void (*group_fn)(const QMatrix *, int, const int8_t *, const float *, const float *, float *, int, int);
+static const group_fn GROUPS[GROUP + 1] = {0, group_1, group_2, group_3, group_4, group_5, group_6, group_7, group_8};
 
-/* This thread's share of out[t][r0:r1] for the T tokens of (aq, as, ab); out rows of stride ostride. */
+/* This thread's share of out[t][rows] for the T tokens of (aq, as, ab): whole groups of LANES
+ * rows; out rows of stride ostride. */
 static void matmul_part(const QMatrix *w, int T, const int8_t *aq, const float *as, const float *ab,
                         float *out, int ostride, int accumulate) {
     int th = omp_get_thread_num(), n = omp_get_num_threads();
-    int r0 = (int)((long)w->rows * th / n), r1 = (int)((long)w->rows * (th + 1) / n);
-    int np = w->cols / 64;
+    int groups = (w->rows + LANES - 1) / LANES, nb = w->cols / 32;
+    int g0 = (int)((long)groups * th / n), g1 = (int)((long)groups * (th + 1) / n);
     for (int t0 = 0; t0 < T; t0 += GROUP) {
-        int g = T - t0 < GROUP ? T - t0 : GROUP;
-        for (int r = r0; r < r1; r++)
-            ROWS[g](w, r, np, aq + (size_t)t0 * w->cols, as + (size_t)t0 * np * 16, ab + (size_t)t0 * np * 2,
-                    out + (size_t)t0 * ostride, ostride, accumulate);
+        int mt = T - t0 < GROUP ? T - t0 : GROUP;
+        for (int g = g0; g < g1; g++)
+            GROUPS[mt](w, g, aq + (size_t)t0 * w->cols, as + (size_t)t0 * nb, ab + (size_t)t0 * nb,
+                       out + (size_t)t0 * ostride, ostride, accumulate);
     }
 }
 
@@ -326,7 +342,7 @@ Model *sm_model_new(int layers, int dim, int heads, int kv_heads, int head_dim, 
     M->att = malloc(T * heads * head_dim * sizeof(float));
     M->g = malloc(T * 2 * ffn * sizeof(float));
     M->aq = malloc(T * wide);
-    M->as = malloc(T * (wide / 4) * sizeof(float));
+    M->as = malloc(T * (wide / 32) * sizeof(float));
     M->ab = malloc(T * (wide / 32) * sizeof(float));
     M->scores = NULL;
     return M;
@@ -347,7 +363,7 @@ void sm_model_free(Model *M) {
 static QMatrix qm(int rows, int cols, int nibbles, const uint8_t *u, const float *d, const float *m) {
     QMatrix w = {rows, cols, nibbles, u, d, m, NULL};
 #if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
-    size_t n = (size_t)rows * (cols / 32);
+    size_t n = (size_t)((rows + LANES - 1) / LANES) * LANES * (cols / 32);  /* the padded groups' */
     w.kernel_m = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) w.kernel_m[i] = nibbles ? m[i] : m[i] + 128.f * d[i];
 #endif
@@ -374,19 +390,22 @@ void sm_set_norms(Model *M, int layer, const float *attn_norm, const float *ffn_
 
 /* one embedding row, dequantized */
 static void embed_row(const QMatrix *w, int token, float *out) {
-    int np = w->cols / 64, stride = w->nibbles ? 32 : 64;
-    const uint8_t *row = w->u + (size_t)token * np * stride;
-    const float *d = w->d + (size_t)token * np * 2, *m = w->m + (size_t)token * np * 2;
-    for (int p = 0; p < np; p++)
-        for (int lane = 0; lane < 16; lane++)
-            for (int j = 0; j < 4; j++) {
-                int byte = lane * 4 + j, h = lane & 1;
-                int el = (lane >> 1) * 4 + j;  /* 0..31 within the block */
-                int u = w->nibbles ? (byte < 32 ? row[p * 32 + byte] & 0x0F : row[p * 32 + byte - 32] >> 4)
-                                   : row[p * 64 + byte];
-                out[(2 * p + h) * 32 + el] = d[2 * p + h] * (float)u + m[2 * p + h];
+    int nb = w->cols / 32, g = token / LANES, l = token % LANES, step = w->nibbles ? 4 * LANES * 4 : 8 * LANES * 4;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *ub = w->u + ((size_t)g * nb + b) * step;
+        size_t at = ((size_t)g * nb + b) * LANES + l;
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 4; k++) {
+                int q = w->nibbles ? (ub[((j & 3) * LANES + l) * 4 + k] >> (j < 4 ? 0 : 4)) & 0x0F
+                                   : ub[(j * LANES + l) * 4 + k];
+                int el = w->nibbles ? (j & 3) * 4 + k + (j < 4 ? 0 : 16) : 4 * j + k;
+                out[b * 32 + el] = w->d[at] * (float)q + w->m[at];
             }
+    }
 }
+
+/* the lanes (rows per group) this build packs its weights in */
+int sm_lanes(void) { return LANES; }
 
 /* T tokens at positions, written to cache slots [length, length + T) of every layer's
  * kc/vc ([layers][capacity][kv_heads * head_dim]); mask [T][T] (1: may attend) or NULL
@@ -411,7 +430,7 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
             #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
                 rms_norm_quantize(x + (size_t)t * D, L->attn_norm, D, M->eps, xn + (size_t)t * D,
-                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 4), M->ab + (size_t)t * (D / 32));
+                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 32), M->ab + (size_t)t * (D / 32));
             matmul_part(&L->q, T, M->aq, M->as, M->ab, M->q, H * hd, 0);
             matmul_part(&L->k, T, M->aq, M->as, M->ab, M->k, kvd, 0);
             matmul_part(&L->v, T, M->aq, M->as, M->ab, M->v, kvd, 0);
@@ -433,13 +452,13 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
             #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
                 quantize_row(M->att + (size_t)t * H * hd, H * hd, M->aq + (size_t)t * H * hd,
-                             M->as + (size_t)t * (H * hd / 4), M->ab + (size_t)t * (H * hd / 32));
+                             M->as + (size_t)t * (H * hd / 32), M->ab + (size_t)t * (H * hd / 32));
             matmul_part(&L->o, T, M->aq, M->as, M->ab, x, D, 1);  /* the residual: x += o(att) */
             #pragma omp barrier
             #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
                 rms_norm_quantize(x + (size_t)t * D, L->ffn_norm, D, M->eps, xn + (size_t)t * D,
-                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 4), M->ab + (size_t)t * (D / 32));
+                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 32), M->ab + (size_t)t * (D / 32));
             matmul_part(&L->gate, T, M->aq, M->as, M->ab, M->g, 2 * F, 0);
             matmul_part(&L->up, T, M->aq, M->as, M->ab, M->g + F, 2 * F, 0);
             #pragma omp barrier
@@ -447,7 +466,7 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
             for (int t = 0; t < T; t++) {
                 float *g = M->g + (size_t)t * 2 * F;
                 for (int i = 0; i < F; i++) g[i] = silu(g[i]) * g[F + i];
-                quantize_row(g, F, M->aq + (size_t)t * F, M->as + (size_t)t * (F / 4), M->ab + (size_t)t * (F / 32));
+                quantize_row(g, F, M->aq + (size_t)t * F, M->as + (size_t)t * (F / 32), M->ab + (size_t)t * (F / 32));
             }
             matmul_part(&L->down, T, M->aq, M->as, M->ab, x, D, 1);  /* x += down(silu(gate) * up) */
             #pragma omp barrier
@@ -460,7 +479,7 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
         }
         #pragma omp for schedule(static)
         for (int i = 0; i < n_out; i++)
-            quantize_row(hidden + (size_t)out_rows[i] * D, D, M->aq + (size_t)i * D, M->as + (size_t)i * (D / 4),
+            quantize_row(hidden + (size_t)out_rows[i] * D, D, M->aq + (size_t)i * D, M->as + (size_t)i * (D / 32),
                          M->ab + (size_t)i * (D / 32));
         if (n_out > 0) matmul_part(&M->head, n_out, M->aq, M->as, M->ab, logits, M->vocab, 0);
         (void)nth;

@@ -50,6 +50,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sm_forward.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P]
     lib.sm_commit.argtypes = [_P, _P, _P, _I, _I, _I, _P]
     lib.sm_model_free.argtypes = [_P]
+    lib.sm_lanes.restype = _I
+    lib.sm_kernel.restype = ctypes.c_char_p
     return lib
 
 
@@ -161,17 +163,19 @@ class NativeLM(HostForwardLM):
         return hidden
 
 
-def _matrix(raw: np.ndarray, entry: Any, dequantized: Callable[[], np.ndarray]) -> PackedMatrix:
+def _matrix(raw: np.ndarray, entry: Any, lanes: int, dequantized: Callable[[], np.ndarray]) -> PackedMatrix:
     rows, cols = entry.shape
     if packable(entry.kind, cols):
-        return pack(raw, entry.kind, rows, cols)
-    if cols % 64:
-        raise NativeUnsupported(f"{entry.name} has {cols} columns, not a multiple of 64")
-    return from_float(dequantized())  # K-quants, F16, …: as 8-bit blocks of 32 (close, not the file's own)
+        return pack(raw, entry.kind, rows, cols, lanes)
+    if cols % 32:
+        raise NativeUnsupported(f"{entry.name} has {cols} columns, not a multiple of 32")
+    return from_float(dequantized(), lanes)  # K-quants, F16, …: as 8-bit blocks of 32 (close, not the file's own)
 
 
-def native_weights(path: Path, *, progress: Callable[[str, float], None] | None = None) -> dict[str, Any]:
-    """Every tensor ``forward.c`` reads from the GGUF at ``path``, repacked (``weights.pack``):
+def native_weights(path: Path, *, lanes: int,
+                   progress: Callable[[str, float], None] | None = None) -> dict[str, Any]:
+    """Every tensor ``forward.c`` reads from the GGUF at ``path``, repacked for a kernel of
+    ``lanes`` rows a group (``weights.pack``):
     matrices by GGUF name less ``.weight`` (``output``: the LM head, the embedding where
     tied), norms as float32."""
     from specmemo_core.storage import dequant, gguf_load
@@ -190,7 +194,7 @@ def native_weights(path: Path, *, progress: Callable[[str, float], None] | None 
         if len(entry.shape) == 1:
             out[name] = dequant.dequantize_blocks(raw, entry.kind, entry.shape).astype(np.float32).copy()
         elif name in ("token_embd", "output") or name.split(".")[-1] in MATRICES:
-            out[name] = _matrix(raw, entry, lambda: _file_layout(raw, entry))
+            out[name] = _matrix(raw, entry, lanes, lambda: _file_layout(raw, entry))
         if progress is not None:
             progress("packing weights for the native forward", (i + 1) / len(index.tensors))
     out.setdefault("output", out["token_embd"])
@@ -214,7 +218,7 @@ def load_native(opened: Any, *, threads: int, progress: Callable[[str, float], N
     the forward is built for (``build.library``)."""
     if Path(opened.source).suffix.lower() != ".gguf":
         raise NativeUnsupported("the native backend runs GGUF files; convert the model or use the torch backend")
-    weights = native_weights(Path(opened.source), progress=progress)
+    weights = native_weights(Path(opened.source), lanes=_declare(library(march)).sm_lanes(), progress=progress)
     wanted = {"model.embed_tokens.weight", "lm_head.weight"} & set(opened.shapes)
     read = {n: t.float() for n, t in opened.tensors(progress, skip=set(opened.shapes) - wanted)}
     embedding = read["model.embed_tokens.weight"]

@@ -1,7 +1,10 @@
-"""A GGUF's 4- and 8-bit blocks repacked for ``forward.c``: each matrix row as pairs of
-32-element blocks, ``w = d * u + m`` with ``u`` unsigned, the pair's bytes interleaved in
-4-byte groups (block A, block B, A, B, …) so the dot product's 32-bit lanes alternate between
-the two blocks. Exact: the same weights the file holds, only reordered.
+"""A GGUF's 4- and 8-bit blocks repacked for ``forward.c``: ``w = d * u + m`` per 32-element
+block with ``u`` unsigned, ``lanes`` rows at a time (the kernel's vector width in 32-bit
+lanes: 16 with AVX-512, else 8). For a group of ``lanes`` rows and one block, the bytes lie
+as registers of ``lanes`` 4-byte lanes, lane ``l`` holding 4 consecutive elements of row
+``l``; 4-bit blocks as 4 such registers whose low nibbles are elements 0-15 and high nibbles
+16-31 (GGML's own nibble order). Rows are padded with zero weights to whole groups. Exact:
+the same weights the file holds, only reordered.
 
 - Q4_1 (``d``, ``m``, 16 bytes of nibbles): as they are.
 - Q4_0 (``d``, nibbles ``q``, ``w = d * (q - 8)``): ``m = -8 d``.
@@ -18,14 +21,6 @@ Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGML's type numbers
 _BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 SUPPORTED = frozenset(_BLOCK_BYTES)
 
-_J = np.arange(32)
-_LANE = _J // 4
-_BLOCK = _LANE % 2  # which block of the pair byte j of the packed nibbles comes from
-_ELEMENT = (_LANE // 2) * 4 + _J % 4  # and which of its 16 nibble bytes
-_J8 = np.arange(64)
-_BLOCK8 = (_J8 // 4) % 2
-_ELEMENT8 = ((_J8 // 4) // 2) * 4 + _J8 % 4  # element 0..31 of that block
-
 
 @dataclass
 class PackedMatrix:
@@ -34,9 +29,10 @@ class PackedMatrix:
     rows: int
     cols: int
     nibbles: bool
-    u: np.ndarray  # uint8 [rows, cols // 64, 32 or 64]
-    d: np.ndarray  # float32 [rows, cols // 32]
-    m: np.ndarray  # float32 [rows, cols // 32]
+    lanes: int
+    u: np.ndarray  # uint8 [groups, cols // 32, 4 or 8, lanes, 4]
+    d: np.ndarray  # float32 [groups, cols // 32, lanes]
+    m: np.ndarray  # float32 [groups, cols // 32, lanes]
 
     @property
     def nbytes(self) -> int:
@@ -44,31 +40,47 @@ class PackedMatrix:
 
 
 def packable(kind: int, cols: int) -> bool:
-    return kind in SUPPORTED and cols % 64 == 0
+    return kind in SUPPORTED and cols % 32 == 0
 
 
-def pack(raw: np.ndarray, kind: int, rows: int, cols: int) -> PackedMatrix:
+def _groups(a: np.ndarray, lanes: int) -> np.ndarray:
+    """[rows, ...] padded with zeros to whole groups: [groups, lanes, ...]."""
+    pad = -a.shape[0] % lanes
+    if pad:
+        a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+    return a.reshape(-1, lanes, *a.shape[1:])
+
+
+def _scales(v: np.ndarray, lanes: int) -> np.ndarray:
+    """[rows, nb] -> [groups, nb, lanes]."""
+    return np.ascontiguousarray(_groups(v.astype(np.float32), lanes).transpose(0, 2, 1))
+
+
+def _registers(u: np.ndarray, lanes: int) -> np.ndarray:
+    """[rows, nb, 16 or 32] bytes -> [groups, nb, 4 or 8, lanes, 4]."""
+    rows, nb, n = u.shape
+    g = _groups(u, lanes).reshape(-1, lanes, nb, n // 4, 4)
+    return np.ascontiguousarray(g.transpose(0, 2, 3, 1, 4))
+
+
+def pack(raw: np.ndarray, kind: int, rows: int, cols: int, lanes: int) -> PackedMatrix:
     """``raw``: the tensor's bytes as the file holds them, ``rows`` rows of ``cols // 32`` blocks."""
     nb = cols // 32
     blocks = np.ascontiguousarray(raw).reshape(rows, nb, _BLOCK_BYTES[kind])
     d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if kind == Q8_0:
-        q = blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128  # [rows, nb, 32]
-        pairs = q.astype(np.uint8).reshape(rows, nb // 2, 2, 32)
-        u = pairs[:, :, _BLOCK8, _ELEMENT8]
-        return PackedMatrix(rows, cols, False, np.ascontiguousarray(u), d, -128.0 * d)
+        u = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return PackedMatrix(rows, cols, False, lanes, _registers(u, lanes), _scales(d, lanes), _scales(-128.0 * d, lanes))
     if kind == Q4_1:
         m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         nibbles = blocks[:, :, 4:]
     else:
         m = -8.0 * d
         nibbles = blocks[:, :, 2:]
-    pairs = nibbles.reshape(rows, nb // 2, 2, 16)
-    u = pairs[:, :, _BLOCK, _ELEMENT]
-    return PackedMatrix(rows, cols, True, np.ascontiguousarray(u), d, np.ascontiguousarray(m))
+    return PackedMatrix(rows, cols, True, lanes, _registers(nibbles, lanes), _scales(d, lanes), _scales(m, lanes))
 
 
-def from_float(w: np.ndarray) -> PackedMatrix:
+def from_float(w: np.ndarray, lanes: int) -> PackedMatrix:
     """A float32 [rows, cols] matrix as 8-bit blocks of 32: ``u = round((w - m) / d)`` with
     ``m`` the block's least weight and ``d`` its range / 255 (for formats not repacked
     exactly: within d / 2 of each weight)."""
@@ -78,21 +90,15 @@ def from_float(w: np.ndarray) -> PackedMatrix:
     d = (blocks.max(-1) - m) / 255.0
     safe = np.where(d > 0, d, 1.0)
     q = np.clip(np.rint((blocks - m[..., None]) / safe[..., None]), 0, 255).astype(np.uint8)
-    pairs = q.reshape(rows, cols // 64, 2, 32)
-    u = pairs[:, :, _BLOCK8, _ELEMENT8]
-    return PackedMatrix(rows, cols, False, np.ascontiguousarray(u), d.astype(np.float32), m.astype(np.float32))
+    return PackedMatrix(rows, cols, False, lanes, _registers(q, lanes), _scales(d, lanes), _scales(m, lanes))
 
 
 def dequantize(p: PackedMatrix) -> np.ndarray:
     """The float32 [rows, cols] weights a packed matrix holds (for checks)."""
-    np_ = p.cols // 64
+    g, nb, n, lanes, _ = p.u.shape
+    regs = p.u.transpose(0, 3, 1, 2, 4).reshape(g * lanes, nb, n * 4)  # [rows, nb, 16 or 32] bytes
     if p.nibbles:
-        lo, hi = p.u & 0x0F, p.u >> 4  # [rows, np, 32]
-        u = np.zeros((p.rows, np_, 2, 32), np.float32)
-        u[:, :, _BLOCK, _ELEMENT] = lo
-        u[:, :, _BLOCK, _ELEMENT + 16] = hi
-    else:
-        u = np.zeros((p.rows, np_, 2, 32), np.float32)
-        u[:, :, _BLOCK8, _ELEMENT8] = p.u
-    u = u.reshape(p.rows, p.cols // 32, 32)
-    return (p.d[..., None] * u + p.m[..., None]).reshape(p.rows, p.cols)
+        regs = np.concatenate([regs & 0x0F, regs >> 4], axis=-1)  # elements 0-15, then 16-31
+    d = p.d.transpose(0, 2, 1).reshape(g * lanes, nb, 1)
+    m = p.m.transpose(0, 2, 1).reshape(g * lanes, nb, 1)
+    return (d * regs.astype(np.float32) + m).reshape(g * lanes, p.cols)[:p.rows]
