@@ -18,7 +18,7 @@ import platformdirs
 from specmemo_core.errors import SpecMemoError
 
 SOURCE = Path(__file__).with_name("forward.c")
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE")
+FLAGS = ("-O3", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE")
 
 
 class NativeBuildError(SpecMemoError):

@@ -52,7 +52,7 @@ typedef struct {
     QMatrix embed, head;     /* token embedding (read per token) and the LM head */
     Layer *layer;
     /* workspace for max_tokens tokens */
-    float *x, *xn, *q, *k, *v, *att, *g, *scores;
+    float *x, *xn, *q, *k, *v, *att, *g, *scores;  /* xn: a scratch row per thread */
     int8_t *aq; float *as, *ab;   /* quantized activations: bytes, block scales, scale * block sums */
 } Model;
 
@@ -63,6 +63,18 @@ typedef struct {
 static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float *ab) {
     for (int b = 0; b < cols / 32; b++) {
         const float *v = x + b * 32;
+#if defined(__AVX512F__)
+        /* the same numbers as the loop below: max is exact in any order, the ints are rounded
+         * to nearest even as lrintf does, and their sum is an integer sum */
+        __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
+        __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));
+        __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i *)(aq + b * 32), _mm512_cvtsepi32_epi8(qlo));
+        _mm_storeu_si128((__m128i *)(aq + b * 32 + 16), _mm512_cvtsepi32_epi8(qhi));
+        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+#else
         float amax = 0.f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
         float s = amax / 127.f, inv = s > 0.f ? 1.f / s : 0.f;
@@ -72,6 +84,7 @@ static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float 
             aq[b * 32 + i] = (int8_t)q;
             sum += q;
         }
+#endif
         as[b] = s;
         ab[b] = s * (float)sum;
     }
@@ -259,37 +272,60 @@ GROUP_KERNEL(8)
 typedef void (*group_fn)(const QMatrix *, int, const int8_t *, const float *, const float *, float *, int, int);
 static const group_fn GROUPS[GROUP + 1] = {0, group_1, group_2, group_3, group_4, group_5, group_6, group_7, group_8};
 
-/* This thread's share of out[t][rows] for the T tokens of (aq, as, ab): whole groups of LANES
- * rows; out rows of stride ostride. */
-static void matmul_part(const QMatrix *w, int T, const int8_t *aq, const float *as, const float *ab,
-                        float *out, int ostride, int accumulate) {
+/* The rows [*r0, *r1) this thread computes of w: whole groups of LANES rows. */
+static void part_rows(const QMatrix *w, int *r0, int *r1) {
     int th = omp_get_thread_num(), n = omp_get_num_threads();
-    int groups = (w->rows + LANES - 1) / LANES, nb = w->cols / 32;
-    int g0 = (int)((long)groups * th / n), g1 = (int)((long)groups * (th + 1) / n);
+    int groups = (w->rows + LANES - 1) / LANES;
+    *r0 = (int)((long)groups * th / n) * LANES;
+    *r1 = (int)((long)groups * (th + 1) / n) * LANES;
+    if (*r1 > w->rows) *r1 = w->rows;
+}
+
+/* one thread's activations for the T tokens of a forward, quantized (quantize_row) */
+typedef struct { int8_t *q; float *s, *b; } Acts;
+
+/* This thread's share (part_rows) of out[t][rows] for the T tokens of a; out rows of stride
+ * ostride, added to (accumulate) or written. */
+static void matmul_part(const QMatrix *w, int T, Acts a, float *out, int ostride, int accumulate) {
+    int r0, r1, nb = w->cols / 32;
+    part_rows(w, &r0, &r1);
     for (int t0 = 0; t0 < T; t0 += GROUP) {
         int mt = T - t0 < GROUP ? T - t0 : GROUP;
-        for (int g = g0; g < g1; g++)
-            GROUPS[mt](w, g, aq + (size_t)t0 * w->cols, as + (size_t)t0 * nb, ab + (size_t)t0 * nb,
+        for (int g = r0 / LANES; g * LANES < r1; g++)
+            GROUPS[mt](w, g, a.q + (size_t)t0 * w->cols, a.s + (size_t)t0 * nb, a.b + (size_t)t0 * nb,
                        out + (size_t)t0 * ostride, ostride, accumulate);
     }
 }
 
 /* ---- the rest of a layer ---- */
 
-static void rms_norm_quantize(const float *x, const float *weight, int dim, float eps, float *xn,
-                              int8_t *aq, float *as, float *ab) {
-    float inv = 1.f / sqrtf(dotf(x, x, dim) / (float)dim + eps);
-    for (int i = 0; i < dim; i++) xn[i] = x[i] * inv * weight[i];
-    quantize_row(xn, dim, aq, as, ab);
+/* T rows of x (stride cols) quantized into a; every thread quantizes them all into its own
+ * buffers (cheaper than waiting for each other) */
+static void quantize_rows(const float *x, int T, int cols, Acts a) {
+    for (int t = 0; t < T; t++)
+        quantize_row(x + (size_t)t * cols, cols, a.q + (size_t)t * cols, a.s + (size_t)t * (cols / 32),
+                     a.b + (size_t)t * (cols / 32));
 }
 
-/* rotary embedding of one head's vector at position pos: pairs (2i, 2i + 1), the GGUF's order */
-static void rope(float *v, int head_dim, const float *inv_freq, float scale, int pos) {
-    for (int i = 0; i < head_dim / 2; i++) {
-        float a = (float)pos * inv_freq[i], c = cosf(a) * scale, s = sinf(a) * scale;
-        float x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = x0 * c - x1 * s;
-        v[2 * i + 1] = x0 * s + x1 * c;
+/* RMSNorm of T rows of x [T][dim] by weight, quantized into a (row: this thread's scratch [dim]) */
+static void norm_rows(const float *x, const float *weight, int T, int dim, float eps, float *row, Acts a) {
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float inv = 1.f / sqrtf(dotf(xt, xt, dim) / (float)dim + eps);
+        for (int i = 0; i < dim; i++) row[i] = xt[i] * inv * weight[i];
+        quantize_rows(row, 1, dim, (Acts){a.q + (size_t)t * dim, a.s + (size_t)t * (dim / 32), a.b + (size_t)t * (dim / 32)});
+    }
+}
+
+/* rotary embedding of rows [r0, r1) (r0 even) of a token's q or k at position pos: pairs
+ * (2i, 2i + 1) of each head, the GGUF's order */
+static void rope_rows(float *v, int r0, int r1, int head_dim, const float *inv_freq, float scale, int pos) {
+    for (int r = r0; r + 1 < r1; r += 2) {
+        int i = (r % head_dim) / 2;
+        float angle = (float)pos * inv_freq[i], c = cosf(angle) * scale, s = sinf(angle) * scale;
+        float x0 = v[r], x1 = v[r + 1];
+        v[r] = x0 * c - x1 * s;
+        v[r + 1] = x0 * s + x1 * c;
     }
 }
 
@@ -335,15 +371,15 @@ Model *sm_model_new(int layers, int dim, int heads, int kv_heads, int head_dim, 
     M->layer = calloc((size_t)layers, sizeof(Layer));
     size_t T = (size_t)max_tokens, wide = (size_t)(ffn > dim ? ffn : dim);
     M->x = malloc(T * dim * sizeof(float));
-    M->xn = malloc(T * dim * sizeof(float));
+    M->xn = malloc((size_t)threads * wide * sizeof(float));  /* a scratch row per thread */
     M->q = malloc(T * heads * head_dim * sizeof(float));
     M->k = malloc(T * kv_heads * head_dim * sizeof(float));
     M->v = malloc(T * kv_heads * head_dim * sizeof(float));
     M->att = malloc(T * heads * head_dim * sizeof(float));
     M->g = malloc(T * 2 * ffn * sizeof(float));
-    M->aq = malloc(T * wide);
-    M->as = malloc(T * (wide / 32) * sizeof(float));
-    M->ab = malloc(T * (wide / 32) * sizeof(float));
+    M->aq = malloc((size_t)threads * T * wide);  /* each thread's own quantized activations */
+    M->as = malloc((size_t)threads * T * (wide / 32) * sizeof(float));
+    M->ab = malloc((size_t)threads * T * (wide / 32) * sizeof(float));
     M->scores = NULL;
     return M;
 }
@@ -418,57 +454,57 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
     int D = M->dim, H = M->heads, KVH = M->kv_heads, hd = M->head_dim, F = M->ffn;
     int kvd = KVH * hd, group = H / KVH;
     M->scores = realloc(M->scores, (size_t)M->threads * (length + T) * sizeof(float));
-    float *x = M->x, *xn = M->xn;
+    float *x = M->x;
     for (int t = 0; t < T; t++) embed_row(&M->embed, tokens[t], x + (size_t)t * D);
+    size_t wide = (size_t)(F > D ? F : D);
     #pragma omp parallel num_threads(M->threads)
     {
-        int th = omp_get_thread_num(), nth = omp_get_num_threads();
-        float *scores = M->scores + (size_t)th * (length + T);
+        int th = omp_get_thread_num(), r0, r1;
+        float *scores = M->scores + (size_t)th * (length + T), *row = M->xn + (size_t)th * wide;
+        Acts a = {M->aq + (size_t)th * M->max_tokens * wide, M->as + (size_t)th * M->max_tokens * (wide / 32),
+                  M->ab + (size_t)th * M->max_tokens * (wide / 32)};
         for (int l = 0; l < M->layers; l++) {
             const Layer *L = &M->layer[l];
             float *kl = kc + (size_t)l * capacity * kvd, *vl = vc + (size_t)l * capacity * kvd;
-            #pragma omp for schedule(static)
+            /* q, k, v of this thread's rows, rotated, k and v into the cache */
+            norm_rows(x, L->attn_norm, T, D, M->eps, row, a);
+            matmul_part(&L->q, T, a, M->q, H * hd, 0);
+            part_rows(&L->q, &r0, &r1);
+            for (int t = 0; t < T; t++) rope_rows(M->q + (size_t)t * H * hd, r0, r1, hd, M->inv_freq, M->rope_scale, positions[t]);
+            matmul_part(&L->k, T, a, M->k, kvd, 0);
+            part_rows(&L->k, &r0, &r1);
+            for (int t = 0; t < T; t++) {
+                float *kt = M->k + (size_t)t * kvd;
+                rope_rows(kt, r0, r1, hd, M->inv_freq, M->rope_scale, positions[t]);
+                memcpy(kl + (size_t)(length + t) * kvd + r0, kt + r0, (size_t)(r1 - r0) * sizeof(float));
+            }
+            matmul_part(&L->v, T, a, M->v, kvd, 0);
+            part_rows(&L->v, &r0, &r1);
             for (int t = 0; t < T; t++)
-                rms_norm_quantize(x + (size_t)t * D, L->attn_norm, D, M->eps, xn + (size_t)t * D,
-                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 32), M->ab + (size_t)t * (D / 32));
-            matmul_part(&L->q, T, M->aq, M->as, M->ab, M->q, H * hd, 0);
-            matmul_part(&L->k, T, M->aq, M->as, M->ab, M->k, kvd, 0);
-            matmul_part(&L->v, T, M->aq, M->as, M->ab, M->v, kvd, 0);
+                memcpy(vl + (size_t)(length + t) * kvd + r0, M->v + (size_t)t * kvd + r0, (size_t)(r1 - r0) * sizeof(float));
             #pragma omp barrier
             #pragma omp for schedule(static)
-            for (int t = 0; t < T; t++) {
-                for (int h = 0; h < H; h++) rope(M->q + (size_t)t * H * hd + h * hd, hd, M->inv_freq, M->rope_scale, positions[t]);
-                float *ks = kl + (size_t)(length + t) * kvd, *vs = vl + (size_t)(length + t) * kvd;
-                memcpy(ks, M->k + (size_t)t * kvd, kvd * sizeof(float));
-                memcpy(vs, M->v + (size_t)t * kvd, kvd * sizeof(float));
-                for (int h = 0; h < KVH; h++) rope(ks + h * hd, hd, M->inv_freq, M->rope_scale, positions[t]);
-            }
-            #pragma omp for schedule(static)
-            for (int th_ = 0; th_ < T * H; th_++) {
-                int t = th_ / H, h = th_ % H;
+            for (int item = 0; item < T * H; item++) {
+                int t = item / H, h = item % H;
                 attend(M, kl, vl, length, T, t, mask, M->q + (size_t)t * H * hd + h * hd, h / group, scores,
                        M->att + (size_t)t * H * hd + h * hd);
             }
-            #pragma omp for schedule(static)
-            for (int t = 0; t < T; t++)
-                quantize_row(M->att + (size_t)t * H * hd, H * hd, M->aq + (size_t)t * H * hd,
-                             M->as + (size_t)t * (H * hd / 32), M->ab + (size_t)t * (H * hd / 32));
-            matmul_part(&L->o, T, M->aq, M->as, M->ab, x, D, 1);  /* the residual: x += o(att) */
+            quantize_rows(M->att, T, H * hd, a);
+            matmul_part(&L->o, T, a, x, D, 1);  /* the residual: x += o(att) */
             #pragma omp barrier
-            #pragma omp for schedule(static)
-            for (int t = 0; t < T; t++)
-                rms_norm_quantize(x + (size_t)t * D, L->ffn_norm, D, M->eps, xn + (size_t)t * D,
-                                  M->aq + (size_t)t * D, M->as + (size_t)t * (D / 32), M->ab + (size_t)t * (D / 32));
-            matmul_part(&L->gate, T, M->aq, M->as, M->ab, M->g, 2 * F, 0);
-            matmul_part(&L->up, T, M->aq, M->as, M->ab, M->g + F, 2 * F, 0);
-            #pragma omp barrier
-            #pragma omp for schedule(static)
+            norm_rows(x, L->ffn_norm, T, D, M->eps, row, a);
+            matmul_part(&L->gate, T, a, M->g, 2 * F, 0);
+            matmul_part(&L->up, T, a, M->g + F, 2 * F, 0);
+            part_rows(&L->gate, &r0, &r1);  /* the same rows of up: silu(gate) * up of this thread's rows */
             for (int t = 0; t < T; t++) {
                 float *g = M->g + (size_t)t * 2 * F;
-                for (int i = 0; i < F; i++) g[i] = silu(g[i]) * g[F + i];
-                quantize_row(g, F, M->aq + (size_t)t * F, M->as + (size_t)t * (F / 32), M->ab + (size_t)t * (F / 32));
+                for (int i = r0; i < r1; i++) g[i] = silu(g[i]) * g[F + i];
             }
-            matmul_part(&L->down, T, M->aq, M->as, M->ab, x, D, 1);  /* x += down(silu(gate) * up) */
+            #pragma omp barrier
+            for (int t = 0; t < T; t++)
+                quantize_rows(M->g + (size_t)t * 2 * F, 1, F,
+                              (Acts){a.q + (size_t)t * F, a.s + (size_t)t * (F / 32), a.b + (size_t)t * (F / 32)});
+            matmul_part(&L->down, T, a, x, D, 1);  /* x += down(silu(gate) * up) */
             #pragma omp barrier
         }
         #pragma omp for schedule(static)
@@ -477,12 +513,10 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
             float inv = 1.f / sqrtf(dotf(xr, xr, D) / (float)D + M->eps);
             for (int i = 0; i < D; i++) hidden[(size_t)t * D + i] = xr[i] * inv * M->out_norm[i];
         }
-        #pragma omp for schedule(static)
         for (int i = 0; i < n_out; i++)
-            quantize_row(hidden + (size_t)out_rows[i] * D, D, M->aq + (size_t)i * D, M->as + (size_t)i * (D / 32),
-                         M->ab + (size_t)i * (D / 32));
-        if (n_out > 0) matmul_part(&M->head, n_out, M->aq, M->as, M->ab, logits, M->vocab, 0);
-        (void)nth;
+            quantize_rows(hidden + (size_t)out_rows[i] * D, 1, D,
+                          (Acts){a.q + (size_t)i * D, a.s + (size_t)i * (D / 32), a.b + (size_t)i * (D / 32)});
+        if (n_out > 0) matmul_part(&M->head, n_out, a, logits, M->vocab, 0);
     }
     for (int i = 0; i < n_out; i++) {
         const float *row = logits + (size_t)i * M->vocab;
