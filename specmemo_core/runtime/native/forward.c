@@ -124,24 +124,24 @@ static inline float dotf(const float *a, const float *b, int n) {
         const float *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;              \
         const __m512i low = _mm512_set1_epi8(0x0F);                                                       \
         __m512 acc[MT];                                                                                   \
-        for (int t = 0; t < MT; t++) acc[t] = _mm512_setzero_ps();                                       \
+        _Pragma("GCC unroll 8") for (int t = 0; t < MT; t++) acc[t] = _mm512_setzero_ps();               \
         for (int b = 0; b < nb; b++) {                                                                    \
             __m512i R[8];                                                                                 \
             const uint8_t *ub = u + (size_t)b * step;                                                     \
             if (w->nibbles) {                                                                             \
-                for (int j = 0; j < 4; j++) {                                                             \
+                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                     \
                     __m512i raw = _mm512_loadu_si512((const void *)(ub + j * 64));                        \
                     R[j] = _mm512_and_si512(raw, low);                                                    \
                     R[j + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);                          \
                 }                                                                                         \
             } else {                                                                                      \
-                for (int j = 0; j < 8; j++) R[j] = _mm512_loadu_si512((const void *)(ub + j * 64));       \
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) R[j] = _mm512_loadu_si512((const void *)(ub + j * 64)); \
             }                                                                                             \
             __m512 dv = _mm512_loadu_ps(d + b * LANES), mv = _mm512_loadu_ps(m + b * LANES);             \
-            for (int t = 0; t < MT; t++) {                                                                \
+            _Pragma("GCC unroll 8") for (int t = 0; t < MT; t++) {                                        \
                 const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
                 __m512i s = _mm512_setzero_si512();                                                       \
-                for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, R[j], _mm512_set1_epi32(word(x + 4 * j))); \
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, R[j], _mm512_set1_epi32(word(x + 4 * j))); \
                 __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(as[(size_t)t * nb + b]));                 \
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[t]);                           \
                 acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ab[(size_t)t * nb + b]), acc[t]);             \
@@ -329,32 +329,96 @@ static void rope_rows(float *v, int r0, int r1, int head_dim, const float *inv_f
     }
 }
 
+#if defined(__AVX512F__)
+/* e^x for x <= 0, 16 at a time (2^(x log2 e) as 2^n * 2^f, f in [-1/2, 1/2] by a degree-6
+ * polynomial: ~2 ulp); the same function of each lane's value, whatever the lane */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.6931471805599453f));  /* f ln 2 */
+    __m512 p = _mm512_set1_ps(1.f / 720.f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
 /* One query head of token t: softmax over the context's slots [0, length) and the new
- * tokens its mask row allows (slots length + j), in slot order; writes att [head_dim]. */
-static void attend(const Model *M, const float *kc, const float *vc, int length, int T, int t,
+ * tokens its mask row allows (slots length + j), in slot order; writes att [head_dim].
+ * kt: this layer's and kv head's keys transposed, [head_dim][cap]; vc: values [cap][kvd].
+ * Each slot's score is the same sum (over the head's dimensions, in order) whichever other
+ * slots are computed beside it, so a tree's node scores its ancestors as plain decoding
+ * does. */
+static void attend(const Model *M, const float *kt, const float *vc, int cap, int length, int T, int t,
                    const uint8_t *mask, const float *q, int kvh, float *scores, float *att) {
-    int hd = M->head_dim, kvd = M->kv_heads * hd, n = 0;
+    int hd = M->head_dim, kvd = M->kv_heads * hd, n = length + T;
     float scale = 1.f / sqrtf((float)hd), best = -INFINITY;
-    for (int s = 0; s < length + T; s++) {
-        if (s >= length && !(mask ? mask[t * T + (s - length)] : (s - length) <= t)) { scores[s] = -INFINITY; continue; }
-        scores[s] = dotf(q, kc + (size_t)s * kvd + kvh * hd, hd) * scale;
-        if (scores[s] > best) best = scores[s];
-        n++;
+#if defined(__AVX512F__)
+    for (int s0 = 0; s0 < n; s0 += 64) {  /* 4 chains of 16 slots side by side (one chain's latency hidden) */
+        __mmask16 k[4];
+        __m512 acc[4];
+        for (int c = 0; c < 4; c++) {
+            int left = n - s0 - 16 * c;
+            k[c] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
+            acc[c] = _mm512_setzero_ps();
+        }
+        for (int i = 0; i < hd; i++) {
+            __m512 qi = _mm512_set1_ps(q[i]);
+            const float *row = kt + (size_t)i * cap + s0;
+            for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(qi, _mm512_maskz_loadu_ps(k[c], row + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(scores + s0 + 16 * c, k[c], _mm512_mul_ps(acc[c], _mm512_set1_ps(scale)));
     }
+#else
+    for (int s = 0; s < n; s++) {
+        float acc = 0.f;
+        for (int i = 0; i < hd; i++) acc += q[i] * kt[(size_t)i * cap + s];
+        scores[s] = acc * scale;
+    }
+#endif
+    for (int s = length; s < n; s++)
+        if (!(mask ? mask[t * T + (s - length)] : (s - length) <= t)) scores[s] = -INFINITY;
+    for (int s = 0; s < n; s++) best = scores[s] > best ? scores[s] : best;
+#if defined(__AVX512F__)
+    for (int s0 = 0; s0 < n; s0 += 16) {
+        __mmask16 k = n - s0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - s0)) - 1);
+        __m512 x = _mm512_maskz_loadu_ps(k, scores + s0);
+        __mmask16 seen = _mm512_mask_cmp_ps_mask(k, x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        _mm512_mask_storeu_ps(scores + s0, k, _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(x, _mm512_set1_ps(best)))));
+    }
+#else
+    for (int s = 0; s < n; s++) scores[s] = scores[s] == -INFINITY ? 0.f : expf(scores[s] - best);
+#endif
     float sum = 0.f;
-    for (int s = 0; s < length + T; s++) {
-        float e = scores[s] == -INFINITY ? 0.f : expf(scores[s] - best);
-        scores[s] = e;
-        sum += e;
+    for (int s = 0; s < n; s++) sum += scores[s];
+#if defined(__AVX512F__)
+    if (hd % 16 == 0 && hd <= 256) {  /* the output in registers */
+        __m512 acc[16];
+        int chunks = hd / 16;
+        for (int c = 0; c < chunks; c++) acc[c] = _mm512_setzero_ps();
+        for (int s = 0; s < n; s++) {
+            if (scores[s] == 0.f) continue;
+            const float *v = vc + (size_t)s * kvd + kvh * hd;
+            __m512 w = _mm512_set1_ps(scores[s] / sum);
+            for (int c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < chunks; c++) _mm512_storeu_ps(att + 16 * c, acc[c]);
+        return;
     }
+#endif
     for (int i = 0; i < hd; i++) att[i] = 0.f;
-    for (int s = 0; s < length + T; s++) {
+    for (int s = 0; s < n; s++) {
         if (scores[s] == 0.f) continue;
         const float *v = vc + (size_t)s * kvd + kvh * hd;
         float w = scores[s] / sum;
         for (int i = 0; i < hd; i++) att[i] += w * v[i];
     }
-    (void)n;
 }
 
 static inline float silu(float x) { return x / (1.f + expf(-x)); }
@@ -465,7 +529,7 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
                   M->ab + (size_t)th * M->max_tokens * (wide / 32)};
         for (int l = 0; l < M->layers; l++) {
             const Layer *L = &M->layer[l];
-            float *kl = kc + (size_t)l * capacity * kvd, *vl = vc + (size_t)l * capacity * kvd;
+            float *kl = kc + (size_t)l * kvd * capacity, *vl = vc + (size_t)l * capacity * kvd;  /* [kvd][cap], [cap][kvd] */
             /* q, k, v of this thread's rows, rotated, k and v into the cache */
             norm_rows(x, L->attn_norm, T, D, M->eps, row, a);
             matmul_part(&L->q, T, a, M->q, H * hd, 0);
@@ -476,7 +540,7 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
             for (int t = 0; t < T; t++) {
                 float *kt = M->k + (size_t)t * kvd;
                 rope_rows(kt, r0, r1, hd, M->inv_freq, M->rope_scale, positions[t]);
-                memcpy(kl + (size_t)(length + t) * kvd + r0, kt + r0, (size_t)(r1 - r0) * sizeof(float));
+                for (int r = r0; r < r1; r++) kl[(size_t)r * capacity + length + t] = kt[r];
             }
             matmul_part(&L->v, T, a, M->v, kvd, 0);
             part_rows(&L->v, &r0, &r1);
@@ -486,8 +550,8 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
             #pragma omp for schedule(static)
             for (int item = 0; item < T * H; item++) {
                 int t = item / H, h = item % H;
-                attend(M, kl, vl, length, T, t, mask, M->q + (size_t)t * H * hd + h * hd, h / group, scores,
-                       M->att + (size_t)t * H * hd + h * hd);
+                attend(M, kl + (size_t)(h / group) * hd * capacity, vl, capacity, length, T, t, mask,
+                       M->q + (size_t)t * H * hd + h * hd, h / group, scores, M->att + (size_t)t * H * hd + h * hd);
             }
             quantize_rows(M->att, T, H * hd, a);
             matmul_part(&L->o, T, a, x, D, 1);  /* the residual: x += o(att) */
@@ -527,14 +591,16 @@ int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, 
     return 0;
 }
 
-/* Keep the accepted path: slots length + nodes[i] -> length + i for i < count, every layer. */
+/* Keep the accepted path: slots length + nodes[i] -> length + i for i < count, every layer
+ * (keys kc [layers][kvd][capacity], values vc [layers][capacity][kvd]). */
 void sm_commit(const Model *M, float *kc, float *vc, int capacity, int length, int count, const int64_t *nodes) {
     int kvd = M->kv_heads * M->head_dim;
     for (int l = 0; l < M->layers; l++)
         for (int i = 0; i < count; i++) {
             if (nodes[i] == i) continue;
-            size_t src = (size_t)l * capacity + length + nodes[i], dst = (size_t)l * capacity + length + i;
-            memmove(kc + dst * kvd, kc + src * kvd, kvd * sizeof(float));
-            memmove(vc + dst * kvd, vc + src * kvd, kvd * sizeof(float));
+            size_t src = (size_t)length + nodes[i], dst = (size_t)length + i;
+            float *kl = kc + (size_t)l * kvd * capacity, *vl = vc + (size_t)l * capacity * kvd;
+            for (int r = 0; r < kvd; r++) kl[(size_t)r * capacity + dst] = kl[(size_t)r * capacity + src];
+            memmove(vl + dst * kvd, vl + src * kvd, kvd * sizeof(float));
         }
 }

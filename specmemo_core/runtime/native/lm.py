@@ -60,16 +60,19 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
 
 
 class NativeCache(KVCache):
-    """Keys and values for ``forward.c``: [layers, capacity + MAX_TOKENS, kv_heads * head_dim]
-    float32 each (room for a forward's scratch slots beside a full context), with our cache's
-    host bookkeeping (length, the token ids the lookup chain reads)."""
+    """Keys and values for ``forward.c``, float32: keys [layers, kv_heads * head_dim, slots]
+    (transposed, so a query scores 16 slots per vector operation), values [layers, slots,
+    kv_heads * head_dim], slots = capacity + MAX_TOKENS (room for a forward's scratch slots
+    beside a full context); with our cache's host bookkeeping (length, the token ids the
+    lookup chain reads)."""
 
     def __init__(self, lm: NativeLM, capacity: int) -> None:
         super().__init__(0, 1, 1, capacity)  # bookkeeping only: the tensors are below
         spec = lm.spec
         self.slots = capacity + MAX_TOKENS
-        shape = (spec.num_layers, self.slots, spec.num_kv_heads * spec.head_dim)
-        self.k, self.v = torch.zeros(shape), torch.zeros(shape)
+        kvd = spec.num_kv_heads * spec.head_dim
+        self.k = torch.zeros(spec.num_layers, kvd, self.slots)  # keys transposed: a head's dimension, then slots
+        self.v = torch.zeros(spec.num_layers, self.slots, kvd)
         self.lm = lm
 
     def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
