@@ -14,7 +14,7 @@
  * accepted nodes get bit for bit the hidden states plain decoding gives them.
  *
  * Weights (weights.py repacks them once): LANES rows at a time (16 with AVX-512, else 8),
- * w = d * u + m per 32-element block with u unsigned (Q4_0's and Q4_1's nibbles, Q8_0's bytes
+ * w = d * u + m per 32-element block (d and m half floats) with u unsigned (Q4_0's and Q4_1's nibbles, Q8_0's bytes
  * plus 128). For a group of LANES rows and one block, the block's bytes lie as registers of
  * LANES 32-bit lanes, lane l holding 4 consecutive elements of row l: one dot-product
  * instruction then adds 4 products to every row of the group, the whole block's sum stays
@@ -35,8 +35,7 @@
 typedef struct {
     int rows, cols, nibbles;  /* nibbles: 1 for 4-bit u (16 bytes a row's block), 0 for 8-bit (32) */
     const uint8_t *u;         /* [groups][cols / 32][4 or 8][LANES][4]: see the top */
-    const float *d, *m;       /* [groups][cols / 32][LANES] each */
-    float *kernel_m;          /* AVX2, 8-bit: m + 128 d (the kernel's bytes are u - 128); else NULL */
+    const uint16_t *d, *m;    /* [groups][cols / 32][LANES] each, IEEE half floats (as GGUF keeps them) */
 } QMatrix;
 
 typedef struct {
@@ -90,6 +89,22 @@ static void quantize_row(const float *x, int cols, int8_t *aq, float *as, float 
     }
 }
 
+/* an IEEE half float's value (the plain-C path's, and the embedding rows') */
+static inline float half(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) bits = sign | 0x7F800000u | (man << 13);           /* inf, nan */
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);      /* normal */
+    else if (!man) bits = sign;                                         /* zero */
+    else {                                                              /* subnormal: normalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-bit lane */
     int32_t v;
     memcpy(&v, x, 4);
@@ -121,7 +136,7 @@ static inline float dotf(const float *a, const float *b, int n) {
                            float *out, int ostride, int accumulate) {                                     \
         int nb = w->cols / 32, step = w->nibbles ? 256 : 512;                                            \
         const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
-        const float *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;              \
+        const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
         const __m512i low = _mm512_set1_epi8(0x0F);                                                       \
         __m512 acc[MT];                                                                                   \
         _Pragma("GCC unroll 8") for (int t = 0; t < MT; t++) acc[t] = _mm512_setzero_ps();               \
@@ -137,7 +152,8 @@ static inline float dotf(const float *a, const float *b, int n) {
             } else {                                                                                      \
                 _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) R[j] = _mm512_loadu_si512((const void *)(ub + j * 64)); \
             }                                                                                             \
-            __m512 dv = _mm512_loadu_ps(d + b * LANES), mv = _mm512_loadu_ps(m + b * LANES);             \
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * LANES)));            \
+            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + b * LANES)));            \
             _Pragma("GCC unroll 8") for (int t = 0; t < MT; t++) {                                        \
                 const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
                 __m512i s = _mm512_setzero_si512();                                                       \
@@ -172,14 +188,13 @@ static inline float dotf(const float *a, const float *b, int n) {
     return s;
 }
 /* 8-bit weights (u up to 255, whose byte products would saturate maddubs' 16 bits) are taken
- * as u - 128 through the sign trick; the matrix's kernel_m then holds m + 128 d */
+ * as u - 128 through the sign trick, and the block's offset as m + 128 d */
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
         int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
         const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
-        const float *d = w->d + (size_t)g * nb * LANES;                                                  \
-        const float *m = (w->kernel_m ? w->kernel_m : w->m) + (size_t)g * nb * LANES;                   \
+        const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
         const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                          \
         const __m256i flip = _mm256_set1_epi8((char)0x80);                                                \
         __m256 acc[MT];                                                                                   \
@@ -197,7 +212,9 @@ static inline float dotf(const float *a, const float *b, int n) {
                 for (int j = 0; j < 8; j++)                                                               \
                     R[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(ub + j * 32)), flip);   \
             }                                                                                             \
-            __m256 dv = _mm256_loadu_ps(d + b * LANES), mv = _mm256_loadu_ps(m + b * LANES);             \
+            __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b * LANES)));               \
+            __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b * LANES)));               \
+            if (!w->nibbles) mv = _mm256_fmadd_ps(dv, _mm256_set1_ps(128.f), mv);                         \
             for (int t = 0; t < MT; t++) {                                                                \
                 const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
                 __m256i s;                                                                                \
@@ -239,7 +256,7 @@ static float dotf(const float *a, const float *b, int n) {
                            float *out, int ostride, int accumulate) {                                     \
         int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
         const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
-        const float *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;              \
+        const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
         float acc[MT][LANES];                                                                             \
         memset(acc, 0, sizeof(acc));                                                                      \
         for (int b = 0; b < nb; b++) {                                                                    \
@@ -254,9 +271,9 @@ static float dotf(const float *a, const float *b, int n) {
                                                : ub[(j * LANES + l) * 4 + k];                             \
                             s += q * (int)x[4 * j + k];                                                   \
                         }                                                                                 \
-                    float scale = d[b * LANES + l] * as[(size_t)t * nb + b];                              \
+                    float scale = half(d[b * LANES + l]) * as[(size_t)t * nb + b];                        \
                     acc[t][l] += (float)s * scale;                                                        \
-                    acc[t][l] += m[b * LANES + l] * ab[(size_t)t * nb + b];                               \
+                    acc[t][l] += half(m[b * LANES + l]) * ab[(size_t)t * nb + b];                         \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
@@ -348,6 +365,26 @@ static inline __m512 exp16(__m512 x) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* e^x for x <= 0, 8 at a time: exp16's method, 2^n built in the exponent bits */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.6931471805599453f));
+    __m256 p = _mm256_set1_ps(1.f / 720.f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#define AVX2_ONLY 1
+#endif
+
 /* One query head of token t: softmax over the context's slots [0, length) and the new
  * tokens its mask row allows (slots length + j), in slot order; writes att [head_dim].
  * kt: this layer's and kv head's keys transposed, [head_dim][cap]; vc: values [cap][kvd].
@@ -375,6 +412,23 @@ static void attend(const Model *M, const float *kt, const float *vc, int cap, in
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(scores + s0 + 16 * c, k[c], _mm512_mul_ps(acc[c], _mm512_set1_ps(scale)));
     }
+#elif defined(AVX2_ONLY)
+    for (int s0 = 0; s0 < n; s0 += 32) {  /* 4 chains of 8 slots side by side */
+        __m256i k[4];
+        __m256 acc[4];
+        for (int c = 0; c < 4; c++) {
+            int left = n - s0 - 8 * c;
+            k[c] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            acc[c] = _mm256_setzero_ps();
+        }
+        for (int i = 0; i < hd; i++) {
+            __m256 qi = _mm256_set1_ps(q[i]);
+            const float *row = kt + (size_t)i * cap + s0;
+            for (int c = 0; c < 4; c++) acc[c] = _mm256_fmadd_ps(qi, _mm256_maskload_ps(row + 8 * c, k[c]), acc[c]);
+        }
+        for (int c = 0; c < 4; c++)
+            _mm256_maskstore_ps(scores + s0 + 8 * c, k[c], _mm256_mul_ps(acc[c], _mm256_set1_ps(scale)));
+    }
 #else
     for (int s = 0; s < n; s++) {
         float acc = 0.f;
@@ -391,6 +445,18 @@ static void attend(const Model *M, const float *kt, const float *vc, int cap, in
         __m512 x = _mm512_maskz_loadu_ps(k, scores + s0);
         __mmask16 seen = _mm512_mask_cmp_ps_mask(k, x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
         _mm512_mask_storeu_ps(scores + s0, k, _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(x, _mm512_set1_ps(best)))));
+    }
+#elif defined(AVX2_ONLY)
+    int s = 0;
+    for (; s + 8 <= n; s += 8) {
+        __m256 x = _mm256_loadu_ps(scores + s);
+        __m256 seen = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        _mm256_storeu_ps(scores + s, _mm256_and_ps(seen, exp8(_mm256_sub_ps(x, _mm256_set1_ps(best)))));
+    }
+    for (; s < n; s++) {  /* the tail through the same function, one lane used */
+        float e[8];
+        _mm256_storeu_ps(e, exp8(_mm256_set1_ps(scores[s] - best)));
+        scores[s] = scores[s] == -INFINITY ? 0.f : e[0];
     }
 #else
     for (int s = 0; s < n; s++) scores[s] = scores[s] == -INFINITY ? 0.f : expf(scores[s] - best);
@@ -409,6 +475,20 @@ static void attend(const Model *M, const float *kt, const float *vc, int cap, in
             for (int c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
         }
         for (int c = 0; c < chunks; c++) _mm512_storeu_ps(att + 16 * c, acc[c]);
+        return;
+    }
+#elif defined(AVX2_ONLY)
+    if (hd % 8 == 0 && hd <= 128) {  /* the output in registers */
+        __m256 acc[16];
+        int chunks = hd / 8;
+        for (int c = 0; c < chunks; c++) acc[c] = _mm256_setzero_ps();
+        for (int s = 0; s < n; s++) {
+            if (scores[s] == 0.f) continue;
+            const float *v = vc + (size_t)s * kvd + kvh * hd;
+            __m256 w = _mm256_set1_ps(scores[s] / sum);
+            for (int c = 0; c < chunks; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < chunks; c++) _mm256_storeu_ps(att + 8 * c, acc[c]);
         return;
     }
 #endif
@@ -450,34 +530,17 @@ Model *sm_model_new(int layers, int dim, int heads, int kv_heads, int head_dim, 
 
 void sm_model_free(Model *M) {
     if (!M) return;
-    for (int l = 0; l < M->layers; l++) {
-        Layer *L = &M->layer[l];
-        QMatrix *all[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-        for (int i = 0; i < 7; i++) free(all[i]->kernel_m);
-    }
-    free(M->embed.kernel_m); free(M->head.kernel_m);
     free(M->x); free(M->xn); free(M->q); free(M->k); free(M->v); free(M->att); free(M->g);
     free(M->aq); free(M->as); free(M->ab); free(M->scores); free(M->layer); free(M);
 }
 
-static QMatrix qm(int rows, int cols, int nibbles, const uint8_t *u, const float *d, const float *m) {
-    QMatrix w = {rows, cols, nibbles, u, d, m, NULL};
-#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
-    size_t n = (size_t)((rows + LANES - 1) / LANES) * LANES * (cols / 32);  /* the padded groups' */
-    w.kernel_m = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) w.kernel_m[i] = nibbles ? m[i] : m[i] + 128.f * d[i];
-#endif
-    return w;
-}
-
 /* matrix 0..6: q, k, v, o, gate, up, down; -1: the embedding, -2: the LM head */
 void sm_set_matrix(Model *M, int layer, int which, int rows, int cols, int nibbles,
-                   const uint8_t *u, const float *d, const float *m) {
+                   const uint8_t *u, const uint16_t *d, const uint16_t *m) {
     Layer *L = &M->layer[layer < 0 ? 0 : layer];
     QMatrix *slot[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-    QMatrix *target = which == -1 ? &M->embed : which == -2 ? &M->head : slot[which];
-    free(target->kernel_m);
-    *target = qm(rows, cols, nibbles, u, d, m);
+    QMatrix w = {rows, cols, nibbles, u, d, m};
+    *(which == -1 ? &M->embed : which == -2 ? &M->head : slot[which]) = w;
 }
 
 /* which kernel this build runs: "avx512-vnni", "avx2" or "c" */
@@ -499,7 +562,7 @@ static void embed_row(const QMatrix *w, int token, float *out) {
                 int q = w->nibbles ? (ub[((j & 3) * LANES + l) * 4 + k] >> (j < 4 ? 0 : 4)) & 0x0F
                                    : ub[(j * LANES + l) * 4 + k];
                 int el = w->nibbles ? (j & 3) * 4 + k + (j < 4 ? 0 : 16) : 4 * j + k;
-                out[b * 32 + el] = w->d[at] * (float)q + w->m[at];
+                out[b * 32 + el] = half(w->d[at]) * (float)q + half(w->m[at]);
             }
     }
 }

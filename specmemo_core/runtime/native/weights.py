@@ -31,8 +31,8 @@ class PackedMatrix:
     nibbles: bool
     lanes: int
     u: np.ndarray  # uint8 [groups, cols // 32, 4 or 8, lanes, 4]
-    d: np.ndarray  # float32 [groups, cols // 32, lanes]
-    m: np.ndarray  # float32 [groups, cols // 32, lanes]
+    d: np.ndarray  # float16 [groups, cols // 32, lanes]
+    m: np.ndarray  # float16 [groups, cols // 32, lanes]
 
     @property
     def nbytes(self) -> int:
@@ -52,8 +52,8 @@ def _groups(a: np.ndarray, lanes: int) -> np.ndarray:
 
 
 def _scales(v: np.ndarray, lanes: int) -> np.ndarray:
-    """[rows, nb] -> [groups, nb, lanes]."""
-    return np.ascontiguousarray(_groups(v.astype(np.float32), lanes).transpose(0, 2, 1))
+    """[rows, nb] half floats -> [groups, nb, lanes]."""
+    return np.ascontiguousarray(_groups(v.astype(np.float16), lanes).transpose(0, 2, 1))
 
 
 def _registers(u: np.ndarray, lanes: int) -> np.ndarray:
@@ -67,12 +67,12 @@ def pack(raw: np.ndarray, kind: int, rows: int, cols: int, lanes: int) -> Packed
     """``raw``: the tensor's bytes as the file holds them, ``rows`` rows of ``cols // 32`` blocks."""
     nb = cols // 32
     blocks = np.ascontiguousarray(raw).reshape(rows, nb, _BLOCK_BYTES[kind])
-    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0]  # half floats: m = -8 d and -128 d are exact too
     if kind == Q8_0:
         u = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return PackedMatrix(rows, cols, False, lanes, _registers(u, lanes), _scales(d, lanes), _scales(-128.0 * d, lanes))
     if kind == Q4_1:
-        m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0]
         nibbles = blocks[:, :, 4:]
     else:
         m = -8.0 * d
@@ -82,14 +82,14 @@ def pack(raw: np.ndarray, kind: int, rows: int, cols: int, lanes: int) -> Packed
 
 def from_float(w: np.ndarray, lanes: int) -> PackedMatrix:
     """A float32 [rows, cols] matrix as 8-bit blocks of 32: ``u = round((w - m) / d)`` with
-    ``m`` the block's least weight and ``d`` its range / 255 (for formats not repacked
-    exactly: within d / 2 of each weight)."""
+    ``m`` the block's least weight and ``d`` its range / 255, both as half floats (for formats
+    not repacked exactly: within d / 2 of each weight, and m's own rounding)."""
     rows, cols = w.shape
     blocks = w.reshape(rows, cols // 32, 32).astype(np.float32)
-    m = blocks.min(-1)
-    d = (blocks.max(-1) - m) / 255.0
-    safe = np.where(d > 0, d, 1.0)
-    q = np.clip(np.rint((blocks - m[..., None]) / safe[..., None]), 0, 255).astype(np.uint8)
+    m = blocks.min(-1).astype(np.float16)
+    d = ((blocks.max(-1) - m.astype(np.float32)) / 255.0).astype(np.float16)
+    safe = np.where(d > 0, d, 1.0).astype(np.float32)
+    q = np.clip(np.rint((blocks - m[..., None].astype(np.float32)) / safe[..., None]), 0, 255).astype(np.uint8)
     return PackedMatrix(rows, cols, False, lanes, _registers(q, lanes), _scales(d, lanes), _scales(m, lanes))
 
 
@@ -99,6 +99,6 @@ def dequantize(p: PackedMatrix) -> np.ndarray:
     regs = p.u.transpose(0, 3, 1, 2, 4).reshape(g * lanes, nb, n * 4)  # [rows, nb, 16 or 32] bytes
     if p.nibbles:
         regs = np.concatenate([regs & 0x0F, regs >> 4], axis=-1)  # elements 0-15, then 16-31
-    d = p.d.transpose(0, 2, 1).reshape(g * lanes, nb, 1)
-    m = p.m.transpose(0, 2, 1).reshape(g * lanes, nb, 1)
+    d = p.d.transpose(0, 2, 1).reshape(g * lanes, nb, 1).astype(np.float32)
+    m = p.m.transpose(0, 2, 1).reshape(g * lanes, nb, 1).astype(np.float32)
     return (d * regs.astype(np.float32) + m).reshape(g * lanes, p.cols)[:p.rows]
