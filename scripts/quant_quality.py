@@ -2,8 +2,10 @@
 
 Rows: fp32 (the reference), bf16, int8 (weight-only, torchao, activations fp32), int4
 (weight-only, torchao's CPU packing with bf16 scales: each matmul's input cast to bf16, the
-rest fp32), int4-cpu (what the app runs for a 4-bit GGUF on a CPU: int4 as above, the LM head
-as int8 rows, ``cpu_linear.Int8RowLinear``) and int4-bf16 (the whole model bf16, then int4):
+rest fp32), int4-cpu (our torch int4 path for a 4-bit GGUF on a CPU: int4 as above, the LM head
+as int8 rows, ``cpu_linear.Int8RowLinear``), int4-bf16 (the whole model bf16, then int4) and
+native (what the app runs for a 4-bit GGUF on a CPU: ``runtime/native``, the file's own blocks,
+activations in int8 blocks of 32):
   (a) greedy agreement with fp32: 64 greedy tokens for each of the first user turns of
       MT-Bench questions 1-8 (no stop tokens, so every run has 64 positions); the share
       of positions before the first divergence, and of all positions, that equal fp32's;
@@ -40,7 +42,8 @@ from specmemo_core.runtime.quantize import QuantSpec, held_bytes, linear_weight_
 from specmemo_core.storage.sources import load_model
 
 ROWS = {"fp32": ("fp32",), "bf16": ("bf16",), "int8": ("int8",), "int4": ("int4",),
-        "int4-cpu": ("int4", "int8-head"), "int4-bf16": ("bf16", "int4")}  # row -> quantize_model steps
+        "int4-cpu": ("int4", "int8-head"), "int4-bf16": ("bf16", "int4"),
+        "native": ()}  # row -> quantize_model steps; native: the native forward (runtime/native)
 NEW_TOKENS = 64
 PPL_TOKENS = 4096
 SPEED_TOKENS = 64
@@ -77,6 +80,26 @@ def perplexity(model: CausalLM, ids: list[int]) -> float:
     return math.exp(float(nll) / (len(ids) - 1))
 
 
+def native_perplexity(lm, ids: list[int]) -> float:
+    """``perplexity`` on the native forward: the text in chunks of its most tokens a forward,
+    each row scored by its own LM head."""
+    from specmemo_core.runtime.native.lm import MAX_TOKENS
+
+    tokens, cache = torch.tensor(ids), lm.new_cache(len(ids))
+    nll = torch.zeros((), dtype=torch.float64)
+    for start in range(0, len(ids) - 1, MAX_TOKENS):
+        chunk = tokens[start:start + MAX_TOKENS]
+        logits = lm.logits(lm(chunk, *cache.prepare(torch.arange(chunk.shape[0])), cache))
+        cache.settle(chunk.shape[0])
+        targets = tokens[start + 1:start + 1 + chunk.shape[0]]
+        nll += F.cross_entropy(logits[:targets.shape[0]], targets, reduction="sum").double()
+    return math.exp(float(nll) / (len(ids) - 1))
+
+
+def native_bytes(lm) -> int:
+    return sum(p.nbytes for p in lm.weights.values())
+
+
 def agreement(ref: list[list[int]], out: list[list[int]]) -> dict[str, float]:
     prefix, overall = [], []
     for r, o in zip(ref, out):
@@ -111,8 +134,14 @@ def main() -> None:
     reference: list[list[int]] = []
     for row in chosen:
         steps = ROWS[row]
-        model = CausalLM.from_state_dict(src.config, src.state_dict)
         t0 = time.perf_counter()
+        if row == "native":
+            from specmemo_core.runtime.native.lm import load_native
+            from specmemo_core.storage.sources import open_model
+
+            model = load_native(open_model("default"), threads=args.threads)
+        else:
+            model = CausalLM.from_state_dict(src.config, src.state_dict)
         for precision in steps:
             if precision == "int8-head":
                 pack_linears(model, int8_head=True)  # as Engine.load does on a CPU
@@ -126,9 +155,9 @@ def main() -> None:
         speed_tokens, decode_s = greedy(model, prompts[0], SPEED_TOKENS)
         rows[row] = {
             "greedy_agreement": agreement(reference, outs),
-            "perplexity": round(perplexity(model, ppl_ids), 3),
-            "weight_bytes": held_bytes(model),
-            "decoder_linear_weight_bytes": linear_weight_bytes(model),
+            "perplexity": round((native_perplexity if row == "native" else perplexity)(model, ppl_ids), 3),
+            "weight_bytes": native_bytes(model) if row == "native" else held_bytes(model),
+            "decoder_linear_weight_bytes": None if row == "native" else linear_weight_bytes(model),
             "decode_tokens_per_s": round((len(speed_tokens) - 1) / decode_s, 1),
             "quantize_s": round(quantize_s, 2),
         }
@@ -163,6 +192,9 @@ def write(out: str, src, args: argparse.Namespace, ppl_tokens: int, available: i
             "(quantize.Int4CpuLinear). Activations stay fp32 elsewhere for int8/int4, bf16 for int4-bf16.",
             "embedding and lm_head (tied in this model) stay fp32/bf16, except int4-cpu's LM head: a "
             "copy as int8 rows (cpu_linear.Int8RowLinear) beside the fp32 embedding.",
+            "native: runtime/native's C forward over the GGUF's own Q4_1/Q8_0 blocks (scales as half "
+            "floats), activations quantized to int8 per block of 32 (as llama.cpp does); its weight "
+            "bytes are the packed matrices and norms (the heads' fp32 embedding copy not counted).",
             "the default model ships as a Q4_1 GGUF, dequantized to fp32 at load: fp32 here is the "
             "dequantized Q4_1 weights, not the original bf16 checkpoint.",
             "tokens/s: one run each, one thread, on a 2-core machine that other jobs were using "

@@ -92,12 +92,15 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
     """The key of ``engine`` (an ``Engine``) on ``device_name`` with this process's threads;
     an engine that streams layers (``runtime/offload.py``) is timed apart for each number of
     resident layers: its steps wait on the link; a split one (``runtime/split.py``) for each split;
-    one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours."""
+    one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours, and one on the native
+    forward for each build of it (``runtime/native``: a changed kernel is timed again)."""
     import torch
 
     key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
     if getattr(engine, "backend", "torch") != "torch":  # another engine's forward (ggml_step.py): timed apart
         key = f"{key}|{engine.backend}"
+        build = getattr(engine.model, "build", None)  # the native forward's build (its source and CPU)
+        key = f"{key}-{build}" if build else key
     streamed, placement = engine.model.streamed, engine.model.placement
     if placement is not None:  # a split model (runtime/split.py): its steps cross the borders
         key = f"{key}|split-" + "-".join(f"{d}:{n}" for d, n in zip(placement.split.devices, placement.split.layers))

@@ -488,7 +488,7 @@ def test_the_4_bit_cpu_tables_hold_their_runs():
                        for line in readme.splitlines()), (name, method, cells)
     auto = json.loads((REPO / "docs/results/int4_cpu/bench_auto.json").read_text(encoding="utf-8"))
     assert auto["_run"]["backend"] == "llamacpp" and auto["plan"]["identical_to_vanilla"] == 8
-    assert f"now decodes {auto['plan']['vs_hf']:.2f}× faster than transformers' `generate`" in readme
+    assert f"then decoded {auto['plan']['vs_hf']:.2f}× faster than transformers' `generate`" in readme
 
 
 def test_the_7b_step_breakdown_is_its_profiles_and_parts():
@@ -532,3 +532,40 @@ def test_the_cpu_step_cost_ranges_are_their_runs():
             f"{ratios['4'][-1]:.2f}×, 8 tokens {ratios['8'][0]:.2f}–{ratios['8'][-1]:.2f}×")
     assert said in readme, said
     assert f"at most 8 tokens for {ratios['8'][0]:.2f} tokens' time, {8 / ratios['8'][0]:.1f}×" in readme
+
+
+def test_the_native_cpu_tables_hold_their_runs():
+    """README's native-forward figures are docs/results/native_cpu/: the bench beside llama.cpp
+    (bench_auto.json), the forward's cost by tokens (step_costs.json), its quality against fp32
+    (quality.json) and the trees it declines (bench_trees.json)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    folder = REPO / "docs/results/native_cpu"
+    auto = json.loads((folder / "bench_auto.json").read_text(encoding="utf-8"))
+    assert auto["_run"]["backend"] == "native" and auto["_run"]["dtype"] == "int4" and auto["_run"]["queries"] == 8
+    assert auto["_run"]["rounds_done"] == auto["_run"]["repeats"] >= 3
+    ref, hf = (auto[m]["tokens_per_s"]["median"] for m in ("llamacpp", "hf"))
+    for method in ("llamacpp", "hf", "vanilla", "plan"):
+        r = auto[method]
+        cells = (f"| {_speed(r)} | {r['mean_accepted']:.2f} | {r['tokens_per_s']['median'] / ref:.2f}× | "
+                 f"{r['tokens_per_s']['median'] / hf:.2f}× | {r['identical_to_vanilla']}/{r['replies']} |")
+        assert any(line.replace("**", "").endswith(cells) for line in readme.splitlines()), (method, cells)
+    assert auto["plan"]["identical_to_vanilla"] == auto["plan"]["replies"] == 8
+    for method, text in (("vanilla", "Our plain decoding runs {:.2f}× llama.cpp's"),
+                         ("plan", "the planner's method {:.2f}×")):
+        assert text.format(auto[method]["tokens_per_s"]["median"] / ref) in readme, method
+    assert f"7.58× transformers' `generate`" in readme and round(auto["plan"]["vs_hf"], 2) == 7.58
+    steps = json.loads((folder / "step_costs.json").read_text(encoding="utf-8"))
+    for n in (1, 2, 4, 8, 16):
+        cells = [f"{steps['ms'][b][str(n)]['median']:.2f} ({steps['ms'][b][str(n)]['min']:.2f}–"
+                 f"{steps['ms'][b][str(n)]['max']:.2f}), {steps['vs_one_token'][b][str(n)]:.2f}×"
+                 for b in ("native", "native-avx2", "llamacpp")]
+        assert f"| {n} | " + " | ".join(cells) + " |" in readme, n
+    quality = json.loads((folder / "quality.json").read_text(encoding="utf-8"))["results"]
+    assert (f"perplexity {quality['native']['perplexity']:.3f} against fp32's {quality['fp32']['perplexity']:.3f}"
+            in readme)
+    trees = json.loads((folder / "bench_trees.json").read_text(encoding="utf-8"))
+    assert trees["_run"]["backend"] == "native" and trees["plan"]["tree"] is None
+    for method in ("chain-2", "calibrated-4+lookup-8"):
+        r = trees[method]
+        assert f"`{method}` {r['tokens_per_s']['median']:.1f} tok/s at {r['mean_accepted']:.2f}" in readme, method
+        assert r["identical_to_vanilla"] == r["replies"]

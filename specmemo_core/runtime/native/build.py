@@ -30,7 +30,15 @@ def compiler() -> str | None:
 
 
 def available() -> bool:
-    return compiler() is not None
+    """The forward builds (or is built already) for this CPU: a compiler that takes the
+    flags (gcc or clang with OpenMP; Apple's clang has none) and the CPU's instructions."""
+    if compiler() is None:
+        return False
+    try:
+        library()
+    except NativeBuildError:
+        return False
+    return True
 
 
 def _target(cc: str, march: str) -> str:
