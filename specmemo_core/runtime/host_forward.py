@@ -9,8 +9,10 @@ scored by our own LM head over the file's embedding (int8 rows)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,7 +65,16 @@ class HostForwardLM(nn.Module):
         self.lm_head = Int8RowLinear(linear)  # what the heads draft with, and scores rows not the engine's
         inv_freq, self.rope_scale = rope_inverse_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.last = LastRows()  # what the last forward gave (a plain object: a module's setattr costs more)
+        self._threads = threading.local()  # each thread's LastRows: a forward and the picks read after it are one thread's
+
+    @property
+    def last(self) -> LastRows:
+        """What this thread's last forward gave (another thread's forward, such as the app's
+        step timing beside a reply, never replaces it)."""
+        rows = getattr(self._threads, "rows", None)
+        if rows is None:
+            rows = self._threads.rows = LastRows()
+        return rows
 
     def use_regions(self, regions: Any) -> None:
         """How our decoder layers run (``model.LayerRegions``): this engine runs its own, eagerly."""

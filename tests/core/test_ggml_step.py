@@ -75,16 +75,25 @@ def test_a_second_turn_reuses_the_cached_prefix_as_a_fresh_decoder_would(data_di
 
 
 @needs_llamacpp
-def test_a_4_bit_file_on_a_cpu_is_planned_onto_llamacpp_unless_torch_is_asked_for(data_dir, tmp_path):
+def test_a_4_bit_file_on_a_cpu_is_planned_onto_llamacpp_where_no_native_forward_builds(data_dir, tmp_path,
+                                                                                      monkeypatch):
+    """Without a C compiler that builds the native forward (``false`` stands for one that
+    fails), a 4-bit file on a CPU goes to llama.cpp, unless torch is asked for."""
     from dataclasses import replace
 
     from specmemo_core.planning.device import cpu_device
     from specmemo_core.planning.entry import PlanChoices, load_planned
+    from specmemo_core.runtime.native import build
 
     path = write_tiny_gguf(tmp_path / "q4.gguf", hidden=64, quant="Q4_1", tied=True)
     choices = PlanChoices(turns=1, reply_tokens=8, speculate=False)
-    auto = load_planned(path, heads="none", choices=choices, device=cpu_device(), data_folder=tmp_path,
-                        wait_for_timing=False)
+    monkeypatch.setenv("CC", "false")
+    build.library.cache_clear()
+    try:
+        auto = load_planned(path, heads="none", choices=choices, device=cpu_device(), data_folder=tmp_path,
+                            wait_for_timing=False)
+    finally:
+        build.library.cache_clear()
     assert (auto.engine.backend, auto.engine.precision, type(auto.engine.model).__name__) == \
         ("llamacpp", "int4", "LlamaCppLM")
     forced = load_planned(path, heads="none", choices=replace(choices, backend="torch"), device=cpu_device(),

@@ -202,3 +202,32 @@ def test_without_a_working_compiler_the_native_forward_is_unavailable_and_says_w
             build.library()
     finally:
         build.library.cache_clear()
+
+
+@needs_compiler
+def test_forwards_on_two_caches_from_two_threads_give_what_each_gives_alone(data_dir, tmp_path):
+    """The app times steps in the background while a chat replies: each cache has its own
+    workspace, and each thread its own last rows, so neither forward disturbs the other."""
+    import threading
+
+    lm = _native(_tiny(tmp_path))
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 200, (30,), generator=g) for _ in range(2)]
+
+    def run(tokens):
+        cache = lm.new_cache(128)
+        out = []
+        for i in range(tokens.shape[0]):
+            hidden = lm(tokens[i:i + 1], *cache.prepare(torch.arange(1)), cache)
+            out.append(int(lm.greedy_picks(hidden)[0]))
+            cache.settle(1)
+        return out
+
+    alone = [run(p) for p in prompts]
+    together: list[list[int] | None] = [None, None]
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, run(prompts[i]))) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone

@@ -50,10 +50,16 @@ typedef struct {
     const float *out_norm;   /* [D] */
     QMatrix embed, head;     /* token embedding (read per token) and the LM head */
     Layer *layer;
-    /* workspace for max_tokens tokens */
-    float *x, *xn, *q, *k, *v, *att, *g, *scores;  /* xn: a scratch row per thread */
-    int8_t *aq; float *as, *ab;   /* quantized activations: bytes, block scales, scale * block sums */
 } Model;
+
+/* One cache's workspace for a forward of up to max_tokens tokens (so forwards on different
+ * caches, from different threads, never share a buffer) */
+typedef struct {
+    float *x, *q, *k, *v, *att, *g;
+    float *xn, *scores;            /* per thread: a scratch row, the attention scores of one query */
+    int8_t *aq; float *as, *ab;    /* per thread: quantized activations, block scales, scale * block sums */
+    int slots;                     /* the cache's slots (scores' length per thread) */
+} Work;
 
 /* ---- activations: int8 per 32-element block ---- */
 
@@ -513,25 +519,38 @@ Model *sm_model_new(int layers, int dim, int heads, int kv_heads, int head_dim, 
     M->ffn = ffn; M->vocab = vocab; M->eps = eps; M->rope_scale = rope_scale; M->inv_freq = inv_freq;
     M->out_norm = out_norm; M->threads = threads; M->max_tokens = max_tokens;
     M->layer = calloc((size_t)layers, sizeof(Layer));
-    size_t T = (size_t)max_tokens, wide = (size_t)(ffn > dim ? ffn : dim);
-    M->x = malloc(T * dim * sizeof(float));
-    M->xn = malloc((size_t)threads * wide * sizeof(float));  /* a scratch row per thread */
-    M->q = malloc(T * heads * head_dim * sizeof(float));
-    M->k = malloc(T * kv_heads * head_dim * sizeof(float));
-    M->v = malloc(T * kv_heads * head_dim * sizeof(float));
-    M->att = malloc(T * heads * head_dim * sizeof(float));
-    M->g = malloc(T * 2 * ffn * sizeof(float));
-    M->aq = malloc((size_t)threads * T * wide);  /* each thread's own quantized activations */
-    M->as = malloc((size_t)threads * T * (wide / 32) * sizeof(float));
-    M->ab = malloc((size_t)threads * T * (wide / 32) * sizeof(float));
-    M->scores = NULL;
     return M;
+}
+
+Work *sm_work_new(const Model *M, int slots) {
+    Work *W = calloc(1, sizeof(Work));
+    size_t T = (size_t)M->max_tokens, n = (size_t)M->threads, wide = (size_t)(M->ffn > M->dim ? M->ffn : M->dim);
+    size_t hq = (size_t)M->heads * M->head_dim, kvd = (size_t)M->kv_heads * M->head_dim;
+    W->slots = slots;
+    W->x = malloc(T * M->dim * sizeof(float));
+    W->q = malloc(T * hq * sizeof(float));
+    W->k = malloc(T * kvd * sizeof(float));
+    W->v = malloc(T * kvd * sizeof(float));
+    W->att = malloc(T * hq * sizeof(float));
+    W->g = malloc(T * 2 * M->ffn * sizeof(float));
+    W->xn = malloc(n * wide * sizeof(float));
+    W->scores = malloc(n * ((size_t)slots + 64) * sizeof(float));
+    W->aq = malloc(n * T * wide);
+    W->as = malloc(n * T * (wide / 32) * sizeof(float));
+    W->ab = malloc(n * T * (wide / 32) * sizeof(float));
+    return W;
+}
+
+void sm_work_free(Work *W) {
+    if (!W) return;
+    free(W->x); free(W->q); free(W->k); free(W->v); free(W->att); free(W->g);
+    free(W->xn); free(W->scores); free(W->aq); free(W->as); free(W->ab); free(W);
 }
 
 void sm_model_free(Model *M) {
     if (!M) return;
-    free(M->x); free(M->xn); free(M->q); free(M->k); free(M->v); free(M->att); free(M->g);
-    free(M->aq); free(M->as); free(M->ab); free(M->scores); free(M->layer); free(M);
+    free(M->layer);
+    free(M);
 }
 
 /* matrix 0..6: q, k, v, o, gate, up, down; -1: the embedding, -2: the LM head */
@@ -570,80 +589,105 @@ static void embed_row(const QMatrix *w, int token, float *out) {
 /* the lanes (rows per group) this build packs its weights in */
 int sm_lanes(void) { return LANES; }
 
+/* What one thread of a forward works with: the forward's tokens and cache, its own buffers. */
+typedef struct {
+    const Model *M;
+    Work *W;
+    int T, length, capacity;
+    const int32_t *positions;
+    const uint8_t *mask;
+    Acts a;                /* this thread's quantized activations */
+    float *row, *scores;   /* this thread's scratch row and attention scores */
+} Pass;
+
+/* A layer's attention, on every thread of the forward: q, k, v of this thread's rows
+ * (rotated; k and v into the cache slots length + t), then every token's heads, then
+ * x += o(attention). kl [kvd][capacity], vl [capacity][kvd]: this layer's cache. */
+static void attention_layer(const Pass *P, const Layer *L, float *kl, float *vl) {
+    const Model *M = P->M;
+    Work *W = P->W;
+    int T = P->T, H = M->heads, hd = M->head_dim, kvd = M->kv_heads * hd, group = H / M->kv_heads, r0, r1;
+    norm_rows(W->x, L->attn_norm, T, M->dim, M->eps, P->row, P->a);
+    matmul_part(&L->q, T, P->a, W->q, H * hd, 0);
+    part_rows(&L->q, &r0, &r1);
+    for (int t = 0; t < T; t++) rope_rows(W->q + (size_t)t * H * hd, r0, r1, hd, M->inv_freq, M->rope_scale, P->positions[t]);
+    matmul_part(&L->k, T, P->a, W->k, kvd, 0);
+    part_rows(&L->k, &r0, &r1);
+    for (int t = 0; t < T; t++) {
+        float *kt = W->k + (size_t)t * kvd;
+        rope_rows(kt, r0, r1, hd, M->inv_freq, M->rope_scale, P->positions[t]);
+        for (int r = r0; r < r1; r++) kl[(size_t)r * P->capacity + P->length + t] = kt[r];
+    }
+    matmul_part(&L->v, T, P->a, W->v, kvd, 0);
+    part_rows(&L->v, &r0, &r1);
+    for (int t = 0; t < T; t++)
+        memcpy(vl + (size_t)(P->length + t) * kvd + r0, W->v + (size_t)t * kvd + r0, (size_t)(r1 - r0) * sizeof(float));
+    #pragma omp barrier
+    #pragma omp for schedule(static)
+    for (int item = 0; item < T * H; item++) {
+        int t = item / H, h = item % H;
+        attend(M, kl + (size_t)(h / group) * hd * P->capacity, vl, P->capacity, P->length, T, t, P->mask,
+               W->q + (size_t)t * H * hd + h * hd, h / group, P->scores, W->att + (size_t)t * H * hd + h * hd);
+    }
+    quantize_rows(W->att, T, H * hd, P->a);
+    matmul_part(&L->o, T, P->a, W->x, M->dim, 1);  /* the residual: x += o(att) */
+    #pragma omp barrier
+}
+
+/* A layer's MLP, on every thread of the forward: x += down(silu(gate(x)) * up(x)). */
+static void mlp_layer(const Pass *P, const Layer *L) {
+    const Model *M = P->M;
+    Work *W = P->W;
+    int T = P->T, F = M->ffn, r0, r1;
+    Acts a = P->a;
+    norm_rows(W->x, L->ffn_norm, T, M->dim, M->eps, P->row, a);
+    matmul_part(&L->gate, T, a, W->g, 2 * F, 0);
+    matmul_part(&L->up, T, a, W->g + F, 2 * F, 0);
+    part_rows(&L->gate, &r0, &r1);  /* the same rows of up: silu(gate) * up of this thread's rows */
+    for (int t = 0; t < T; t++) {
+        float *g = W->g + (size_t)t * 2 * F;
+        for (int i = r0; i < r1; i++) g[i] = silu(g[i]) * g[F + i];
+    }
+    #pragma omp barrier
+    for (int t = 0; t < T; t++)
+        quantize_rows(W->g + (size_t)t * 2 * F, 1, F,
+                      (Acts){a.q + (size_t)t * F, a.s + (size_t)t * (F / 32), a.b + (size_t)t * (F / 32)});
+    matmul_part(&L->down, T, a, W->x, M->dim, 1);
+    #pragma omp barrier
+}
+
 /* T tokens at positions, written to cache slots [length, length + T) of every layer's
- * kc/vc ([layers][capacity][kv_heads * head_dim]); mask [T][T] (1: may attend) or NULL
- * for causal. hidden [T][D]: the final normed states. The LM head scores the n_out rows
- * out_rows into logits [n_out][vocab], and picks [n_out] their argmax (first maximum). */
-int sm_forward(Model *M, float *kc, float *vc, int capacity, int length, int T, const int32_t *tokens,
+ * kc ([layers][kv_heads * head_dim][capacity]) and vc ([layers][capacity][kv_heads * head_dim]);
+ * mask [T][T] (1: may attend) or NULL for causal; W: the cache's workspace. hidden [T][D]:
+ * the final normed states. The LM head scores the n_out rows out_rows into logits
+ * [n_out][vocab], and picks [n_out] their argmax (first maximum). */
+int sm_forward(const Model *M, Work *W, float *kc, float *vc, int capacity, int length, int T, const int32_t *tokens,
                const int32_t *positions, const uint8_t *mask, float *hidden, int n_out, const int32_t *out_rows,
                float *logits, int64_t *picks) {
-    if (T > M->max_tokens || length + T > capacity) return -1;
-    int D = M->dim, H = M->heads, KVH = M->kv_heads, hd = M->head_dim, F = M->ffn;
-    int kvd = KVH * hd, group = H / KVH;
-    M->scores = realloc(M->scores, (size_t)M->threads * (length + T) * sizeof(float));
-    float *x = M->x;
-    for (int t = 0; t < T; t++) embed_row(&M->embed, tokens[t], x + (size_t)t * D);
-    size_t wide = (size_t)(F > D ? F : D);
+    if (T > M->max_tokens || length + T > capacity || capacity > W->slots) return -1;
+    int D = M->dim, kvd = M->kv_heads * M->head_dim;
+    size_t wide = (size_t)(M->ffn > D ? M->ffn : D), T_max = (size_t)M->max_tokens;
+    for (int t = 0; t < T; t++) embed_row(&M->embed, tokens[t], W->x + (size_t)t * D);
     #pragma omp parallel num_threads(M->threads)
     {
-        int th = omp_get_thread_num(), r0, r1;
-        float *scores = M->scores + (size_t)th * (length + T), *row = M->xn + (size_t)th * wide;
-        Acts a = {M->aq + (size_t)th * M->max_tokens * wide, M->as + (size_t)th * M->max_tokens * (wide / 32),
-                  M->ab + (size_t)th * M->max_tokens * (wide / 32)};
+        size_t th = (size_t)omp_get_thread_num();
+        Pass P = {M, W, T, length, capacity, positions, mask,
+                  {W->aq + th * T_max * wide, W->as + th * T_max * (wide / 32), W->ab + th * T_max * (wide / 32)},
+                  W->xn + th * wide, W->scores + th * ((size_t)W->slots + 64)};
         for (int l = 0; l < M->layers; l++) {
-            const Layer *L = &M->layer[l];
-            float *kl = kc + (size_t)l * kvd * capacity, *vl = vc + (size_t)l * capacity * kvd;  /* [kvd][cap], [cap][kvd] */
-            /* q, k, v of this thread's rows, rotated, k and v into the cache */
-            norm_rows(x, L->attn_norm, T, D, M->eps, row, a);
-            matmul_part(&L->q, T, a, M->q, H * hd, 0);
-            part_rows(&L->q, &r0, &r1);
-            for (int t = 0; t < T; t++) rope_rows(M->q + (size_t)t * H * hd, r0, r1, hd, M->inv_freq, M->rope_scale, positions[t]);
-            matmul_part(&L->k, T, a, M->k, kvd, 0);
-            part_rows(&L->k, &r0, &r1);
-            for (int t = 0; t < T; t++) {
-                float *kt = M->k + (size_t)t * kvd;
-                rope_rows(kt, r0, r1, hd, M->inv_freq, M->rope_scale, positions[t]);
-                for (int r = r0; r < r1; r++) kl[(size_t)r * capacity + length + t] = kt[r];
-            }
-            matmul_part(&L->v, T, a, M->v, kvd, 0);
-            part_rows(&L->v, &r0, &r1);
-            for (int t = 0; t < T; t++)
-                memcpy(vl + (size_t)(length + t) * kvd + r0, M->v + (size_t)t * kvd + r0, (size_t)(r1 - r0) * sizeof(float));
-            #pragma omp barrier
-            #pragma omp for schedule(static)
-            for (int item = 0; item < T * H; item++) {
-                int t = item / H, h = item % H;
-                attend(M, kl + (size_t)(h / group) * hd * capacity, vl, capacity, length, T, t, mask,
-                       M->q + (size_t)t * H * hd + h * hd, h / group, scores, M->att + (size_t)t * H * hd + h * hd);
-            }
-            quantize_rows(M->att, T, H * hd, a);
-            matmul_part(&L->o, T, a, x, D, 1);  /* the residual: x += o(att) */
-            #pragma omp barrier
-            norm_rows(x, L->ffn_norm, T, D, M->eps, row, a);
-            matmul_part(&L->gate, T, a, M->g, 2 * F, 0);
-            matmul_part(&L->up, T, a, M->g + F, 2 * F, 0);
-            part_rows(&L->gate, &r0, &r1);  /* the same rows of up: silu(gate) * up of this thread's rows */
-            for (int t = 0; t < T; t++) {
-                float *g = M->g + (size_t)t * 2 * F;
-                for (int i = r0; i < r1; i++) g[i] = silu(g[i]) * g[F + i];
-            }
-            #pragma omp barrier
-            for (int t = 0; t < T; t++)
-                quantize_rows(M->g + (size_t)t * 2 * F, 1, F,
-                              (Acts){a.q + (size_t)t * F, a.s + (size_t)t * (F / 32), a.b + (size_t)t * (F / 32)});
-            matmul_part(&L->down, T, a, x, D, 1);  /* x += down(silu(gate) * up) */
-            #pragma omp barrier
+            attention_layer(&P, &M->layer[l], kc + (size_t)l * kvd * capacity, vc + (size_t)l * capacity * kvd);
+            mlp_layer(&P, &M->layer[l]);
         }
         #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
-            const float *xr = x + (size_t)t * D;
+            const float *xr = W->x + (size_t)t * D;
             float inv = 1.f / sqrtf(dotf(xr, xr, D) / (float)D + M->eps);
             for (int i = 0; i < D; i++) hidden[(size_t)t * D + i] = xr[i] * inv * M->out_norm[i];
         }
         for (int i = 0; i < n_out; i++)
             quantize_rows(hidden + (size_t)out_rows[i] * D, 1, D,
-                          (Acts){a.q + (size_t)i * D, a.s + (size_t)i * (D / 32), a.b + (size_t)i * (D / 32)});
-        if (n_out > 0) matmul_part(&M->head, n_out, a, logits, M->vocab, 0);
+                          (Acts){P.a.q + (size_t)i * D, P.a.s + (size_t)i * (D / 32), P.a.b + (size_t)i * (D / 32)});
+        if (n_out > 0) matmul_part(&M->head, n_out, P.a, logits, M->vocab, 0);
     }
     for (int i = 0; i < n_out; i++) {
         const float *row = logits + (size_t)i * M->vocab;

@@ -47,7 +47,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sm_set_matrix.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _P]
     lib.sm_set_norms.argtypes = [_P, _I, _P, _P]
     lib.sm_forward.restype = _I
-    lib.sm_forward.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P]
+    lib.sm_forward.argtypes = [_P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _P, _P]
+    lib.sm_work_new.restype = _P
+    lib.sm_work_new.argtypes = [_P, _I]
+    lib.sm_work_free.argtypes = [_P]
     lib.sm_commit.argtypes = [_P, _P, _P, _I, _I, _I, _P]
     lib.sm_model_free.argtypes = [_P]
     lib.sm_lanes.restype = _I
@@ -64,7 +67,9 @@ class NativeCache(KVCache):
     (transposed, so a query scores 16 slots per vector operation), values [layers, slots,
     kv_heads * head_dim], slots = capacity + MAX_TOKENS (room for a forward's scratch slots
     beside a full context); with our cache's host bookkeeping (length, the token ids the
-    lookup chain reads)."""
+    lookup chain reads), and the forward's workspace and logits: a cache is one conversation's,
+    decoded on one thread at a time, while another cache's forward may run beside it (the app's
+    step timing runs while a chat replies)."""
 
     def __init__(self, lm: NativeLM, capacity: int) -> None:
         super().__init__(0, 1, 1, capacity)  # bookkeeping only: the tensors are below
@@ -74,6 +79,13 @@ class NativeCache(KVCache):
         self.k = torch.zeros(spec.num_layers, kvd, self.slots)  # keys transposed: a head's dimension, then slots
         self.v = torch.zeros(spec.num_layers, self.slots, kvd)
         self.lm = lm
+        self.work = lm.lib.sm_work_new(lm.handle, self.slots)
+        self.logits = np.zeros((1, lm.vocab), np.float32)  # grows to the most rows a forward scores
+
+    def __del__(self) -> None:
+        if getattr(self, "work", None):
+            self.lm.lib.sm_work_free(self.work)
+            self.work = None
 
     def commit_row(self, nodes: torch.Tensor | None, count: torch.Tensor | int) -> None:
         """The accepted path (``nodes`` [W], root first, ``count`` of them) moves to the slots
@@ -121,7 +133,6 @@ class NativeLM(HostForwardLM):
                                   _ptr(weights[f"blk.{layer}.ffn_norm"]))
         self._set(0, -1, weights["token_embd"])
         self._set(0, -2, weights["output"])
-        self._logits = np.zeros((1, self.vocab), np.float32)  # grows to the most rows a forward scores
 
     def _set(self, layer: int, which: int, p: PackedMatrix) -> None:
         self.lib.sm_set_matrix(self.handle, layer, which, p.rows, p.cols, int(p.nibbles), _ptr(p.u), _ptr(p.d),
@@ -153,17 +164,17 @@ class NativeLM(HostForwardLM):
         at = positions.to(torch.int32).contiguous()
         rows = torch.tensor([t - 1], dtype=torch.int32) if last_only else torch.arange(t, dtype=torch.int32)
         n = rows.shape[0]
-        if self._logits.shape[0] < n:
-            self._logits = np.zeros((n, self.vocab), np.float32)
+        if cache.logits.shape[0] < n:
+            cache.logits = np.zeros((n, self.vocab), np.float32)
         hidden = torch.empty(t, self.spec.hidden_size)
         picks = torch.empty(n, dtype=torch.int64)
-        code = self.lib.sm_forward(self.handle, _ptr(cache.k), _ptr(cache.v), cache.slots, cache.length, t,
-                                   _ptr(ids), _ptr(at), None if allowed is None else _ptr(allowed), _ptr(hidden),
-                                   n, _ptr(rows), _ptr(self._logits), _ptr(picks))
+        code = self.lib.sm_forward(self.handle, cache.work, _ptr(cache.k), _ptr(cache.v), cache.slots, cache.length,
+                                   t, _ptr(ids), _ptr(at), None if allowed is None else _ptr(allowed), _ptr(hidden),
+                                   n, _ptr(rows), _ptr(cache.logits), _ptr(picks))
         if code != 0:
             raise SpecMemoError(f"the native forward could not run {t} tokens after {cache.length}; start a new chat")
         kept = hidden[-1:] if last_only else hidden
-        self.last.keep(kept, list(self._logits[:n]), picks)
+        self.last.keep(kept, list(cache.logits[:n]), picks)
         return hidden
 
 
