@@ -1,17 +1,18 @@
 """The base model's forward through llama.cpp (runtime/ggml_step.py) under our one step: a
-tree's nodes in one llama.cpp sequence per leaf see exactly their ancestors, and greedy
-speculative replies equal plain greedy ones on the same backend. The decoding tests need
-llama-cpp-python (the optional ``llamacpp`` extra) and are skipped with a reason without it."""
+tree's nodes in one llama.cpp sequence per leaf see exactly their ancestors; what it shares
+with the native forward (greedy speculative replies equal plain ones, …) is in
+test_host_forward.py. The decoding tests need llama-cpp-python (the optional ``llamacpp``
+extra) and are skipped with a reason without it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
 from specmemo_core.runtime.ggml_step import available, tree_sequences
 from specmemo_core.runtime.tree import load_tree
+from tests.core.test_host_forward import host_engine
 from tests.core.test_sources import write_tiny_gguf
 
 needs_llamacpp = pytest.mark.skipif(not available(), reason="llama-cpp-python is not installed (the llamacpp extra)")
@@ -33,45 +34,6 @@ def test_each_node_sees_exactly_its_ancestors_through_its_first_sequence(name):
     if n > 1:
         leaves = {s for seq in sequences for s in seq}
         assert 0 not in leaves and len(leaves) == sum(int(mask[:, j].sum()) == 1 for j in range(n))
-
-
-def _engine(tmp_path: Path, **kw):
-    from specmemo_core.runtime.engine import Engine
-
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", hidden=64, layers=2, quant="Q4_0", tied=True)
-    return Engine.load(path, heads="random", backend="llamacpp", **kw)
-
-
-def _reply(engine, prompt, tree=None, n=40, decoder=None):
-    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
-
-    heads = engine.heads if tree is not None else None
-    decoder = decoder or Decoder(engine.model, engine.model.new_cache(len(prompt) + n + 64), heads,
-                                 load_tree(tree) if tree else None)
-    return [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=n)) for t in s.token_ids], decoder
-
-
-@needs_llamacpp
-@pytest.mark.parametrize("tree", ["1-3-2", "chain-2", "medusa-64"])
-def test_speculative_replies_on_llamacpp_are_its_plain_greedy_replies(data_dir, tmp_path, tree):
-    engine = _engine(tmp_path)
-    prompt = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(1)).tolist()
-    plain, _ = _reply(engine, prompt)
-    spec, _ = _reply(engine, prompt, tree)
-    assert spec == plain and len(plain) == 40
-
-
-@needs_llamacpp
-def test_a_second_turn_reuses_the_cached_prefix_as_a_fresh_decoder_would(data_dir, tmp_path):
-    """The next turn shares the conversation so far: the cache keeps it (truncating what
-    diverges) and decodes what a fresh cache decodes from the whole conversation."""
-    engine = _engine(tmp_path)
-    first = torch.randint(3, 200, (20,), generator=torch.Generator().manual_seed(2)).tolist()
-    reply, decoder = _reply(engine, first, "1-3-2", n=12)
-    second = first + reply[:6] + [7, 8, 9]  # diverges from the cached reply after 6 tokens
-    again, _ = _reply(engine, second, "1-3-2", n=12, decoder=decoder)
-    fresh, _ = _reply(engine, second, "1-3-2", n=12)
-    assert again == fresh
 
 
 @needs_llamacpp
@@ -101,19 +63,6 @@ def test_a_4_bit_file_on_a_cpu_is_planned_onto_llamacpp_where_no_native_forward_
     assert forced.engine.backend == "torch" and type(forced.engine.model).__name__ == "CausalLM"
 
 
-@needs_llamacpp
-def test_batched_decoding_is_refused_on_llamacpp_and_the_server_reloads_on_our_forward(data_dir, tmp_path):
-    from specmemo_core.errors import SpecMemoError
-    from specmemo_core.serving.served import serve_engine
-
-    engine = _engine(tmp_path, tree="1-3-2")
-    with pytest.raises(SpecMemoError, match="--backend torch"):
-        engine.new_batch_decoder(64, slots=2)
-    again = engine.on_torch()
-    assert again.backend == "torch" and again.tree.name == engine.tree.name and again.precision == "int4"
-    assert serve_engine(engine, capacity=64, slots=2).tree == "1-3-2"
-
-
 @pytest.mark.parametrize(("quant", "precision", "says"), [("F32", None, "runs 4-bit GGUFs"),
                                                           ("Q4_0", "fp32", "not fp32: choose int4")])
 def test_what_llamacpp_cannot_run_is_refused_with_what_to_do(data_dir, tmp_path, quant, precision, says):
@@ -128,24 +77,6 @@ def test_what_llamacpp_cannot_run_is_refused_with_what_to_do(data_dir, tmp_path,
 
 
 @needs_llamacpp
-def test_picks_of_the_forwards_rows_are_llamacpps_and_a_changed_row_is_scored_again(data_dir, tmp_path):
-    """``greedy_picks`` of what the forward returned (or rows equal to it) are the argmax of
-    llama.cpp's logits; a tensor the caller changed since is scored by our own LM head."""
-    engine = _engine(tmp_path)
-    lm = engine.model
-    cache = lm.new_cache(64)
-    tokens = torch.tensor([5, 9, 13, 2])
-    positions, mask = cache.prepare(torch.arange(4))
-    hidden = lm(tokens, positions, mask, cache)
-    logits = lm.logits(hidden)
-    assert torch.equal(lm.greedy_picks(hidden), logits.argmax(-1))
-    assert torch.equal(lm.greedy_picks(hidden[2:3].clone()), logits[2:3].argmax(-1))  # equal rows, another tensor
-    hidden[1] = hidden[1].flip(0)  # changed in place: no longer what llama.cpp scored
-    assert torch.equal(lm.greedy_picks(hidden), lm.lm_head(hidden).argmax(-1))
-    assert not torch.equal(lm.logits(hidden)[1], logits[1])
-
-
-@needs_llamacpp
 @pytest.mark.parametrize("length", [4, 20])
 def test_a_prompt_chunk_read_for_its_last_row_scores_no_other_row_from_eight_tokens_on(data_dir, tmp_path, length):
     """A ``last_only`` chunk of ``SPLIT_PREFILL`` tokens or more runs all but its last token
@@ -153,7 +84,7 @@ def test_a_prompt_chunk_read_for_its_last_row_scores_no_other_row_from_eight_tok
     hidden state and pick are those of the chunk read whole, and its cache the same length."""
     from specmemo_core.runtime.ggml_step import SPLIT_PREFILL
 
-    lm = _engine(tmp_path).model
+    lm = host_engine(tmp_path, "llamacpp").model
     tokens = torch.randint(3, 200, (length,), generator=torch.Generator().manual_seed(2))
     whole_cache, split_cache = lm.new_cache(64), lm.new_cache(64)
     positions, mask = whole_cache.prepare(torch.arange(length))

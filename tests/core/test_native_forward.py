@@ -107,40 +107,6 @@ def test_a_trees_nodes_get_the_hidden_states_of_their_paths_decoded_one_by_one(d
         assert torch.equal(chain[-1], tree[i]), i
 
 
-def _reply(engine, prompt, tree=None, n=40, decoder=None):
-    from specmemo_core.runtime.decoding import Decoder, GenerationConfig
-
-    heads = engine.heads if tree is not None else None
-    decoder = decoder or Decoder(engine.model, engine.model.new_cache(len(prompt) + n + 64), heads,
-                                 load_tree(tree) if tree else None)
-    return [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=n)) for t in s.token_ids], decoder
-
-
-@needs_compiler
-@pytest.mark.parametrize("tree", ["1-3-2", "chain-2", "medusa-64"])
-def test_speculative_replies_on_the_native_forward_are_its_plain_greedy_replies(data_dir, tmp_path, tree):
-    from specmemo_core.runtime.engine import Engine
-
-    engine = Engine.load(_tiny(tmp_path, "Q4_1"), heads="random", backend="native")
-    prompt = torch.randint(3, 200, (24,), generator=torch.Generator().manual_seed(1)).tolist()
-    plain, _ = _reply(engine, prompt)
-    spec, _ = _reply(engine, prompt, tree)
-    assert spec == plain and len(plain) == 40
-
-
-@needs_compiler
-def test_a_second_turn_on_the_native_forward_reuses_the_cached_prefix(data_dir, tmp_path):
-    from specmemo_core.runtime.engine import Engine
-
-    engine = Engine.load(_tiny(tmp_path), heads="random", backend="native")
-    first = torch.randint(3, 200, (20,), generator=torch.Generator().manual_seed(2)).tolist()
-    reply, decoder = _reply(engine, first, "1-3-2", n=12)
-    second = first + reply[:6] + [7, 8, 9]  # diverges from the cached reply after 6 tokens
-    again, _ = _reply(engine, second, "1-3-2", n=12, decoder=decoder)
-    fresh, _ = _reply(engine, second, "1-3-2", n=12)
-    assert again == fresh
-
-
 @needs_compiler
 def test_a_4_bit_llama_file_on_a_cpu_is_planned_onto_the_native_forward(data_dir, tmp_path):
     """The planner's default for a 4-bit GGUF on a CPU; a family it does not run (qwen2, with
