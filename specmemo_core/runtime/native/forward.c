@@ -352,88 +352,91 @@ static void rope_rows(float *v, int r0, int r1, int head_dim, const float *inv_f
     }
 }
 
+/* ---- attention ----
+ *
+ * One vocabulary of float vectors for AVX-512 (16 lanes) and AVX2 (8), so the attention below
+ * is written once; plain C goes through its scalar loops. */
 #if defined(__AVX512F__)
-/* e^x for x <= 0, 16 at a time (2^(x log2 e) as 2^n * 2^f, f in [-1/2, 1/2] by a degree-6
- * polynomial: ~2 ulp); the same function of each lane's value, whatever the lane */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.6931471805599453f));  /* f ln 2 */
-    __m512 p = _mm512_set1_ps(1.f / 720.f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
+#define VW 16
+typedef __m512 vf;
+typedef __mmask16 vmask;
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfma _mm512_fmadd_ps
+#define vmul _mm512_mul_ps
+#define vsub _mm512_sub_ps
+#define vmax _mm512_max_ps
+static inline vmask vfirst(int n) { return n >= 16 ? (vmask)0xFFFF : n > 0 ? (vmask)((1u << n) - 1) : (vmask)0; }
+static inline vf vload_first(vmask k, const float *p) { return _mm512_maskz_loadu_ps(k, p); }
+static inline void vstore_first(float *p, vmask k, vf v) { _mm512_mask_storeu_ps(p, k, v); }
+static inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf p, vf n) { return _mm512_scalef_ps(p, n); }  /* p * 2^n, n integral */
+static inline vf vzero_where_unseen(vf x, vf e) {  /* e, or 0 where x is -inf (a masked slot) */
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
 }
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-/* e^x for x <= 0, 8 at a time: exp16's method, 2^n built in the exponent bits */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
-    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.6931471805599453f));
-    __m256 p = _mm256_set1_ps(1.f / 720.f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8
+typedef __m256 vf;
+typedef __m256i vmask;
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfma _mm256_fmadd_ps
+#define vmul _mm256_mul_ps
+#define vsub _mm256_sub_ps
+#define vmax _mm256_max_ps
+static inline vmask vfirst(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+static inline vf vload_first(vmask k, const float *p) { return _mm256_maskload_ps(p, k); }
+static inline void vstore_first(float *p, vmask k, vf v) { _mm256_maskstore_ps(p, k, v); }
+static inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf p, vf n) {  /* 2^n built in the exponent bits (n >= -126 here) */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
-#define AVX2_ONLY 1
+static inline vf vzero_where_unseen(vf x, vf e) {
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+}
 #endif
 
-/* One query head of token t: softmax over the context's slots [0, length) and the new
- * tokens its mask row allows (slots length + j), in slot order; writes att [head_dim].
- * kt: this layer's and kv head's keys transposed, [head_dim][cap]; vc: values [cap][kvd].
- * Each slot's score is the same sum (over the head's dimensions, in order) whichever other
- * slots are computed beside it, so a tree's node scores its ancestors as plain decoding
- * does. */
-static void attend(const Model *M, const float *kt, const float *vc, int cap, int length, int T, int t,
-                   const uint8_t *mask, const float *q, int kvh, float *scores, float *att) {
-    int hd = M->head_dim, kvd = M->kv_heads * hd, n = length + T;
-    float scale = 1.f / sqrtf((float)hd), best = -INFINITY;
-#if defined(__AVX512F__)
-    for (int s0 = 0; s0 < n; s0 += 64) {  /* 4 chains of 16 slots side by side (one chain's latency hidden) */
-        __mmask16 k[4];
-        __m512 acc[4];
+#ifdef VW
+/* e^x for x <= 0, a vector at a time: 2^(x log2 e) as 2^n * 2^f, f in [-1/2, 1/2] by a
+ * degree-6 polynomial (~2 ulp); the same function of each lane's value, whatever the lane */
+static inline vf vexp(vf x) {
+    x = vmax(x, vset1(-87.f));
+    vf t = vmul(x, vset1(1.44269504088896341f)), n = vround(t);
+    vf f = vmul(vsub(t, n), vset1(0.6931471805599453f));  /* f ln 2 */
+    vf p = vset1(1.f / 720.f);
+    p = vfma(p, f, vset1(1.f / 120.f));
+    p = vfma(p, f, vset1(1.f / 24.f));
+    p = vfma(p, f, vset1(1.f / 6.f));
+    p = vfma(p, f, vset1(0.5f));
+    p = vfma(p, f, vset1(1.f));
+    p = vfma(p, f, vset1(1.f));
+    return vpow2(p, n);
+}
+#endif
+
+/* scores[s] = q . k_s * scale for the slots [0, n): kt [hd][cap], the keys transposed. Each
+ * slot's score is the same sum (over the head's dimensions, in order) whichever other slots
+ * are computed beside it, so a tree's node scores its ancestors as plain decoding does. */
+static void score_slots(const float *q, const float *kt, int hd, int cap, int n, float scale, float *scores) {
+#ifdef VW
+    for (int s0 = 0; s0 < n; s0 += 4 * VW) {  /* 4 chains of VW slots side by side (one chain's latency hidden) */
+        vmask k[4];
+        vf acc[4];
         for (int c = 0; c < 4; c++) {
-            int left = n - s0 - 16 * c;
-            k[c] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
-            acc[c] = _mm512_setzero_ps();
+            k[c] = vfirst(n - s0 - VW * c);
+            acc[c] = vzero();
         }
         for (int i = 0; i < hd; i++) {
-            __m512 qi = _mm512_set1_ps(q[i]);
+            vf qi = vset1(q[i]);
             const float *row = kt + (size_t)i * cap + s0;
-            for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(qi, _mm512_maskz_loadu_ps(k[c], row + 16 * c), acc[c]);
+            for (int c = 0; c < 4; c++) acc[c] = vfma(qi, vload_first(k[c], row + VW * c), acc[c]);
         }
-        for (int c = 0; c < 4; c++)
-            _mm512_mask_storeu_ps(scores + s0 + 16 * c, k[c], _mm512_mul_ps(acc[c], _mm512_set1_ps(scale)));
-    }
-#elif defined(AVX2_ONLY)
-    for (int s0 = 0; s0 < n; s0 += 32) {  /* 4 chains of 8 slots side by side */
-        __m256i k[4];
-        __m256 acc[4];
-        for (int c = 0; c < 4; c++) {
-            int left = n - s0 - 8 * c;
-            k[c] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            acc[c] = _mm256_setzero_ps();
-        }
-        for (int i = 0; i < hd; i++) {
-            __m256 qi = _mm256_set1_ps(q[i]);
-            const float *row = kt + (size_t)i * cap + s0;
-            for (int c = 0; c < 4; c++) acc[c] = _mm256_fmadd_ps(qi, _mm256_maskload_ps(row + 8 * c, k[c]), acc[c]);
-        }
-        for (int c = 0; c < 4; c++)
-            _mm256_maskstore_ps(scores + s0 + 8 * c, k[c], _mm256_mul_ps(acc[c], _mm256_set1_ps(scale)));
+        for (int c = 0; c < 4; c++) vstore_first(scores + s0 + VW * c, k[c], vmul(acc[c], vset1(scale)));
     }
 #else
     for (int s = 0; s < n; s++) {
@@ -442,69 +445,61 @@ static void attend(const Model *M, const float *kt, const float *vc, int cap, in
         scores[s] = acc * scale;
     }
 #endif
-    for (int s = length; s < n; s++)
-        if (!(mask ? mask[t * T + (s - length)] : (s - length) <= t)) scores[s] = -INFINITY;
-    for (int s = 0; s < n; s++) best = scores[s] > best ? scores[s] : best;
-#if defined(__AVX512F__)
-    for (int s0 = 0; s0 < n; s0 += 16) {
-        __mmask16 k = n - s0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - s0)) - 1);
-        __m512 x = _mm512_maskz_loadu_ps(k, scores + s0);
-        __mmask16 seen = _mm512_mask_cmp_ps_mask(k, x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        _mm512_mask_storeu_ps(scores + s0, k, _mm512_maskz_mov_ps(seen, exp16(_mm512_sub_ps(x, _mm512_set1_ps(best)))));
-    }
-#elif defined(AVX2_ONLY)
-    int s = 0;
-    for (; s + 8 <= n; s += 8) {
-        __m256 x = _mm256_loadu_ps(scores + s);
-        __m256 seen = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-        _mm256_storeu_ps(scores + s, _mm256_and_ps(seen, exp8(_mm256_sub_ps(x, _mm256_set1_ps(best)))));
-    }
-    for (; s < n; s++) {  /* the tail through the same function, one lane used */
-        float e[8];
-        _mm256_storeu_ps(e, exp8(_mm256_set1_ps(scores[s] - best)));
-        scores[s] = scores[s] == -INFINITY ? 0.f : e[0];
+}
+
+/* scores[s] = e^(scores[s] - best) for s < n, 0 where a slot is masked (-inf) */
+static void exp_slots(float *scores, int n, float best) {
+#ifdef VW
+    for (int s0 = 0; s0 < n; s0 += VW) {
+        vmask k = vfirst(n - s0);
+        vf x = vload_first(k, scores + s0);
+        vstore_first(scores + s0, k, vzero_where_unseen(x, vexp(vsub(x, vset1(best)))));
     }
 #else
     for (int s = 0; s < n; s++) scores[s] = scores[s] == -INFINITY ? 0.f : expf(scores[s] - best);
 #endif
-    float sum = 0.f;
-    for (int s = 0; s < n; s++) sum += scores[s];
-#if defined(__AVX512F__)
-    if (hd % 16 == 0 && hd <= 256) {  /* the output in registers */
-        __m512 acc[16];
-        int chunks = hd / 16;
-        for (int c = 0; c < chunks; c++) acc[c] = _mm512_setzero_ps();
+}
+
+/* att [hd] = sum over slots of (scores[s] / sum) * v_s, in slot order; vc [cap][kvd] */
+static void sum_values(const float *scores, float sum, const float *vc, int kvd, int hd, int n, float *att) {
+#ifdef VW
+    if (hd % VW == 0 && hd <= 16 * VW) {  /* the output in registers */
+        vf acc[16];
+        int chunks = hd / VW;
+        for (int c = 0; c < chunks; c++) acc[c] = vzero();
         for (int s = 0; s < n; s++) {
             if (scores[s] == 0.f) continue;
-            const float *v = vc + (size_t)s * kvd + kvh * hd;
-            __m512 w = _mm512_set1_ps(scores[s] / sum);
-            for (int c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            const float *v = vc + (size_t)s * kvd;
+            vf w = vset1(scores[s] / sum);
+            for (int c = 0; c < chunks; c++) acc[c] = vfma(w, vload(v + VW * c), acc[c]);
         }
-        for (int c = 0; c < chunks; c++) _mm512_storeu_ps(att + 16 * c, acc[c]);
-        return;
-    }
-#elif defined(AVX2_ONLY)
-    if (hd % 8 == 0 && hd <= 128) {  /* the output in registers */
-        __m256 acc[16];
-        int chunks = hd / 8;
-        for (int c = 0; c < chunks; c++) acc[c] = _mm256_setzero_ps();
-        for (int s = 0; s < n; s++) {
-            if (scores[s] == 0.f) continue;
-            const float *v = vc + (size_t)s * kvd + kvh * hd;
-            __m256 w = _mm256_set1_ps(scores[s] / sum);
-            for (int c = 0; c < chunks; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
-        }
-        for (int c = 0; c < chunks; c++) _mm256_storeu_ps(att + 8 * c, acc[c]);
+        for (int c = 0; c < chunks; c++) vstore(att + VW * c, acc[c]);
         return;
     }
 #endif
     for (int i = 0; i < hd; i++) att[i] = 0.f;
     for (int s = 0; s < n; s++) {
         if (scores[s] == 0.f) continue;
-        const float *v = vc + (size_t)s * kvd + kvh * hd;
+        const float *v = vc + (size_t)s * kvd;
         float w = scores[s] / sum;
         for (int i = 0; i < hd; i++) att[i] += w * v[i];
     }
+}
+
+/* One query head of token t: softmax over the context's slots [0, length) and the new
+ * tokens its mask row allows (slots length + j), in slot order; writes att [head_dim].
+ * kt: this layer's and kv head's keys transposed, [head_dim][cap]; vc: values [cap][kvd]. */
+static void attend(const Model *M, const float *kt, const float *vc, int cap, int length, int T, int t,
+                   const uint8_t *mask, const float *q, int kvh, float *scores, float *att) {
+    int hd = M->head_dim, n = length + T;
+    float best = -INFINITY, sum = 0.f;
+    score_slots(q, kt, hd, cap, n, 1.f / sqrtf((float)hd), scores);
+    for (int s = length; s < n; s++)
+        if (!(mask ? mask[t * T + (s - length)] : (s - length) <= t)) scores[s] = -INFINITY;
+    for (int s = 0; s < n; s++) best = scores[s] > best ? scores[s] : best;
+    exp_slots(scores, n, best);
+    for (int s = 0; s < n; s++) sum += scores[s];
+    sum_values(scores, sum, vc + (size_t)kvh * hd, M->kv_heads * hd, hd, n, att);
 }
 
 static inline float silu(float x) { return x / (1.f + expf(-x)); }
