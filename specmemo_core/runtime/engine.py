@@ -174,9 +174,8 @@ class Engine:
         and trees around it."""
         opened = model if isinstance(model, (LoadedModel, OpenedModel)) else open_model(model, progress=progress)
         if backend in ("native", "llamacpp"):
-            return cls._on_host_forward(opened, backend=backend, heads=heads, tree=tree, device=device,
-                                        progress=progress, precision=precision, resident_layers=resident_layers,
-                                        split=split)
+            return cls._on_host_forward(opened, backend, heads=heads, tree=tree, device=device, progress=progress,
+                                        precision=precision, resident_layers=resident_layers, split=split)
         if backend != "torch":
             raise SpecMemoError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         streaming = resident_layers is not None
@@ -205,7 +204,7 @@ class Engine:
         return engine.with_tree(tree)
 
     @classmethod
-    def _on_host_forward(cls, opened: "LoadedModel | OpenedModel", *, backend: str,
+    def _on_host_forward(cls, opened: "LoadedModel | OpenedModel", backend: str, *,
                          heads: "HeadsSource | str | None", tree: str | Path | None, device: str | torch.device,
                          progress: Callable[[str, float], None] | None, precision: str | None,
                          resident_layers: int | None, split: "LayerSplit | None") -> "Engine":

@@ -65,7 +65,7 @@ class HostForwardLM(nn.Module):
         self.lm_head = Int8RowLinear(linear)  # what the heads draft with, and scores rows not the engine's
         inv_freq, self.rope_scale = rope_inverse_frequencies(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._threads = threading.local()  # each thread's LastRows: a forward and the picks read after it are one thread's
+        self._threads = threading.local()  # each thread's LastRows (a forward and the picks read after it)
 
     @property
     def last(self) -> LastRows:

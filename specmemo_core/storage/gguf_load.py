@@ -198,7 +198,7 @@ def check_complete(path: Path, index: GGUFIndex) -> None:
         raise ModelFileError(path, "the file is truncated or corrupt (it ends before its last tensor)", _FIX)
 
 
-def _map(path: Path) -> tuple[mmap.mmap, np.ndarray]:
+def map_file(path: Path) -> tuple[mmap.mmap, np.ndarray]:
     """The file mapped read-only, and the same bytes as a uint8 array (views, no copy)."""
     with path.open("rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -228,7 +228,7 @@ def iter_tensors(path: Path, index: GGUFIndex, progress: Progress, *,
     to float32 one at a time: the caller converts each to its precision and drops it before
     asking for the next (this generator keeps no reference to what it yielded). ``skip``:
     names not to read (the caller has them already, e.g. quantized from a cache)."""
-    mapped, data = _map(path)
+    mapped, data = map_file(path)
     entries = [t for t in index.tensors if hf_name(t.name) not in skip]
     for i, entry in enumerate(entries):
         yield str(hf_name(entry.name)), _read_released(mapped, data, entry, index)

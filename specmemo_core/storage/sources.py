@@ -438,7 +438,7 @@ def _open_gguf(path: Path, report: Progress) -> tuple:
         except OSError as exc:  # still usable, only slower next time
             log.warning("could not write model cache %s (%s)", cache, exc)
     read = partial(_gguf_tensors, path, index)
-    return config, tokenizer, shapes, read, cached is not None, cache, gguf_load.stored_bits(index)
+    return config, tokenizer, shapes, read, cached is not None, cache, index
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -545,6 +545,7 @@ class OpenedModel:
     cache: Path | None = None  # the file's cache folder (GGUF only): weights kept at a planned precision go there
     sample: torch.Tensor | None = field(default=None, repr=False)  # fingerprint_sample of the embedding
     stored_bits: int | None = None  # bits per decoder weight in a GGUF (gguf_load.stored_bits); None: a folder
+    gguf_index: "gguf_load.GGUFIndex | None" = field(default=None, repr=False)  # a GGUF's tensor table (runtime/native)
 
     def tensors(self, progress: Progress | None = None, *,
                 skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
@@ -588,14 +589,14 @@ def open_model(source: str | Path = "default", progress: Progress | None = None)
         raise ModelFileError(path, "file not found", "check the path, or use 'default' for the built-in model")
     if path.is_dir():
         config, tokenizer, shapes, read, cached, cache = _open_folder(path, report)
-        bits = None
+        index = None
     elif path.suffix.lower() == ".gguf":
-        config, tokenizer, shapes, read, cached, cache, bits = _open_gguf(path, report)
+        config, tokenizer, shapes, read, cached, cache, index = _open_gguf(path, report)
     else:
         raise ModelFileError(path, "not a model: expected a .gguf file or a Hugging Face model folder",
                              "point SpecMemo at a .gguf file or at a folder holding config.json")
     return OpenedModel(config, tokenizer, path, model_name(source), shapes, read, cached, start, cache,
-                       stored_bits=bits)
+                       stored_bits=None if index is None else gguf_load.stored_bits(index), gguf_index=index)
 
 
 def load_model(source: str | Path = "default", dtype: torch.dtype = torch.float32,

@@ -84,8 +84,9 @@ def test_conversations_encode_to_the_ids_transformers_gives(loaded):
 
 def test_a_later_start_imports_no_transformers(loaded):
     """The whole later-start load (cache → planned engine) without importing transformers or
-    gguf; torch._dynamo only with torchao, which our own int4 forward needs (its import costs
-    about 1.5 s here; llama.cpp's forward, where installed, needs neither)."""
+    gguf; torch._dynamo only with torchao, which our torch int4 forward needs (its import costs
+    about 1.5 s here; the native forward, the default for a 4-bit GGUF on a CPU, and llama.cpp's
+    need neither: the native one reads the cached tensor table, not the file's header)."""
     code = ("import sys; from specmemo_core.planning.entry import load_planned; "
             "e = load_planned('default', wait_for_timing=False).engine; print(e.precision, e.backend); "
             "print(sorted(m for m in ('transformers', 'torch._dynamo', 'gguf') if m in sys.modules))")

@@ -160,6 +160,8 @@ class NativeLM(HostForwardLM):
         ancestors = mask[:, -t:]
         causal = t == 1 or bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
         allowed = None if causal else ancestors.to(torch.uint8).contiguous()
+        if t and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab:  # forward.c reads the embedding row
+            raise SpecMemoError(f"a token id outside the model's {self.vocab} tokens; start a new chat")
         ids = tokens.to(torch.int32).contiguous()
         at = positions.to(torch.int32).contiguous()
         rows = torch.tensor([t - 1], dtype=torch.int32) if last_only else torch.arange(t, dtype=torch.int32)
@@ -187,27 +189,26 @@ def _matrix(raw: np.ndarray, entry: Any, lanes: int, dequantized: Callable[[], n
     return from_float(dequantized(), lanes)  # K-quants, F16, …: as 8-bit blocks of 32 (close, not the file's own)
 
 
-def native_weights(path: Path, *, lanes: int,
+def native_weights(path: Path, index: Any, *, lanes: int,
                    progress: Callable[[str, float], None] | None = None) -> dict[str, Any]:
-    """Every tensor ``forward.c`` reads from the GGUF at ``path``, repacked for a kernel of
-    ``lanes`` rows a group (``weights.pack``):
+    """Every tensor ``forward.c`` reads from the GGUF at ``path`` (its tensor table ``index``,
+    a ``gguf_load.GGUFIndex``), repacked for a kernel of ``lanes`` rows a group (``weights.pack``):
     matrices by GGUF name less ``.weight`` (``output``: the LM head, the embedding where
     tied), norms as float32."""
     from specmemo_core.storage import dequant, gguf_load
 
-    index, _config = gguf_load.read_header(path)
     if index.architecture not in ARCHITECTURES:
         raise NativeUnsupported(f"the native forward runs {', '.join(ARCHITECTURES)} models, not "
                                 f"{index.architecture}")
     if any(t.name.endswith(".bias") for t in index.tensors):
         raise NativeUnsupported("the native forward runs models without biases")
-    mapped, data = gguf_load._map(path)
+    _mapped, data = gguf_load.map_file(path)
     out: dict[str, Any] = {}
     for i, entry in enumerate(index.tensors):
         raw = data[entry.offset:entry.offset + entry.nbytes].view(np.ndarray)
         name = entry.name.removesuffix(".weight")
         if len(entry.shape) == 1:
-            out[name] = dequant.dequantize_blocks(raw, entry.kind, entry.shape).astype(np.float32).copy()
+            out[name] = dequant.dequantize_blocks(raw, entry.kind, entry.shape).astype(np.float32)  # a copy
         elif name in ("token_embd", "output") or name.split(".")[-1] in MATRICES:
             out[name] = _matrix(raw, entry, lanes, lambda: _file_layout(raw, entry))
         if progress is not None:
@@ -218,7 +219,12 @@ def native_weights(path: Path, *, lanes: int,
 
 def _file_layout(raw: np.ndarray, entry: Any) -> np.ndarray:
     """A tensor de-quantized to float32 in the file's own row order (Q/K rows still in
-    rotary pairs, which is what ``forward.c`` reads)."""
+    rotary pairs, which is what ``forward.c`` reads): the simple formats in torch
+    (``storage/dequant.py``), the others through gguf."""
+    from specmemo_core.storage import dequant
+
+    if dequant.supported(entry.kind):
+        return np.asarray(dequant.dequantize_blocks(raw, entry.kind, tuple(entry.shape)), dtype=np.float32)
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quant_shape_to_byte_shape
 
@@ -233,7 +239,10 @@ def load_native(opened: Any, *, threads: int, progress: Callable[[str, float], N
     the forward is built for (``build.library``)."""
     if Path(opened.source).suffix.lower() != ".gguf":
         raise NativeUnsupported("the native backend runs GGUF files; convert the model or use the torch backend")
-    weights = native_weights(Path(opened.source), lanes=_declare(library(march)).sm_lanes(), progress=progress)
+    if opened.gguf_index is None:
+        raise NativeUnsupported("the native backend runs GGUF files; convert the model or use the torch backend")
+    weights = native_weights(Path(opened.source), opened.gguf_index, lanes=_declare(library(march)).sm_lanes(),
+                             progress=progress)
     wanted = {"model.embed_tokens.weight", "lm_head.weight"} & set(opened.shapes)
     read = {n: t.float() for n, t in opened.tensors(progress, skip=set(opened.shapes) - wanted)}
     embedding = read["model.embed_tokens.weight"]

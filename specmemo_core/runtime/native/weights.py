@@ -70,7 +70,8 @@ def pack(raw: np.ndarray, kind: int, rows: int, cols: int, lanes: int) -> Packed
     d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0]  # half floats: m = -8 d and -128 d are exact too
     if kind == Q8_0:
         u = (blocks[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        return PackedMatrix(rows, cols, False, lanes, _registers(u, lanes), _scales(d, lanes), _scales(-128.0 * d, lanes))
+        return PackedMatrix(rows, cols, False, lanes, _registers(u, lanes), _scales(d, lanes),
+                            _scales(-128.0 * d, lanes))
     if kind == Q4_1:
         m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0]
         nibbles = blocks[:, :, 4:]
