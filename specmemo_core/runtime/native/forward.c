@@ -61,6 +61,74 @@ typedef struct {
     int slots;                     /* the cache's slots (scores' length per thread) */
 } Work;
 
+/* ---- float vectors ----
+ *
+ * One vocabulary of float vectors for AVX-512 (16 lanes) and AVX2 (8), so what runs on floats
+ * (dot products, attention) is written once; plain C goes through its scalar loops. */
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vf;
+typedef __mmask16 vmask;
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfma _mm512_fmadd_ps
+#define vmul _mm512_mul_ps
+#define vsub _mm512_sub_ps
+#define vmax _mm512_max_ps
+#define vsum _mm512_reduce_add_ps
+static inline vmask vfirst(int n) { return n >= 16 ? (vmask)0xFFFF : n > 0 ? (vmask)((1u << n) - 1) : (vmask)0; }
+static inline vf vload_first(vmask k, const float *p) { return _mm512_maskz_loadu_ps(k, p); }
+static inline void vstore_first(float *p, vmask k, vf v) { _mm512_mask_storeu_ps(p, k, v); }
+static inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf p, vf n) { return _mm512_scalef_ps(p, n); }  /* p * 2^n, n integral */
+static inline vf vzero_where_unseen(vf x, vf e) {  /* e, or 0 where x is -inf (a masked slot) */
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8
+typedef __m256 vf;
+typedef __m256i vmask;
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfma _mm256_fmadd_ps
+#define vmul _mm256_mul_ps
+#define vsub _mm256_sub_ps
+#define vmax _mm256_max_ps
+static inline float vsum(vf v) {  /* a fixed order: halves, then pairs, then the last two */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+static inline vmask vfirst(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+static inline vf vload_first(vmask k, const float *p) { return _mm256_maskload_ps(p, k); }
+static inline void vstore_first(float *p, vmask k, vf v) { _mm256_maskstore_ps(p, k, v); }
+static inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vpow2(vf p, vf n) {  /* 2^n built in the exponent bits (n >= -126 here) */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline vf vzero_where_unseen(vf x, vf e) {
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+}
+#endif
+
+/* a . b over n floats */
+static inline float dotf(const float *a, const float *b, int n) {
+    float s = 0.f;
+    int k = 0;
+#ifdef VW
+    vf acc = vzero();
+    for (; k + VW <= n; k += VW) acc = vfma(vload(a + k), vload(b + k), acc);
+    s = vsum(acc);
+#endif
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
 /* ---- activations: int8 per 32-element block ---- */
 
 /* x [cols] -> aq [cols] bytes, as [cols/32] block scales, ab [cols/32] scale * the block's sum
@@ -126,17 +194,6 @@ static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-b
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define KERNEL "avx512-vnni"
 #define LANES 16
-/* a . b over n floats (the tail masked) */
-static inline float dotf(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 16 <= n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
-    if (k < n) {
-        __mmask16 tail = (__mmask16)((1u << (n - k)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + k), _mm512_maskz_loadu_ps(tail, b + k), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
@@ -180,19 +237,6 @@ static inline float dotf(const float *a, const float *b, int n) {
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KERNEL "avx2"
 #define LANES 8
-static inline float hsum8(__m256 v) {  /* a fixed order: halves, then pairs, then the last two */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
-static inline float dotf(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
-    float s = hsum8(acc);
-    for (; k < n; k++) s += a[k] * b[k];
-    return s;
-}
 /* 8-bit weights (u up to 255, whose byte products would saturate maddubs' 16 bits) are taken
  * as u - 128 through the sign trick, and the block's offset as m + 128 d */
 #define GROUP_KERNEL(MT)                                                                                  \
@@ -252,11 +296,6 @@ static inline float dotf(const float *a, const float *b, int n) {
 #else
 #define KERNEL "c"
 #define LANES 8
-static float dotf(const float *a, const float *b, int n) {
-    float s = 0.f;
-    for (int k = 0; k < n; k++) s += a[k] * b[k];
-    return s;
-}
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
@@ -352,54 +391,7 @@ static void rope_rows(float *v, int r0, int r1, int head_dim, const float *inv_f
     }
 }
 
-/* ---- attention ----
- *
- * One vocabulary of float vectors for AVX-512 (16 lanes) and AVX2 (8), so the attention below
- * is written once; plain C goes through its scalar loops. */
-#if defined(__AVX512F__)
-#define VW 16
-typedef __m512 vf;
-typedef __mmask16 vmask;
-#define vset1 _mm512_set1_ps
-#define vzero _mm512_setzero_ps
-#define vload _mm512_loadu_ps
-#define vstore _mm512_storeu_ps
-#define vfma _mm512_fmadd_ps
-#define vmul _mm512_mul_ps
-#define vsub _mm512_sub_ps
-#define vmax _mm512_max_ps
-static inline vmask vfirst(int n) { return n >= 16 ? (vmask)0xFFFF : n > 0 ? (vmask)((1u << n) - 1) : (vmask)0; }
-static inline vf vload_first(vmask k, const float *p) { return _mm512_maskz_loadu_ps(k, p); }
-static inline void vstore_first(float *p, vmask k, vf v) { _mm512_mask_storeu_ps(p, k, v); }
-static inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vpow2(vf p, vf n) { return _mm512_scalef_ps(p, n); }  /* p * 2^n, n integral */
-static inline vf vzero_where_unseen(vf x, vf e) {  /* e, or 0 where x is -inf (a masked slot) */
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VW 8
-typedef __m256 vf;
-typedef __m256i vmask;
-#define vset1 _mm256_set1_ps
-#define vzero _mm256_setzero_ps
-#define vload _mm256_loadu_ps
-#define vstore _mm256_storeu_ps
-#define vfma _mm256_fmadd_ps
-#define vmul _mm256_mul_ps
-#define vsub _mm256_sub_ps
-#define vmax _mm256_max_ps
-static inline vmask vfirst(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
-static inline vf vload_first(vmask k, const float *p) { return _mm256_maskload_ps(p, k); }
-static inline void vstore_first(float *p, vmask k, vf v) { _mm256_maskstore_ps(p, k, v); }
-static inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vpow2(vf p, vf n) {  /* 2^n built in the exponent bits (n >= -126 here) */
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-static inline vf vzero_where_unseen(vf x, vf e) {
-    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
-}
-#endif
+/* ---- attention ---- */
 
 #ifdef VW
 /* e^x for x <= 0, a vector at a time: 2^(x log2 e) as 2^n * 2^f, f in [-1/2, 1/2] by a
