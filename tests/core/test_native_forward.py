@@ -56,12 +56,15 @@ def _native(path: Path, march: str = "native"):
     return load_native(open_model(path), threads=2, march=march)
 
 
+MARCHES = ["native", "x86-64-v3", "alderlake", "x86-64"]  # this CPU's; AVX2; AVX2 with VNNI; plain C
+
+
 @needs_compiler
-@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
+@pytest.mark.parametrize("march", MARCHES)
 def test_the_forward_scores_a_prompt_as_our_float32_model_does(data_dir, tmp_path, march):
     """Weights as the file holds them, activations in int8 blocks of 32 (as llama.cpp's):
     the logits of every row within a few percent of our float32 model's, the same picks,
-    on this CPU's kernel and on the AVX2 and plain-C ones."""
+    on this CPU's kernel and on the AVX2 (with and without VNNI) and plain-C ones."""
     from specmemo_core.runtime.engine import Engine
 
     _x86_or_native(march)
@@ -77,18 +80,22 @@ def test_the_forward_scores_a_prompt_as_our_float32_model_does(data_dir, tmp_pat
 
 
 def _x86_or_native(march: str) -> None:
+    """Skip another CPU's kernel where this one cannot run it (another architecture, or an
+    x86 without AVX-VNNI for alderlake's)."""
     import platform
 
     if march != "native" and platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("an x86 target")
+    if march == "alderlake" and "avx_vnni" not in Path("/proc/cpuinfo").read_text(errors="replace"):
+        pytest.skip("this CPU has no AVX-VNNI")
 
 
 @needs_compiler
-@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
+@pytest.mark.parametrize("march", MARCHES)
 def test_a_trees_nodes_get_the_hidden_states_of_their_paths_decoded_one_by_one(data_dir, tmp_path, march):
     """Each node of a 64-node tree after a context: bit for bit the hidden state of the same
     tokens decoded as a chain (the context, then the node's ancestors, then itself), on this
-    CPU's kernel and on the AVX2 and plain-C ones."""
+    CPU's kernel and on the AVX2 (with and without VNNI) and plain-C ones."""
     _x86_or_native(march)
     lm = _native(_tiny(tmp_path), march)
     buffers = load_tree("medusa-64").buffers

@@ -1,6 +1,6 @@
 """Compile ``forward.c`` once per machine, for the CPU it runs on (``-march=native``: AVX-512
-VNNI where there is one, AVX2 or plain C otherwise), into the user's cache folder, keyed by
-the source's hash and the compiler's target, and load it with ctypes."""
+VNNI where there is one, else AVX2 with or without AVX-VNNI, else plain C), into the user's
+cache folder, keyed by the source's hash and the compiler's target, and load it with ctypes."""
 
 from __future__ import annotations
 

@@ -235,18 +235,49 @@ static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-b
         }                                                                                                 \
     }
 #elif defined(__AVX2__) && defined(__FMA__)
-#define KERNEL "avx2"
 #define LANES 8
+#if defined(__AVXVNNI__)  /* AVX2 with VNNI's 256-bit dot products (Intel since Alder Lake) */
+#define KERNEL "avx2-vnni"
+#define OFFSET_SHIFTED 0
+static inline __m256i weight_bytes(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+/* the 32-bit lane sums of a block's 8 registers of u (unsigned) . x (signed bytes) */
+static inline __m256i block_dot(const __m256i *R, const int8_t *x, int nibbles) {
+    (void)nibbles;
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) s = _mm256_dpbusd_avx_epi32(s, R[j], _mm256_set1_epi32(word(x + 4 * j)));
+    return s;
+}
+#else
+#define KERNEL "avx2"
 /* 8-bit weights (u up to 255, whose byte products would saturate maddubs' 16 bits) are taken
- * as u - 128 through the sign trick, and the block's offset as m + 128 d */
+ * as u - 128 through the sign trick, and the block's offset as m + 128 d (OFFSET_SHIFTED) */
+#define OFFSET_SHIFTED 1
+static inline __m256i weight_bytes(const uint8_t *p) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80));
+}
+static inline __m256i block_dot(const __m256i *R, const int8_t *x, int nibbles) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (nibbles) {  /* 8 products of nibbles and int8 stay within 16 bits: 8 * 2 * 15 * 127 */
+        __m256i h = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) h = _mm256_add_epi16(h, _mm256_maddubs_epi16(R[j], _mm256_set1_epi32(word(x + 4 * j))));
+        return _mm256_madd_epi16(h, ones);
+    }
+    __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i xj = _mm256_set1_epi32(word(x + 4 * j));
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(R[j], R[j]), _mm256_sign_epi8(xj, R[j]));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+    }
+    return s;
+}
+#endif
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
         int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
         const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
         const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
-        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                          \
-        const __m256i flip = _mm256_set1_epi8((char)0x80);                                                \
+        const __m256i low = _mm256_set1_epi8(0x0F);                                                       \
         __m256 acc[MT];                                                                                   \
         for (int t = 0; t < MT; t++) acc[t] = _mm256_setzero_ps();                                       \
         for (int b = 0; b < nb; b++) {                                                                    \
@@ -259,28 +290,14 @@ static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-b
                     R[j + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                          \
                 }                                                                                         \
             } else {                                                                                      \
-                for (int j = 0; j < 8; j++)                                                               \
-                    R[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(ub + j * 32)), flip);   \
+                for (int j = 0; j < 8; j++) R[j] = weight_bytes(ub + j * 32);                             \
             }                                                                                             \
             __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b * LANES)));               \
             __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b * LANES)));               \
-            if (!w->nibbles) mv = _mm256_fmadd_ps(dv, _mm256_set1_ps(128.f), mv);                         \
+            if (!w->nibbles && OFFSET_SHIFTED) mv = _mm256_fmadd_ps(dv, _mm256_set1_ps(128.f), mv);       \
             for (int t = 0; t < MT; t++) {                                                                \
                 const int8_t *x = aq + (size_t)t * w->cols + b * 32;                                      \
-                __m256i s;                                                                                \
-                if (w->nibbles) { /* 8 products of nibbles and int8 stay within 16 bits: 8*2*15*127 */    \
-                    __m256i h = _mm256_setzero_si256();                                                   \
-                    for (int j = 0; j < 8; j++)                                                           \
-                        h = _mm256_add_epi16(h, _mm256_maddubs_epi16(R[j], _mm256_set1_epi32(word(x + 4 * j)))); \
-                    s = _mm256_madd_epi16(h, ones);                                                       \
-                } else {                                                                                  \
-                    s = _mm256_setzero_si256();                                                           \
-                    for (int j = 0; j < 8; j++) {                                                         \
-                        __m256i xj = _mm256_set1_epi32(word(x + 4 * j));                                  \
-                        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(R[j], R[j]), _mm256_sign_epi8(xj, R[j])); \
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));                              \
-                    }                                                                                     \
-                }                                                                                         \
+                __m256i s = block_dot(R, x, w->nibbles);                                                  \
                 __m256 scale = _mm256_mul_ps(dv, _mm256_set1_ps(as[(size_t)t * nb + b]));                 \
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[t]);                           \
                 acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ab[(size_t)t * nb + b]), acc[t]);             \
