@@ -78,6 +78,7 @@ typedef __mmask16 vmask;
 #define vsub _mm512_sub_ps
 #define vmax _mm512_max_ps
 #define vsum _mm512_reduce_add_ps
+#define vmax_lanes _mm512_reduce_max_ps
 static inline vmask vfirst(int n) { return n >= 16 ? (vmask)0xFFFF : n > 0 ? (vmask)((1u << n) - 1) : (vmask)0; }
 static inline vf vload_first(vmask k, const float *p) { return _mm512_maskz_loadu_ps(k, p); }
 static inline void vstore_first(float *p, vmask k, vf v) { _mm512_mask_storeu_ps(p, k, v); }
@@ -98,6 +99,11 @@ typedef __m256i vmask;
 #define vmul _mm256_mul_ps
 #define vsub _mm256_sub_ps
 #define vmax _mm256_max_ps
+static inline float vmax_lanes(vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
 static inline float vsum(vf v) {  /* a fixed order: halves, then pairs, then the last two */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -456,6 +462,19 @@ static void score_slots(const float *q, const float *kt, int hd, int cap, int n,
 #endif
 }
 
+/* the largest of scores[0, n) (a maximum is exact in any order) */
+static float max_slots(const float *scores, int n) {
+    float best = -INFINITY;
+    int s = 0;
+#ifdef VW
+    vf m = vset1(-INFINITY);
+    for (; s + VW <= n; s += VW) m = vmax(m, vload(scores + s));
+    best = vmax_lanes(m);
+#endif
+    for (; s < n; s++) best = scores[s] > best ? scores[s] : best;
+    return best;
+}
+
 /* scores[s] = e^(scores[s] - best) for s < n, 0 where a slot is masked (-inf) */
 static void exp_slots(float *scores, int n, float best) {
 #ifdef VW
@@ -501,11 +520,11 @@ static void sum_values(const float *scores, float sum, const float *vc, int kvd,
 static void attend(const Model *M, const float *kt, const float *vc, int cap, int length, int T, int t,
                    const uint8_t *mask, const float *q, int kvh, float *scores, float *att) {
     int hd = M->head_dim, n = length + T;
-    float best = -INFINITY, sum = 0.f;
+    float best, sum = 0.f;
     score_slots(q, kt, hd, cap, n, 1.f / sqrtf((float)hd), scores);
     for (int s = length; s < n; s++)
         if (!(mask ? mask[t * T + (s - length)] : (s - length) <= t)) scores[s] = -INFINITY;
-    for (int s = 0; s < n; s++) best = scores[s] > best ? scores[s] : best;
+    best = max_slots(scores, n);
     exp_slots(scores, n, best);
     for (int s = 0; s < n; s++) sum += scores[s];
     sum_values(scores, sum, vc + (size_t)kvh * hd, M->kv_heads * hd, hd, n, att);
