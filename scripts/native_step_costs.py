@@ -1,5 +1,6 @@
 """What a forward of N tokens costs on a CPU, on each backend that runs the default GGUF:
-the native forward (``runtime/native``, built for this CPU and, on x86, for AVX2 alone) and
+the native forward (``runtime/native``, built for this CPU and, on x86, for AVX2 alone and for
+AVX2 with VNNI where the CPU has it) and
 llama.cpp's (``runtime/ggml_step.py``, where llama-cpp-python is installed), through the
 forward our step calls. N tokens after a 200-token context, logits for every token (as a
 tree's verification needs them); each size timed ``--calls`` times per round, rounds
@@ -16,6 +17,7 @@ import json
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +33,8 @@ def backends(threads: int) -> dict:
     out = {"native": load_native(open_model("default"), threads=threads)}
     if platform.machine() in ("x86_64", "AMD64"):
         out["native-avx2"] = load_native(open_model("default"), threads=threads, march="x86-64-v3")
+        if "avx_vnni" in Path("/proc/cpuinfo").read_text(errors="replace"):  # AVX2 with VNNI (Alder Lake's)
+            out["native-avx2-vnni"] = load_native(open_model("default"), threads=threads, march="alderlake")
     if have_llamacpp():
         out["llamacpp"] = load_llamacpp(open_model("default"), threads=threads)
     return out
