@@ -204,3 +204,21 @@ def test_forwards_on_two_caches_from_two_threads_give_what_each_gives_alone(data
     for t in threads:
         t.join()
     assert together == alone
+
+
+@needs_compiler
+def test_the_cache_holds_its_capacity_and_a_forward_past_it_is_refused_as_on_torch(data_dir, tmp_path):
+    """The native cache holds exactly the planner's KV bytes (no scratch slots beyond its
+    capacity); a forward that would pass it raises the context-full error our torch forward
+    raises."""
+    from specmemo_core.errors import ContextFullError
+
+    lm = _native(_tiny(tmp_path))
+    cache = lm.new_cache(16)
+    spec = lm.spec
+    assert cache.nbytes == 2 * spec.num_layers * 16 * spec.num_kv_heads * spec.head_dim * 4
+    tokens = torch.arange(3, 15)
+    lm(tokens, *cache.prepare(torch.arange(12)), cache)
+    cache.settle(12)
+    with pytest.raises(ContextFullError):
+        lm(tokens[:5], *cache.prepare(torch.arange(5)), cache)

@@ -63,18 +63,19 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
 
 
 class NativeCache(KVCache):
-    """Keys and values for ``forward.c``, float32: keys [layers, kv_heads * head_dim, slots]
-    (transposed, so a query scores 16 slots per vector operation), values [layers, slots,
-    kv_heads * head_dim], slots = capacity + MAX_TOKENS (room for a forward's scratch slots
-    beside a full context); with our cache's host bookkeeping (length, the token ids the
-    lookup chain reads), and the forward's workspace and logits: a cache is one conversation's,
+    """Keys and values for ``forward.c``, float32: keys [layers, kv_heads * head_dim, capacity]
+    (transposed, so a query scores 16 slots per vector operation), values [layers, capacity,
+    kv_heads * head_dim]: a forward's tokens must fit, as on our torch forward (the decoder
+    speculates only where a tree's nodes do), so it holds the planner's KV bytes and no more.
+    With our cache's host bookkeeping (length, the token ids the lookup chain reads), and the
+    forward's workspace and logits: a cache is one conversation's,
     decoded on one thread at a time, while another cache's forward may run beside it (the app's
     step timing runs while a chat replies)."""
 
     def __init__(self, lm: NativeLM, capacity: int) -> None:
         super().__init__(0, 1, 1, capacity)  # bookkeeping only: the tensors are below
         spec = lm.spec
-        self.slots = capacity + MAX_TOKENS
+        self.slots = capacity
         kvd = spec.num_kv_heads * spec.head_dim
         self.k = torch.zeros(spec.num_layers, kvd, self.slots)  # keys transposed: a head's dimension, then slots
         self.v = torch.zeros(spec.num_layers, self.slots, kvd)
@@ -157,6 +158,7 @@ class NativeLM(HostForwardLM):
             raise SpecMemoError("the native backend decodes one conversation at a time; batch on the torch backend")
         if t > MAX_TOKENS:
             raise SpecMemoError(f"the native forward runs at most {MAX_TOKENS} tokens at once, not {t}")
+        cache.ensure_room(t)  # the context-full error our torch forward gives
         ancestors = mask[:, -t:]
         causal = t == 1 or bool(torch.equal(ancestors, torch.ones(t, t, dtype=torch.bool).tril()))
         allowed = None if causal else ancestors.to(torch.uint8).contiguous()
