@@ -162,15 +162,18 @@ def test_a_k_quant_file_runs_as_8_bit_blocks_within_half_a_step_of_its_own_weigh
     assert (logits[0] - expected[0]).abs().max() < 0.03 * expected[0].abs().max()
 
 
-def test_without_a_working_compiler_the_native_forward_is_unavailable_and_says_what_to_do(monkeypatch):
+def test_without_a_working_compiler_the_native_forward_is_unavailable_and_says_what_to_do(monkeypatch, caplog):
     """A compiler that fails (here ``false``, as Apple's clang fails on ``-fopenmp``): no
-    native backend, so the planner falls back; asked for directly, the error names the others."""
+    native backend, so the planner falls back and says why in the log; asked for directly,
+    the error names the other backends."""
     from specmemo_core.runtime.native import build
 
     monkeypatch.setenv("CC", "false")
     build.library.cache_clear()
     try:
-        assert not build.available()
+        with caplog.at_level("WARNING", logger=build.__name__):
+            assert not build.available()
+        assert "building the native CPU forward failed" in caplog.text and "slower" in caplog.text
         with pytest.raises(build.NativeBuildError, match="--backend llamacpp or --backend torch"):
             build.library()
     finally:

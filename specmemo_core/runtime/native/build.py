@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import platformdirs
 
 from specmemo_core.errors import SpecMemoError
 
+log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("forward.c")
 FLAGS = ("-O3", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-D_GNU_SOURCE")
 
@@ -32,11 +34,10 @@ def compiler() -> str | None:
 def available() -> bool:
     """The forward builds (or is built already) for this CPU: a compiler that takes the
     flags (gcc or clang with OpenMP; Apple's clang has none) and the CPU's instructions."""
-    if compiler() is None:
-        return False
     try:
         library()
-    except NativeBuildError:
+    except NativeBuildError as e:  # said where it is decided, so a user learns why a CPU chat runs slower
+        log.warning("%s (4-bit GGUFs then run on llama.cpp or torch, 2-7x slower on a CPU)", e)
         return False
     return True
 
