@@ -198,14 +198,36 @@ static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-b
  * tree's nodes bit-exact to the same tokens decoded one by one. */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-#define KERNEL "avx512-vnni"
 #define LANES 16
+#else
+#define LANES 8
+#endif
+
+/* Group g of w (LANES rows): nb blocks a row, each block's bytes step apart from u (4 registers
+ * of nibbles or 8 of bytes, LANES lanes of 4), its scales d and offsets m LANES apart. */
+#define GROUP_LAYOUT(w, g)                                                                                \
+    int nb = (w)->cols / 32, step = ((w)->nibbles ? 16 : 32) * LANES;                                    \
+    const uint8_t *u = (w)->u + (size_t)(g) * nb * step;                                                 \
+    const uint16_t *d = (w)->d + (size_t)(g) * nb * LANES, *m = (w)->m + (size_t)(g) * nb * LANES
+
+/* u of row l, element 4 j + k of register j (j >= 4: the high nibbles, elements 16 + ...) of
+ * the block at ub */
+static inline int weight_at(const uint8_t *ub, int nibbles, int j, int l, int k) {
+    return nibbles ? (ub[((j & 3) * LANES + l) * 4 + k] >> (j < 4 ? 0 : 4)) & 0x0F : ub[(j * LANES + l) * 4 + k];
+}
+
+/* a group's LANES results v into out (rows past the matrix's last one dropped) */
+static inline void store_rows(const QMatrix *w, int g, const float *v, float *out, int accumulate) {
+    float *o = out + (size_t)g * LANES;
+    for (int l = 0; l < LANES && l < w->rows - g * LANES; l++) o[l] = accumulate ? o[l] + v[l] : v[l];
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#define KERNEL "avx512-vnni"
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
-        int nb = w->cols / 32, step = w->nibbles ? 256 : 512;                                            \
-        const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
-        const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
+        GROUP_LAYOUT(w, g);                                                                               \
         const __m512i low = _mm512_set1_epi8(0x0F);                                                       \
         __m512 acc[MT];                                                                                   \
         _Pragma("GCC unroll 8") for (int t = 0; t < MT; t++) acc[t] = _mm512_setzero_ps();               \
@@ -241,7 +263,6 @@ static inline int32_t word(const int8_t *x) {  /* 4 activation bytes as one 32-b
         }                                                                                                 \
     }
 #elif defined(__AVX2__) && defined(__FMA__)
-#define LANES 8
 #if defined(__AVXVNNI__)  /* AVX2 with VNNI's 256-bit dot products (Intel since Alder Lake) */
 #define KERNEL "avx2-vnni"
 #define OFFSET_SHIFTED 0
@@ -280,9 +301,7 @@ static inline __m256i block_dot(const __m256i *R, const int8_t *x, int nibbles) 
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
-        int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
-        const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
-        const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
+        GROUP_LAYOUT(w, g);                                                                               \
         const __m256i low = _mm256_set1_epi8(0x0F);                                                       \
         __m256 acc[MT];                                                                                   \
         for (int t = 0; t < MT; t++) acc[t] = _mm256_setzero_ps();                                       \
@@ -309,22 +328,18 @@ static inline __m256i block_dot(const __m256i *R, const int8_t *x, int nibbles) 
                 acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(ab[(size_t)t * nb + b]), acc[t]);             \
             }                                                                                             \
         }                                                                                                 \
-        int valid = w->rows - g * LANES;                                                                  \
         for (int t = 0; t < MT; t++) {                                                                    \
-            float *o = out + (size_t)t * ostride + (size_t)g * LANES, v[LANES];                          \
+            float v[LANES];                                                                               \
             _mm256_storeu_ps(v, acc[t]);                                                                  \
-            for (int l = 0; l < LANES && l < valid; l++) o[l] = accumulate ? o[l] + v[l] : v[l];         \
+            store_rows(w, g, v, out + (size_t)t * ostride, accumulate);                                   \
         }                                                                                                 \
     }
 #else
 #define KERNEL "c"
-#define LANES 8
 #define GROUP_KERNEL(MT)                                                                                  \
     static void group_##MT(const QMatrix *w, int g, const int8_t *aq, const float *as, const float *ab, \
                            float *out, int ostride, int accumulate) {                                     \
-        int nb = w->cols / 32, step = w->nibbles ? 128 : 256;                                            \
-        const uint8_t *u = w->u + (size_t)g * nb * step;                                                 \
-        const uint16_t *d = w->d + (size_t)g * nb * LANES, *m = w->m + (size_t)g * nb * LANES;           \
+        GROUP_LAYOUT(w, g);                                                                               \
         float acc[MT][LANES];                                                                             \
         memset(acc, 0, sizeof(acc));                                                                      \
         for (int b = 0; b < nb; b++) {                                                                    \
@@ -335,9 +350,7 @@ static inline __m256i block_dot(const __m256i *R, const int8_t *x, int nibbles) 
                     int s = 0;                                                                            \
                     for (int j = 0; j < 8; j++)                                                           \
                         for (int k = 0; k < 4; k++) {                                                     \
-                            int q = w->nibbles ? (ub[((j & 3) * LANES + l) * 4 + k] >> (j < 4 ? 0 : 4)) & 0x0F \
-                                               : ub[(j * LANES + l) * 4 + k];                             \
-                            s += q * (int)x[4 * j + k];                                                   \
+                            s += weight_at(ub, w->nibbles, j, l, k) * (int)x[4 * j + k];                  \
                         }                                                                                 \
                     float scale = half(d[b * LANES + l]) * as[(size_t)t * nb + b];                        \
                     acc[t][l] += (float)s * scale;                                                        \
@@ -345,11 +358,7 @@ static inline __m256i block_dot(const __m256i *R, const int8_t *x, int nibbles) 
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
-        int valid = w->rows - g * LANES;                                                                  \
-        for (int t = 0; t < MT; t++) {                                                                    \
-            float *o = out + (size_t)t * ostride + (size_t)g * LANES;                                    \
-            for (int l = 0; l < LANES && l < valid; l++) o[l] = accumulate ? o[l] + acc[t][l] : acc[t][l]; \
-        }                                                                                                 \
+        for (int t = 0; t < MT; t++) store_rows(w, g, acc[t], out + (size_t)t * ostride, accumulate);     \
     }
 #endif
 GROUP_KERNEL(1) GROUP_KERNEL(2) GROUP_KERNEL(3) GROUP_KERNEL(4) GROUP_KERNEL(5) GROUP_KERNEL(6) GROUP_KERNEL(7)
@@ -595,18 +604,15 @@ void sm_set_norms(Model *M, int layer, const float *attn_norm, const float *ffn_
 
 /* one embedding row, dequantized */
 static void embed_row(const QMatrix *w, int token, float *out) {
-    int nb = w->cols / 32, g = token / LANES, l = token % LANES, step = w->nibbles ? 4 * LANES * 4 : 8 * LANES * 4;
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *ub = w->u + ((size_t)g * nb + b) * step;
-        size_t at = ((size_t)g * nb + b) * LANES + l;
+    int l = token % LANES;
+    GROUP_LAYOUT(w, token / LANES);
+    for (int b = 0; b < nb; b++)
         for (int j = 0; j < 8; j++)
             for (int k = 0; k < 4; k++) {
-                int q = w->nibbles ? (ub[((j & 3) * LANES + l) * 4 + k] >> (j < 4 ? 0 : 4)) & 0x0F
-                                   : ub[(j * LANES + l) * 4 + k];
                 int el = w->nibbles ? (j & 3) * 4 + k + (j < 4 ? 0 : 16) : 4 * j + k;
-                out[b * 32 + el] = half(w->d[at]) * (float)q + half(w->m[at]);
+                out[b * 32 + el] = half(d[b * LANES + l]) * (float)weight_at(u + (size_t)b * step, w->nibbles, j, l, k)
+                                   + half(m[b * LANES + l]);
             }
-    }
 }
 
 /* the lanes (rows per group) this build packs its weights in */
