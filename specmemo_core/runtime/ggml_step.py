@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.runtime.host_forward import HostForwardLM
-from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.host_forward import HostCache, HostForwardLM
 
 MAX_SEQUENCES = 64  # llama.cpp's own limit (LLAMA_MAX_SEQ): sequence 0 and one per leaf of a tree
 BATCH = 512  # tokens per llama_decode: a prefill chunk (decoding.PREFILL_CHUNK) or a tree
@@ -87,14 +86,14 @@ def tree_sequences(ancestors: torch.Tensor) -> list[list[int]]:
     return [[seq[leaf] for leaf in leaves if bool(below[i, leaf])] for i in range(n)]
 
 
-class LlamaCppCache(KVCache):
+class LlamaCppCache(HostCache):
     """A KV cache held by one llama.cpp context: our cache's host bookkeeping (length, the
     token ids the lookup chain reads) over llama.cpp's cells. Tree nodes are written at
     positions ``length + depth``; ``commit_row`` keeps the accepted path's cells in
     sequence 0 and frees the rest."""
 
     def __init__(self, lm: "LlamaCppLM", capacity: int) -> None:
-        super().__init__(0, 1, 1, capacity)  # no tensors of its own: the cells are llama.cpp's
+        super().__init__(capacity)  # the cells are llama.cpp's; the context reaches every sequence (share_context)
         ll = lm.ll
         params = ll.llama_context_default_params()
         params.n_ctx = capacity + BATCH  # room for a tree's scratch cells beside a full context
@@ -145,15 +144,6 @@ class LlamaCppCache(KVCache):
         ll.llama_memory_seq_cp(mem, keep, 0, -1, -1)
         ll.llama_memory_seq_rm(mem, keep, -1, -1)
         self.sequences = [[0]]
-
-    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
-                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions [T] and the mask among the new tokens alone, [T, T]: llama.cpp lets each
-        see the committed context through its sequences (``share_context``), so the
-        context's columns (``KVCache.prepare``'s first ``length``) are not built."""
-        t = offsets.shape[0]
-        mask = torch.ones(t, t, dtype=torch.bool).tril_() if ancestors is None else ancestors
-        return self.length + offsets, mask
 
     def truncate(self, length: int) -> None:
         super().truncate(length)

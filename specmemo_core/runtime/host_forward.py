@@ -20,6 +20,7 @@ from torch import nn
 
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.cpu_linear import Int8RowLinear
+from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
 
 
@@ -38,6 +39,24 @@ class LastRows:
         self.logits, self.picks = logits, picks
         self.rows, self.given = out.clone(), out
         return out
+
+
+class HostCache(KVCache):
+    """A cache whose keys and values the engine outside torch holds: our cache's host
+    bookkeeping (length, the token ids the lookup chain reads), and the layout of a forward
+    such an engine reads (``prepare``); the engine's own cache extends it with its cells."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(0, 1, 1, capacity)  # no tensors of KVCache's own
+
+    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
+                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [T] and the mask among the new tokens alone, [T, T]: the engine lets each
+        see the whole committed context, so the context's columns (``KVCache.prepare``'s first
+        ``length``) are not built."""
+        t = offsets.shape[0]
+        mask = torch.ones(t, t, dtype=torch.bool).tril_() if ancestors is None else ancestors
+        return self.length + offsets, mask
 
 
 class HostForwardLM(nn.Module):

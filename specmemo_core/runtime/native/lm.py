@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from specmemo_core.errors import SpecMemoError
-from specmemo_core.runtime.host_forward import HostForwardLM
-from specmemo_core.runtime.kv_cache import KVCache
+from specmemo_core.runtime.host_forward import HostCache, HostForwardLM
 from specmemo_core.runtime.native.build import library
 from specmemo_core.runtime.native.weights import PackedMatrix, from_float, pack, packable
 
@@ -62,7 +61,7 @@ def _ptr(a: np.ndarray | torch.Tensor) -> int:
     return a.data_ptr() if isinstance(a, torch.Tensor) else a.ctypes.data
 
 
-class NativeCache(KVCache):
+class NativeCache(HostCache):
     """Keys and values for ``forward.c``, float32: keys [layers, kv_heads * head_dim, capacity]
     (transposed, so a query scores 16 slots per vector operation), values [layers, capacity,
     kv_heads * head_dim]: a forward's tokens must fit, as on our torch forward (the decoder
@@ -73,7 +72,7 @@ class NativeCache(KVCache):
     step timing runs while a chat replies)."""
 
     def __init__(self, lm: NativeLM, capacity: int) -> None:
-        super().__init__(0, 1, 1, capacity)  # bookkeeping only: the tensors are below
+        super().__init__(capacity)
         spec = lm.spec
         self.slots = capacity
         kvd = spec.num_kv_heads * spec.head_dim
@@ -97,14 +96,6 @@ class NativeCache(KVCache):
         picked = nodes[:n].to(torch.int64).contiguous()
         self.ids[self.length:self.length + n] = self.ids.index_select(0, picked + self.length)
         self.lm.lib.sm_commit(self.lm.handle, _ptr(self.k), _ptr(self.v), self.slots, self.length, n, _ptr(picked))
-
-    def prepare(self, offsets: torch.Tensor, ancestors: torch.Tensor | None = None,
-                span: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions [T] and the mask among the new tokens alone, [T, T]: ``forward.c`` lets
-        each see the whole committed context."""
-        t = offsets.shape[0]
-        mask = torch.ones(t, t, dtype=torch.bool).tril_() if ancestors is None else ancestors
-        return self.length + offsets, mask
 
 
 class NativeLM(HostForwardLM):
