@@ -13,6 +13,7 @@ accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -111,7 +112,9 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
 
     kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
     for kind in args.regions.split(","):  # one-token regions compiled for their own shape
-        if kind == "static1":
+        if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel
+            kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
+        elif kind == "static1":
             kinds[kind] = compiled_regions(one_token=True)
         elif kind == "autotune1":
             kinds[kind] = compiled_regions(one_token=True, mode="max-autotune-no-cudagraphs")
@@ -168,7 +171,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

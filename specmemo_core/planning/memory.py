@@ -20,6 +20,10 @@ ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # LM-head rows scored at once where only the argmax is needed (``model.CausalLM.greedy_picks``);
 # here, not in model.py, so that the memory model and the planner stay free of torch
 PICK_ROWS = 16384
+# a GPU step's attention over a static cache (``runtime.chunked_attention``): slots per chunk,
+# and the most query rows (query heads sharing a key/value head × tokens) it runs for
+ATTENTION_SPLIT = 128
+ATTENTION_MAX_ROWS = 256
 PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
 QUANT_SCALE_BYTES = 2  # int4 scales / zero points are stored in 16 bits
 INT8_ROW_BYTES = 5  # torchao's int8 rows: a float32 scale and an int8 zero point each
@@ -288,7 +292,15 @@ def activation_peak_bytes(shape: ModelShape, tokens: int, context: int, precisio
     bias = (groups + 1) * t * s
     kv_copies = 2 * shape.num_kv_heads * s * shape.head_dim
     dequant = max(o * i for o, i in shape.layer_linear_params()) if precision == "int8" else 0
-    return t * s + b * (common + bias + kv_copies + 4 * t * shape.intermediate_size + dequant)
+    chunks = chunked_attention_bytes(shape, t, s) if groups * t <= ATTENTION_MAX_ROWS else 0
+    return t * s + chunks + b * (common + bias + kv_copies + 4 * t * shape.intermediate_size + dequant)
+
+
+def chunked_attention_bytes(shape: ModelShape, tokens: int, span: int) -> int:
+    """The partial softmaxes a GPU step's chunked attention holds (``runtime.chunked_attention``):
+    for every query head and token, each chunk of ``ATTENTION_SPLIT`` slots' maximum, sum and
+    unnormalised output, fp32."""
+    return shape.num_heads * tokens * -(-span // ATTENTION_SPLIT) * (shape.head_dim + 2) * 4
 
 
 OVERHEAD_FRACTION = 0.03  # allocator slack, as a share of the bytes we plan

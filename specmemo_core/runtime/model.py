@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specmemo_core.runtime import chunked_attention
 from specmemo_core.runtime.kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
 from specmemo_core.planning.memory import PICK_ROWS, ModelDimensions
 
@@ -210,16 +211,21 @@ class Attention(nn.Module):
         return qk[..., :h, :, :], qk[..., h:, :, :], qkv[..., h + hkv:, :].transpose(-3, -2)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-               cache: KVCache) -> torch.Tensor:
+               cache: KVCache, chunked: bool = True) -> torch.Tensor:
         """Store k, v in the cache and attend: [..., T, H·hd] before ``o_proj``. ``bias``
         [..., groups·T, S] additive (``attention_bias``); a leading batch axis B goes with a
-        batched cache (its ``write`` takes and gives [B, Hkv, ·, hd])."""
+        batched cache (its ``write`` takes and gives [B, Hkv, ·, hd]). ``chunked``: a step
+        over a static cache on a GPU attends in chunks of slots (``chunked_attention``;
+        else, and elsewhere, SDPA)."""
         s = self.spec
         lead, t, hd, h, hkv = q.shape[:-3], q.shape[-2], s.head_dim, s.num_heads, s.num_kv_heads
         keys, values = cache.write(self.layer, k, v)
+        q = q.reshape(*lead, hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [..., Hkv, g·T, hd]
+        if chunked and chunked_attention.supports(q, keys, cache.live_length):
+            return chunked_attention.attend(q, keys, values, bias, cache.live_length, new_tokens=t,
+                                            groups=h // hkv)  # [T, H·hd]
         span = bias.shape[-1]  # a static cache may be attended over its first slots only
         keys, values = keys[..., :span, :], values[..., :span, :]  # [..., Hkv, S, hd]
-        q = q.reshape(*lead, hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [..., Hkv, g·T, hd]
         if lead:  # [B, Hkv, g·T, hd]; one bias per sequence, shared by its heads
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias.unsqueeze(-3))
         else:
@@ -272,6 +278,8 @@ class LayerRegions:
 
     project: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = project_layer
     finish: Callable[..., torch.Tensor] = finish_layer
+    # a step over a static cache on a GPU attends in chunks of slots (``Attention.attend``)
+    chunked_attention: bool = True
 
 
 EAGER_REGIONS = LayerRegions()
@@ -316,7 +324,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, bias: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """``bias``: from ``attention_bias``, made once per forward by the caller."""
         q, k, v = self.regions.project(self, x, cos, sin)
-        return self.regions.finish(self, self.self_attn.attend(q, k, v, bias, cache), x)
+        attended = self.self_attn.attend(q, k, v, bias, cache, self.regions.chunked_attention)
+        return self.regions.finish(self, attended, x)
 
     def fuse(self) -> bool:
         """Fuse q/k/v and gate/up into single matmuls where the weights are plain (CUDA;
