@@ -1,0 +1,95 @@
+"""The chunked attention of a GPU step (``runtime/chunked_attention.py``) against SDPA: the
+kernels on the GPU where there is one, else in Triton's interpreter on the CPU (a process of
+their own: Triton reads ``TRITON_INTERPRET`` as it is imported, and the rest of the suite
+must run without it)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specmemo_core.runtime import chunked_attention
+from specmemo_core.runtime.model import CausalLM, attention_bias
+from specmemo_core.runtime.static_decoding import StaticKVCache
+from tests.tiny import tiny_hf_model
+
+pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch): the GPU kernel cannot be run")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+RUNS_HERE = DEVICE == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+kernels = pytest.mark.skipif(not RUNS_HERE, reason="on a CPU: in the interpreter (test_in_tritons_interpreter)")
+
+
+@pytest.mark.skipif(RUNS_HERE, reason="the kernels run in this process")
+def test_in_tritons_interpreter():
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", "not interpreter"], env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "5 passed" in run.stdout
+
+
+def _tree_bias(length: int, tokens: int, span: int, groups: int, seed: int) -> torch.Tensor:
+    """The [groups·T, span] additive bias of a random tree of ``tokens`` nodes after ``length`` slots."""
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, tokens)]
+    anc = torch.eye(tokens, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    rel = torch.arange(span)[None] - length
+    mask = (rel < 0) | ((rel >= 0) & (rel < tokens) & anc[:, rel[0].clamp(0, tokens - 1)])
+    return torch.zeros(tokens, span).masked_fill_(~mask, float("-inf")).repeat(groups, 1)
+
+
+@kernels
+@pytest.mark.parametrize("hkv,groups,tokens,hd,length,span", [
+    (2, 1, 1, 64, 300, 512),  # a plain step, chunks past the end skipped
+    (3, 3, 5, 64, 200, 256),  # grouped heads (SmolLM2's 9 over 3), a small tree
+    (2, 2, 20, 32, 129, 256),  # a tree across a chunk boundary
+    (1, 1, 3, 16, 0, 128),  # the first forward of an empty cache
+])
+def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, length, span):
+    g = torch.Generator().manual_seed(hkv * 100 + tokens)
+    capacity = span + 64
+    keys = torch.randn(hkv, capacity, hd, generator=g).to(DEVICE)
+    values = torch.randn(hkv, capacity, hd, generator=g).to(DEVICE)
+    keys[:, length + tokens:] = float("nan")  # never read: past the live end
+    values[:, length + tokens:] = float("nan")
+    q = torch.randn(hkv, groups * tokens, hd, generator=g).to(DEVICE)
+    bias = _tree_bias(length, tokens, span, groups, seed=tokens).to(DEVICE)
+    got = chunked_attention.attend(q, keys, values, bias, torch.tensor(length, device=DEVICE),
+                                   new_tokens=tokens, groups=groups)  # [T, H·hd]
+    end = length + tokens
+    want = F.scaled_dot_product_attention(q[None], keys[None, :, :end], values[None, :, :end],
+                                          attn_mask=bias[:, :end])[0]  # [Hkv, g·T, hd]
+    want = want.unflatten(-2, (groups, tokens)).movedim(-2, -4).reshape(tokens, hkv * groups * hd)
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() < 1e-5
+
+
+@kernels
+def test_a_tree_forward_attends_as_sdpa():
+    """A tiny model's tree forward over a static cache: chunked (as a GPU step runs) and SDPA agree."""
+    hf = tiny_hf_model(seed=3)
+    model = CausalLM.from_state_dict(hf.config, hf.state_dict(), device=DEVICE)
+    s = model.spec
+    outs = []
+    for chunked in (True, False):
+        cache = StaticKVCache(s.num_layers, s.num_kv_heads, s.head_dim, 256, torch.float32, DEVICE)
+        prompt = torch.arange(40, device=DEVICE) % s.vocab_size
+        positions, mask = cache.prepare(torch.arange(40, device=DEVICE), None, 256)
+        model(prompt, positions, mask, cache)  # 40 rows × groups: SDPA (more rows than a tree) or not
+        cache.commit_prefix(40)
+        anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool, device=DEVICE)
+        positions, mask = cache.prepare(torch.tensor([0, 1, 1, 2], device=DEVICE), anc, 128)
+        x = model.model.embed_tokens(torch.tensor([5, 6, 7, 8], device=DEVICE))
+        cos, sin = model.rope(positions)
+        bias = attention_bias(mask, s, torch.float32)
+        layer = model.model.layers[0]
+        q, k, v = layer.regions.project(layer, x, cos, sin)
+        assert chunked_attention.supports(q.reshape(s.num_kv_heads, -1, s.head_dim), cache.k[0], cache.live_length)
+        outs.append(layer.self_attn.attend(q, k, v, bias, cache, chunked))
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-5
