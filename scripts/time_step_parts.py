@@ -78,8 +78,8 @@ def tree_ancestors(n: int) -> torch.Tensor:
     return anc
 
 
-def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool = True
-                    ) -> dict[str, Callable[[], None]]:
+def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool = True,
+                    splits: tuple[int, ...] = ()) -> dict[str, Callable[[], None]]:
     """Attention of ``tokens`` new rows (written at slots context..context+T) over ``span`` slots."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -106,10 +106,14 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    def run_chunked():  # ours (``runtime/chunked_attention.py``): the step's own kernel
-        for k, v in zip(keys, values):
-            chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g)
-    out["chunked"] = run_chunked
+    def chunked(split):  # ours (``runtime/chunked_attention.py``): the step's own kernel, at a chunk size
+        def run():
+            for k, v in zip(keys, values):
+                chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split)
+        return run
+    out["chunked"] = chunked(chunked_attention.SPLIT)
+    for split in splits:  # other chunk sizes, to choose SPLIT by
+        out[f"chunked-{split}"] = chunked(split)
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
@@ -161,6 +165,7 @@ def main() -> None:
     ap.add_argument("--parts", default="matmul,attention")
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument("--no-others", action="store_true", help="attention: ours and cuDNN's only (no flex, math, ...)")
+    ap.add_argument("--splits", default="", help="attention: ours at these chunk sizes too, e.g. 64,256,512")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     shape = known_shape(args.shape)
@@ -170,8 +175,9 @@ def main() -> None:
         if "matmul" in args.parts:
             parts.update({f"matmul {k}": f for k, f in matmul_parts(shape, tokens, args.autotune).items()})
         if "attention" in args.parts:
-            parts.update({f"attention {k}": f for k, f in attention_parts(shape, tokens, args.context, args.span,
-                                                                                     not args.no_others).items()})
+            parts.update({f"attention {k}": f for k, f in attention_parts(
+                shape, tokens, args.context, args.span, not args.no_others,
+                tuple(int(x) for x in args.splits.split(",") if x)).items()})
         for name, run in parts.items():
             try:
                 ms = [graph_ms(run) for _ in range(args.repeats)]

@@ -24,6 +24,9 @@ def test_the_checker_names_each_kind_of_offender(tmp_path):
     (tmp_path / "m.py").write_text(
         "def ok(a, b, c, d, e, f, *, g, h):\n    return a\n\n"
         "class K:\n    def wide(self, a, b, c, d, e, f, g):\n        return a\n\n"
-        f"def long():\n{body}\n")
+        f"def long():\n{body}\n\n"
+        "@triton.jit\ndef kernel(a, b, c, d, e, f, g, h):\n    pass\n\n"
+        f"@triton.jit\ndef long_kernel():\n{body}\n")
     found = _checker().offenders(tmp_path)
-    assert sorted(line.split(" ", 1)[1] for line in found) == ["long lines=61 positional=0", "wide lines=2 positional=7"]
+    assert sorted(line.split(" ", 1)[1] for line in found) == ["long lines=61 positional=0", "long_kernel lines=61 positional=0",
+                                                                      "wide lines=2 positional=7"]

@@ -1,0 +1,88 @@
+"""The two Triton kernels of ``chunked_attention`` (imported only where Triton is installed).
+
+Their parameters are positional pointers, sizes and strides, as Triton kernels take them
+(``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr,
+                  rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
+                  stride_vh, stride_vs, stride_br,
+                  HD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
+                  CHUNK: tl.constexpr, IEEE: tl.constexpr):
+    """One program: SPLIT slots of one key/value head for BLOCK_M of its rows; writes
+    the chunk's row maxima m, sums l and unnormalised outputs acc (fp32)."""
+    c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    splits = tl.num_programs(0)
+    end = tl.load(length_ptr) + new_tokens  # slots [0, end) may be visible
+    r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    live_rows = r < rows
+    out = (h * splits + c) * rows + r  # [BLOCK_M] into m, l: [Hkv, splits, rows]
+    d = tl.arange(0, HD)
+    start = c * SPLIT
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    if start < end:
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, HD), tl.float32)
+        q = tl.load(q_ptr + h * stride_qh + r[:, None] * stride_qr + d[None, :],
+                    mask=live_rows[:, None], other=0.0)  # [BLOCK_M, HD]
+        for lo in range(start, start + SPLIT, CHUNK):
+            s = lo + tl.arange(0, CHUNK)
+            live = s < end
+            k = tl.load(k_ptr + h * stride_kh + s[:, None] * stride_ks + d[None, :],
+                        mask=live[:, None], other=0.0)  # [CHUNK, HD]
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],
+                           mask=live_rows[:, None] & live[None, :], other=float("-inf"))
+            scores = scores * scale + bias.to(tl.float32)  # [BLOCK_M, CHUNK]
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(scores - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + h * stride_vh + s[:, None] * stride_vs + d[None, :],
+                        mask=live[:, None], other=0.0)  # [CHUNK, HD]
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        tl.store(l_ptr + out, l_i, mask=live_rows)
+        tl.store(acc_ptr + out[:, None] * HD + d[None, :], acc, mask=live_rows[:, None])
+    tl.store(m_ptr + out, m_i, mask=live_rows)  # -inf alone past the end: merge_chunks skips it
+
+
+@triton.jit
+def merge_chunks(m_ptr, l_ptr, acc_ptr, out_ptr, rows, new_tokens, groups, splits, stride_ot,
+                 HD: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per (key/value head, row): the chunks' partial softmaxes as one,
+    written at the row's token and query head of the [T, H·hd] output."""
+    h, r = tl.program_id(0), tl.program_id(1)
+    d = tl.arange(0, HD)
+    m = tl.full((1,), float("-inf"), tl.float32)
+    for lo in range(0, splits, BLOCK):
+        c = lo + tl.arange(0, BLOCK)
+        m = tl.maximum(m, tl.max(tl.load(m_ptr + (h * splits + c) * rows + r, mask=c < splits,
+                                         other=float("-inf")), 0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros((1,), tl.float32)
+    acc = tl.zeros((HD,), tl.float32)
+    for lo in range(0, splits, BLOCK):
+        c = lo + tl.arange(0, BLOCK)
+        at = (h * splits + c) * rows + r  # [BLOCK]
+        m_c = tl.load(m_ptr + at, mask=c < splits, other=float("-inf"))
+        w = tl.where(m_c == float("-inf"), 0.0, tl.exp(m_c - m_safe))  # [BLOCK]
+        total += tl.sum(w * tl.load(l_ptr + at, mask=w > 0, other=0.0), 0)
+        part = tl.load(acc_ptr + at[:, None] * HD + d[None, :], mask=(w > 0)[:, None], other=0.0)
+        acc += tl.sum(part * w[:, None], 0)
+    t, j = r % new_tokens, r // new_tokens
+    head = h * groups + j
+    tl.store(out_ptr + t * stride_ot + head * HD + d, (acc / total).to(out_ptr.dtype.element_ty))
