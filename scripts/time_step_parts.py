@@ -79,7 +79,7 @@ def tree_ancestors(n: int) -> torch.Tensor:
 
 
 def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool = True,
-                    splits: tuple[int, ...] = ()) -> dict[str, Callable[[], None]]:
+                    variants: tuple[tuple[int, int, int], ...] = ()) -> dict[str, Callable[[], None]]:
     """Attention of ``tokens`` new rows (written at slots context..context+T) over ``span`` slots."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -106,14 +106,15 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    def chunked(split):  # ours (``runtime/chunked_attention.py``): the step's own kernel, at a chunk size
+    def chunked(split, warps, stages):  # ours (``runtime/chunked_attention.py``): the step's own kernel
         def run():
             for k, v in zip(keys, values):
-                chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split)
+                chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split,
+                                         warps=warps, stages=stages)
         return run
-    out["chunked"] = chunked(chunked_attention.SPLIT)
-    for split in splits:  # other chunk sizes, to choose SPLIT by
-        out[f"chunked-{split}"] = chunked(split)
+    out["chunked"] = chunked(chunked_attention.SPLIT, chunked_attention.WARPS, None)
+    for split, warps, stages in variants:  # other chunk sizes and launches, to choose the defaults by
+        out[f"chunked-{split}:{warps}:{stages}"] = chunked(split, warps, stages)
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
@@ -165,7 +166,8 @@ def main() -> None:
     ap.add_argument("--parts", default="matmul,attention")
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument("--no-others", action="store_true", help="attention: ours and cuDNN's only (no flex, math, ...)")
-    ap.add_argument("--splits", default="", help="attention: ours at these chunk sizes too, e.g. 64,256,512")
+    ap.add_argument("--variants", default="", help="attention: ours at these chunk sizes and launches too, "
+                    "SPLIT:WARPS:STAGES, e.g. 256:4:3,128:8:2")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     shape = known_shape(args.shape)
@@ -177,7 +179,7 @@ def main() -> None:
         if "attention" in args.parts:
             parts.update({f"attention {k}": f for k, f in attention_parts(
                 shape, tokens, args.context, args.span, not args.no_others,
-                tuple(int(x) for x in args.splits.split(",") if x)).items()})
+                tuple(tuple(int(x) for x in v.split(":")) for v in args.variants.split(",") if v)).items()})
         for name, run in parts.items():
             try:
                 ms = [graph_ms(run) for _ in range(args.repeats)]

@@ -32,6 +32,11 @@ from specmemo_core.planning.memory import ATTENTION_SPLIT as SPLIT  # slots a pr
 
 CHUNK = 64  # slots scored at once inside a program (SPLIT / CHUNK iterations)
 MERGE_BLOCK = 16  # chunks merged at once by the second kernel
+WARPS = 4  # warps a program of the first kernel
+# stages of its slot loop's pipeline, by rows: 3 for a plain step's few, 2 for a tree's (on the
+# H200 a 64-node tree's attention ran 0.90 -> 0.73 ms for 32 layers, a plain step's 0.357 -> 0.365
+# with 2: docs/results/chunked_attention_h200/tuning/); the arithmetic is the same either way
+STAGES_FEW_ROWS, STAGES_MANY_ROWS = 3, 2
 
 
 @functools.cache
@@ -59,17 +64,21 @@ def supports(q: torch.Tensor, keys: torch.Tensor, cache_length: object) -> bool:
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-           cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT) -> torch.Tensor:
+           cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
+           warps: int = WARPS, stages: int | None = None) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
-    a program attends over, a multiple of ``CHUNK`` (other than the step's ``SPLIT`` only to time
-    the choice: ``scripts/time_step_parts.py``)."""
+    a program attends over, a multiple of ``CHUNK``; ``warps``, ``stages``: the first kernel's
+    launch (``stages`` None: by the rows, as ``STAGES_*`` say; given only to time the choice:
+    ``scripts/time_step_parts.py``)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
     splits = triton.cdiv(span, split)
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    if stages is None:
+        stages = STAGES_FEW_ROWS if rows <= 16 else STAGES_MANY_ROWS
     m = torch.empty(hkv, splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(hkv, splits, rows, hd, dtype=torch.float32, device=q.device)
@@ -77,6 +86,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         bias.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=stages,
     )
     out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
     merge_chunks[(hkv, rows)](m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0),
