@@ -571,3 +571,50 @@ def test_the_native_cpu_tables_hold_their_runs():
         r = trees[method]
         assert f"`{method}` {r['tokens_per_s']['median']:.1f} tok/s at {r['mean_accepted']:.2f}" in flat, method
         assert r["identical_to_vanilla"] == r["replies"]
+
+
+def _last_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8").strip().splitlines()[-1])
+
+
+def test_the_chunked_attention_tables_hold_their_h200_runs():
+    """README's chunked-attention paragraph: the step A/B, the attention parts, the launch scan,
+    the default model's benches and the GEMV line are docs/results/chunked_attention_h200/."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/chunked_attention_h200"
+    for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m"):
+        run = _last_json(d / f"{shape}-steps.jsonl")
+        a, floor = run["alternating"], run["bf16_weight_read_floor_ms"]
+        assert all(r["runs"] == 3 for r in a.values())
+        plain, plain_sdpa, tree, tree_sdpa = (a[f"{t}+graphs {k}"] for t in ("single", "medusa-64")
+                                              for k in ("compiled", "compiled-sdpa"))
+        row = (f"| `{shape}` | {floor:.2f} | {_step_ms(plain)} | {_step_ms(plain_sdpa)} | {plain['median'] / floor:.2f}× "
+               f"| {_step_ms(tree)} | {_step_ms(tree_sdpa)} | {tree['median'] / plain['median']:.2f}× |")
+        assert row in readme, f"README lacks {row!r}"
+    for shape in ("vicuna-7b", "llama-3-8b"):
+        for span in (1024, 2048):
+            r = _last_json(d / f"{shape}-attention-span{span}.jsonl")["ms_per_step_part"]
+            cells = [r[f"T={t} attention {k}"]["median"] for t in (1, 64) for k in ("chunked", "sdpa-cudnn")]
+            row = f"| `{shape}`, {span:,} | " + " | ".join(f"{c:.2f}" for c in cells) + " |"
+            assert row in readme, f"README lacks {row!r}"
+    scan = {json.loads(line)["part"]: json.loads(line)["median"] for line in
+            (d / "tuning/vicuna-7b-span1024.jsonl").read_text(encoding="utf-8").splitlines()
+            if '"tokens": 64' in line and "median" in line}
+    assert (f"(64 nodes: {scan['attention chunked']:.2f} → {scan['attention chunked-128:4:2']:.2f} ms at span 1,024 "
+            "on vicuna-7b)") in readme
+    bf16, fp32 = (json.loads((d / f"bench/bench_mtbench20_{p}.json").read_text(encoding="utf-8")) for p in ("bf16", "fp32"))
+    assert bf16["_run"]["rounds_done"] == fp32["_run"]["rounds_done"] == 3
+    assert all(r["identical_to_vanilla"] == r["replies"] == 20 for k, r in fp32.items() if not k.startswith("_"))
+    tps = {(p, k): f"{r['tokens_per_s']['median']:,.0f}" for p, run in (("bf16", bf16), ("fp32", fp32))
+           for k, r in run.items() if not k.startswith("_")}
+    assert (f"in bf16 `vanilla+graphs` {tps['bf16', 'vanilla+graphs']} tok/s, `medusa-64+graphs` "
+            f"{tps['bf16', 'medusa-64+graphs']}, `plan` (`{bf16['plan']['tree']}`) {tps['bf16', 'plan']} "
+            f"({bf16['plan']['mean_accepted']:.2f} tokens/step, {bf16['plan']['vs_vanilla+graphs']:.2f}× plain); in fp32 "
+            f"{tps['fp32', 'vanilla+graphs']}, {tps['fp32', 'medusa-64+graphs']} and {tps['fp32', 'plan']} "
+            f"(`{fp32['plan']['tree']}`)") in readme
+    o = {shape: next(json.loads(line) for line in (d / f"gemv-{shape}.jsonl").read_text(encoding="utf-8").splitlines()
+                     if '"matmul": "o"' in line) for shape in ("vicuna-7b", "llama-3-8b")}
+    assert (f"`o_proj` vicuna-7b {o['vicuna-7b']['cublas_us']:.1f} µs cuBLAS, {o['vicuna-7b']['triton_us']:.1f} Triton; "
+            f"llama-3-8b {o['llama-3-8b']['cublas_us']:.1f} µs cuBLAS, {o['llama-3-8b']['triton_us']:.1f} Triton") in readme
+    assert "(`exact_final.log`: 99 passed)" in readme
+    assert "99 passed" in (d / "exact_final.log").read_text(encoding="utf-8")
