@@ -265,6 +265,17 @@ def _step_ms(r: dict) -> str:
     return f"{r['median']:.2f} ({r['min']:.2f}–{r['max']:.2f})"
 
 
+def _step_ab_row(shape: str, run: dict, kinds: tuple[str, str], *, measured: str) -> str:
+    """A README row of time_graph_steps' alternating A/B of two region kinds (3 rounds each):
+    floor, plain A, plain B, ``measured``'s plain ÷ floor, tree A, tree B, its tree ÷ its plain."""
+    a, floor = run["alternating"], run["bf16_weight_read_floor_ms"]
+    assert all(r["runs"] == 3 for r in a.values())
+    plain, tree = ({k: a[f"{t}+graphs {k}"] for k in kinds} for t in ("single", "medusa-64"))
+    return (f"| `{shape}` | {floor:.2f} | {_step_ms(plain[kinds[0]])} | {_step_ms(plain[kinds[1]])} "
+            f"| {plain[measured]['median'] / floor:.2f}× | {_step_ms(tree[kinds[0]])} | {_step_ms(tree[kinds[1]])} "
+            f"| {tree[measured]['median'] / plain[measured]['median']:.2f}× |")
+
+
 def test_the_step_floor_tables_hold_the_h200_runs():
     """README's 7B-shaped step tables are the alternating runs' medians, floors and ratios;
     the compiled-regions bullet quotes the default model's bench."""
@@ -275,13 +286,7 @@ def test_the_step_floor_tables_hold_the_h200_runs():
         return json.loads((results / name).read_text(encoding="utf-8").strip().splitlines()[-1])
 
     for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m"):
-        run = last(f"{shape}-bf16.jsonl")
-        a, floor = run["alternating"], run["bf16_weight_read_floor_ms"]
-        assert all(r["runs"] == 3 for r in a.values())
-        plain, plain_c, tree, tree_c = (a[f"{t}+graphs {k}"] for t in ("single", "medusa-64")
-                                        for k in ("eager", "compiled"))
-        row = (f"| `{shape}` | {floor:.2f} | {_step_ms(plain)} | {_step_ms(plain_c)} | {plain_c['median'] / floor:.2f}× "
-               f"| {_step_ms(tree)} | {_step_ms(tree_c)} | {tree_c['median'] / plain_c['median']:.2f}× |")
+        row = _step_ab_row(shape, last(f"{shape}-bf16.jsonl"), ("eager", "compiled"), measured="compiled")
         assert row in readme, f"README lacks {row!r}"
     for shape in ("vicuna-7b", "llama-3-8b"):
         s = last(f"{shape}-int4.jsonl")["ms_per_step"]
@@ -583,13 +588,8 @@ def test_the_chunked_attention_tables_hold_their_h200_runs():
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     d = REPO / "docs/results/chunked_attention_h200"
     for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m"):
-        run = _last_json(d / f"{shape}-steps.jsonl")
-        a, floor = run["alternating"], run["bf16_weight_read_floor_ms"]
-        assert all(r["runs"] == 3 for r in a.values())
-        plain, plain_sdpa, tree, tree_sdpa = (a[f"{t}+graphs {k}"] for t in ("single", "medusa-64")
-                                              for k in ("compiled", "compiled-sdpa"))
-        row = (f"| `{shape}` | {floor:.2f} | {_step_ms(plain)} | {_step_ms(plain_sdpa)} | {plain['median'] / floor:.2f}× "
-               f"| {_step_ms(tree)} | {_step_ms(tree_sdpa)} | {tree['median'] / plain['median']:.2f}× |")
+        row = _step_ab_row(shape, _last_json(d / f"{shape}-steps.jsonl"), ("compiled", "compiled-sdpa"),
+                           measured="compiled")
         assert row in readme, f"README lacks {row!r}"
     for shape in ("vicuna-7b", "llama-3-8b"):
         for span in (1024, 2048):
