@@ -618,3 +618,6 @@ def test_the_chunked_attention_tables_hold_their_h200_runs():
             f"llama-3-8b {o['llama-3-8b']['cublas_us']:.1f} µs cuBLAS, {o['llama-3-8b']['triton_us']:.1f} Triton") in readme
     assert "(`exact_final.log`: 99 passed)" in readme
     assert "99 passed" in (d / "exact_final.log").read_text(encoding="utf-8")
+    probe = (d / "probe.txt").read_text(encoding="utf-8").split()
+    assert probe == ["torch.bfloat16", "True", "torch.float16", "True", "torch.float32", "True"]
+    assert "(on the H200: bf16, fp16 and fp32 pass, `probe.txt`)" in readme
