@@ -92,8 +92,9 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
     """The key of ``engine`` (an ``Engine``) on ``device_name`` with this process's threads;
     an engine that streams layers (``runtime/offload.py``) is timed apart for each number of
     resident layers: its steps wait on the link; a split one (``runtime/split.py``) for each split;
-    one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours, and one on the native
-    forward for each build of it (``runtime/native``: a changed kernel is timed again)."""
+    one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours, one on the native
+    forward for each build of it (``runtime/native``: a changed kernel is timed again), and
+    ours on a GPU for each revision of its attention kernels (``runtime/chunked_attention``)."""
     import torch
 
     key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
@@ -101,6 +102,10 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
         key = f"{key}|{engine.backend}"
         build = getattr(engine.model, "build", None)  # the native forward's build (its source and CPU)
         key = f"{key}-{build}" if build else key
+    elif engine.model.device.type == "cuda":  # our GPU step: timed again when its attention kernels change
+        from specmemo_core.runtime import chunked_attention
+
+        key = f"{key}|attention-{chunked_attention.revision()}"
     streamed, placement = engine.model.streamed, engine.model.placement
     if placement is not None:  # a split model (runtime/split.py): its steps cross the borders
         key = f"{key}|split-" + "-".join(f"{d}:{n}" for d, n in zip(placement.split.devices, placement.split.layers))

@@ -22,8 +22,10 @@ the head dim, C the cache's capacity, S the span the bias covers.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,15 @@ def _kernels():
     except ImportError:
         return None
     return triton, attend_chunks, merge_chunks
+
+
+@functools.cache
+def revision() -> str:
+    """A short hash of this module's and its kernels' source: a GPU step timed under other
+    kernels is timed again (``planning.timing.engine_timing_key``)."""
+    here = Path(__file__).resolve()
+    text = b"".join(f.read_bytes() for f in (here, here.with_name("chunked_attention_kernels.py")))
+    return hashlib.sha256(text).hexdigest()[:12]
 
 
 def supports(q: torch.Tensor, keys: torch.Tensor, cache_length: object) -> bool:

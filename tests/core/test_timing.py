@@ -183,3 +183,20 @@ def test_a_timing_without_the_per_step_heads_cost_reads_as_missing_and_a_new_one
     store_timing(tmp_path, "new", new)
     assert cached_timing(tmp_path, "new") == new
     assert new.step_time()(2, 1) - new.step_time()(2, 0) == pytest.approx(0.001 + 0.004)
+
+
+def test_a_gpu_step_is_timed_apart_for_each_revision_of_its_attention_kernels(engine: Engine) -> None:
+    """On a GPU our step's attention is our own kernels (``runtime/chunked_attention``): a timing
+    taken under other kernels must not plan the new ones. (No GPU here: the engine's key is read
+    as it would be with its model on one, the only field that decides it.)"""
+    from types import SimpleNamespace
+
+    from specmemo_core.runtime import chunked_attention
+
+    cpu_key = engine_timing_key(engine, "cpu", None)
+    assert "attention-" not in cpu_key
+    on_gpu = SimpleNamespace(identity=engine.identity, backend="torch",
+                             model=SimpleNamespace(device=torch.device("cuda"), streamed=None, placement=None))
+    gpu_key = engine_timing_key(on_gpu, "NVIDIA H200", None)
+    assert gpu_key.endswith(f"|attention-{chunked_attention.revision()}")
+    assert len(chunked_attention.revision()) == 12
