@@ -34,6 +34,45 @@ def test_a_repacked_matrix_holds_exactly_the_weights_gguf_reads_from_the_file(qu
     np.testing.assert_array_equal(packing.dequantize(packed), dequantize(raw, kind))
 
 
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_a_q4_k_matrix_becomes_4_bit_blocks_of_32_its_scales_rounded_to_half_floats(lanes):
+    """Each 32 weights of a Q4_K super-block keep their nibbles; d·sc and dmin·mn become the
+    block's half-float scale and least weight, within 2^-11 of each."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from specmemo_core.tools.synthetic_gguf import random_blocks
+
+    kind = gguf.GGMLQuantizationType.Q4_K
+    raw = random_blocks("Q4_K", (21, 512), np.random.default_rng(2))
+    packed = packing.pack(raw, int(kind), 21, 512, lanes)
+    assert packed.nibbles and packed.u.shape[:3] == (-(-21 // lanes), 16, 4)
+    d, m = (np.repeat(a.transpose(0, 2, 1).reshape(-1, 16)[:21].astype(np.float32), 32, axis=1)
+            for a in (packed.d, packed.m))
+    error = np.abs(packing.dequantize(packed) - dequantize(raw, kind))
+    assert np.all(error <= 2.0**-11 * (15 * np.abs(d) + np.abs(m)))
+    assert error.max() > 0  # the half floats do round: not the file's weights bit for bit
+
+
+@pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_packed_bytes_are_what_a_packed_matrix_holds(quant, lanes):
+    """What the planner counts (``packed_bytes``) without packing: the arrays' own bytes."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from specmemo_core.tools.synthetic_gguf import random_blocks
+
+    kind = gguf.GGMLQuantizationType[quant]
+    w = np.random.default_rng(3).standard_normal((21, 256)).astype(np.float32)
+    raw = random_blocks(quant, (21, 256), np.random.default_rng(3)) if quant.endswith("_K") else (
+        w.astype(np.float16) if quant == "F16" else gguf.quants.quantize(w, kind))
+    held = (packing.pack(raw, int(kind), 21, 256, lanes) if packing.packable(int(kind), 256)
+            else packing.from_float(np.asarray(dequantize(raw, kind), np.float32).reshape(21, 256), lanes))
+    assert held.nibbles == (quant in ("Q4_0", "Q4_1", "Q4_K"))
+    assert packing.packed_bytes(int(kind), 21, 256, lanes) == held.nbytes
+
+
 def test_a_float_matrix_becomes_8_bit_blocks_within_half_a_step_of_each_weight():
     """Within half a step and the half floats' own rounding (2^-11 of the weights' size)."""
     w = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
@@ -136,24 +175,26 @@ def test_a_4_bit_llama_file_on_a_cpu_is_planned_onto_the_native_forward(data_dir
 
 
 @needs_compiler
-def test_a_k_quant_file_runs_as_8_bit_blocks_within_half_a_step_of_its_own_weights(data_dir, tmp_path):
-    """Formats the forward does not repack exactly (K-quants here) are read through gguf and
-    held as 8-bit blocks of 32, each weight within half a step of the file's (and the half
-    floats' rounding); the first
-    row's logits (before any attention mixes rows) close to our float32 model's."""
+@pytest.mark.parametrize("quant", ["Q5_K", "Q4_K"])
+def test_a_k_quant_file_runs_within_half_a_step_of_its_own_weights(data_dir, tmp_path, quant):
+    """Formats the forward does not repack (Q5_K here) are read through gguf and held as 8-bit
+    blocks of 32, each weight within half a step of the file's (and the half floats' rounding);
+    Q4_K as 4-bit blocks of 32 (its scales rounded to half floats); the first row's logits
+    (before any attention mixes rows) close to our float32 model's."""
     import gguf
     from gguf.quants import dequantize
 
     from specmemo_core.runtime.engine import Engine
 
-    path = _tiny(tmp_path, "Q4_K", hidden=256)  # K-quants' blocks are 256 wide
+    path = _tiny(tmp_path, quant, hidden=256)  # K-quants' blocks are 256 wide
     lm, ref = _native(path), Engine.load(path, heads="none").model
     held = lm.weights["blk.0.ffn_up"]
     tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.ffn_up.weight")
     own = dequantize(tensor.data, gguf.GGMLQuantizationType(tensor.tensor_type))
-    assert not held.nibbles and held.rows == 512 and held.u.shape[1:3] == (8, 8)
-    step = np.repeat(held.d.transpose(0, 2, 1).reshape(512, 8).astype(np.float32), 32, axis=1)
-    assert np.all(np.abs(packing.dequantize(held) - own) <= step / 2 + 2.0**-11 * np.abs(own).max())
+    four_bit = quant == "Q4_K"
+    assert held.nibbles == four_bit and held.rows == 512 and held.u.shape[1:3] == (8, 4 if four_bit else 8)
+    step = 0 if four_bit else np.repeat(held.d.transpose(0, 2, 1).reshape(512, 8).astype(np.float32), 32, axis=1)
+    assert np.all(np.abs(packing.dequantize(held) - own) <= step / 2 + 2.0**-10 * np.abs(own).max())
     tokens = torch.randint(3, 200, (6,), generator=torch.Generator().manual_seed(5))
     cache, ref_cache = lm.new_cache(64), ref.new_cache(64)
     logits = lm.logits(lm(tokens, *cache.prepare(torch.arange(6)), cache))
