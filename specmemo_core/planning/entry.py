@@ -109,12 +109,14 @@ def inputs_before_load(loaded: Any, heads: Any, device: DeviceInfo, *, link: Hos
     from specmemo_core.runtime.calibration import load_calibration
     from specmemo_core.runtime.engine import heads_source, load_draft_heads
     from specmemo_core.runtime.model import ModelSpec
+    from specmemo_core.runtime.native.lm import planned_bytes
 
     spec = ModelSpec.from_config(loaded.config)
     draft, folder = load_draft_heads(heads_source(heads), spec, loaded.identity, torch.bfloat16, "cpu")
     record = load_calibration(folder) if folder is not None else None
     heads_shape = HeadsShape.from_spec(draft.spec) if draft is not None else None
-    shape = ModelShape.from_spec(spec, loaded.identity.name, stored_bits=loaded.stored_bits)
+    native = planned_bytes(loaded) if loaded.stored_bits == 4 and device.kind == "cpu" else None
+    shape = ModelShape.from_spec(spec, loaded.identity.name, stored_bits=loaded.stored_bits, native_bytes=native)
     return PlanInputs(budget_for(device), shape, heads_shape,
                       tuple(tree_options(record)), None, record, folder, link, cards)
 

@@ -11,7 +11,7 @@ the base model's own LM head, not a private 0.6 GB copy of it (its Eq. 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from specmemo_core.errors import SpecMemoError
@@ -54,13 +54,18 @@ class ModelShape(ModelDimensions):
     name: str
     max_context: int
     stored_bits: int | None = None  # bits per decoder weight in the model's file (a Q4_1 GGUF: 4); None: unknown
+    # the bytes a CPU's 4-bit run holds its weights in, counted from its file where our native
+    # forward runs it (``runtime/native/lm.held_bytes``: the file's blocks as it packs them, and
+    # the float embedding and LM head beside them); None: as torch's int4 holds them
+    native_bytes: int | None = None
 
     @classmethod
-    def from_spec(cls, spec: Any, name: str = "", *, stored_bits: int | None = None) -> "ModelShape":
+    def from_spec(cls, spec: Any, name: str = "", *, stored_bits: int | None = None,
+                  native_bytes: int | None = None) -> "ModelShape":
         """The shape of a ``runtime.model.ModelSpec``, named ``name`` (default: its model type)."""
         dims = {f.name: vars(spec)[f.name] for f in fields(ModelDimensions)}
         return cls(**dims, name=name or spec.model_type, max_context=spec.max_position_embeddings,
-                   stored_bits=stored_bits)
+                   stored_bits=stored_bits, native_bytes=native_bytes)
 
     def layer_linear_params(self) -> list[tuple[int, int]]:
         """(out, in) of every Linear in one decoder layer: q, k, v, o, gate, up, down."""
@@ -129,8 +134,13 @@ def weight_bytes(shape: ModelShape, precision: str, group_size: int = INT4_GROUP
       packed LM head tied to the embedding is a copy of it: + vocab × hidden × 4.
     CPU, int4: the LM head is held as int8 rows with a bf16 scale each (``cpu_linear.
       Int8RowLinear``): vocab × (hidden + 2), beside the embedding when tied to it, in
-      place of the fp32 head when not.
+      place of the fp32 head when not. A model our native forward runs (``shape.native_bytes``:
+      its file's 4- and 8-bit blocks as packed, their float embedding and LM head beside them)
+      takes what it holds, never less than the above (every other CPU 4-bit path holds less).
     """
+    if device_kind == "cpu" and precision == "int4" and shape.native_bytes is not None:
+        return max(shape.native_bytes, weight_bytes(replace(shape, native_bytes=None), precision, group_size,
+                                                    device_kind))
     around = around_precision(precision, device_kind)  # the layers that are not quantized
     b = activation_bytes(around)
     head = shape.vocab_size * shape.hidden_size

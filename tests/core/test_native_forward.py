@@ -5,6 +5,7 @@ greedy ones; the cache commits the accepted path and a second turn reuses the pr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +267,51 @@ def test_the_cache_holds_its_capacity_and_a_forward_past_it_is_refused_as_on_tor
     cache.settle(12)
     with pytest.raises(ContextFullError):
         lm(tokens[:5], *cache.prepare(torch.arange(5)), cache)
+
+
+def _held(lm) -> int:
+    """The bytes a loaded NativeLM holds its weights in: the packed arrays and norms, the float
+    embedding and head (one tensor where tied) and the head's int8 rows."""
+    arrays = {id(a): a for a in lm.weights.values()}
+    tensors = {t.data_ptr(): t for t in (lm.embed_tokens.weight, lm.head_weight, lm.lm_head.rows, lm.lm_head.scale)}
+    return sum(a.nbytes for a in arrays.values()) + sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+@needs_compiler
+@pytest.mark.parametrize("quant,tied", [("Q4_1", True), ("Q4_K", False), ("Q4_0", True)])
+def test_the_planner_counts_the_bytes_the_native_forward_holds(data_dir, tmp_path, quant, tied):
+    """A 4-bit GGUF planned for a CPU is counted as the native forward holds it (its blocks as
+    packed, 8-bit ones for formats it does not repack, the float embedding and an untied head
+    beside them): to the byte, more than torch's int4 count, which it replaces."""
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import inputs_before_load
+    from specmemo_core.planning.memory import weight_bytes
+    from specmemo_core.runtime.native.lm import held_bytes
+    from specmemo_core.storage.sources import open_model
+
+    path = write_tiny_gguf(tmp_path / f"t-{quant}.gguf", hidden=256, layers=2, quant=quant, tied=tied)
+    opened = open_model(path)
+    lm = _native(path)
+    held = _held(lm)
+    assert held_bytes(opened.gguf_index, lanes=lm.lib.sm_lanes()) == held
+    shape = inputs_before_load(opened, "none", cpu_device(), link=None).model
+    assert shape.native_bytes == held
+    assert weight_bytes(shape, "int4", device_kind="cpu") == held
+    assert weight_bytes(dataclasses.replace(shape, native_bytes=None), "int4", device_kind="cpu") < held
+
+
+@needs_compiler
+def test_the_default_models_plan_on_a_cpu_counts_what_its_native_forward_holds(shared_data_dir):
+    """The default model (Q4_1 matrices, a Q8_0 embedding, tied): the planner's weight bytes on a
+    CPU are the loaded native forward's, to the byte (torch's int4 count was 13% short: it had
+    no packed embedding)."""
+    from specmemo_core.planning.device import cpu_device
+    from specmemo_core.planning.entry import inputs_before_load
+    from specmemo_core.planning.memory import weight_bytes
+    from specmemo_core.runtime.native.lm import load_native
+    from specmemo_core.storage.sources import open_model
+
+    opened = open_model("default")
+    held = _held(load_native(opened, threads=2))
+    shape = inputs_before_load(opened, "none", cpu_device(), link=None).model
+    assert weight_bytes(shape, "int4", device_kind="cpu") == held

@@ -26,7 +26,7 @@ import torch
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.host_forward import HostCache, HostForwardLM
 from specmemo_core.runtime.native.build import library
-from specmemo_core.runtime.native.weights import PackedMatrix, from_float, pack, packable
+from specmemo_core.runtime.native.weights import PackedMatrix, from_float, pack, packable, packed_bytes
 
 MAX_TOKENS = 512  # tokens per forward: a prefill chunk (decoding.PREFILL_CHUNK) or a tree
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # forward.c's 0..6
@@ -241,6 +241,35 @@ def load_native(opened: Any, *, threads: int, progress: Callable[[str, float], N
     embedding = read["model.embed_tokens.weight"]
     return NativeLM(Path(opened.source), opened.config, embedding, read.get("lm_head.weight", embedding),
                     weights=weights, threads=threads, march=march)
+
+
+def held_bytes(index: Any, *, lanes: int) -> int:
+    """The bytes ``load_native`` holds a GGUF's weights in, from its tensor table ``index``
+    (``gguf_load.GGUFIndex``) alone: every matrix ``native_weights`` packs (``packed_bytes``),
+    the norms as float32, and beside them what the heads read (``host_forward.HostForwardLM``):
+    the embedding and the LM head as float32 (one tensor where tied) and the head's int8 rows
+    with a bf16 scale each. The planner counts it (``memory.ModelShape.native_bytes``)."""
+    total, vocab, hidden, tied = 0, 0, 0, True
+    for entry in index.tensors:
+        name = entry.name.removesuffix(".weight")
+        if len(entry.shape) == 1:
+            total += 4 * entry.shape[0]
+        elif name in ("token_embd", "output") or name.split(".")[-1] in MATRICES:
+            rows, cols = entry.shape
+            total += packed_bytes(entry.kind, rows, cols, lanes)
+            if name == "token_embd":
+                vocab, hidden = rows, cols
+            tied = tied and name != "output"
+    floats = vocab * hidden * 4 * (1 if tied else 2)
+    return total + floats + vocab * (hidden + 2)
+
+
+def planned_bytes(source: Any) -> int | None:
+    """``held_bytes`` of ``source`` (an opened model) where the native forward runs it, for
+    the kernel this CPU builds; None where it does not."""
+    if not supports(source) or getattr(source, "gguf_index", None) is None:
+        return None
+    return held_bytes(source.gguf_index, lanes=_declare(library("native")).sm_lanes())
 
 
 def supports(source: Any) -> bool:
