@@ -315,3 +315,5 @@ def test_the_default_models_plan_on_a_cpu_counts_what_its_native_forward_holds(s
     held = _held(load_native(opened, threads=2))
     shape = inputs_before_load(opened, "none", cpu_device(), link=None).model
     assert weight_bytes(shape, "int4", device_kind="cpu") == held
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split())
+    assert f"For the default model that is {held / 1e6:.1f} MB" in readme
