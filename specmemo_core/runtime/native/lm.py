@@ -267,7 +267,7 @@ def held_bytes(index: Any, *, lanes: int) -> int:
 def planned_bytes(source: Any) -> int | None:
     """``held_bytes`` of ``source`` (an opened model) where the native forward runs it, for
     the kernel this CPU builds; None where it does not."""
-    if not supports(source) or getattr(source, "gguf_index", None) is None:
+    if getattr(source, "gguf_index", None) is None or not supports(source):
         return None
     return held_bytes(source.gguf_index, lanes=_declare(library("native")).sm_lanes())
 
