@@ -1,6 +1,7 @@
 """One-token matmuls of a 7B-shaped step (bf16, x [1, K] @ W[N, K]ᵀ) on the GPU: cuBLAS's
 (``F.linear``) against a plain Triton GEMV at several block shapes, in CUDA graphs over
-distinct weight copies (so no weight is read from L2). Prints one JSON line per shape:
+distinct weight copies (so no weight is read from L2; timed as ``time_step_parts.graph_ms``
+times its parts). Prints one JSON line per shape:
 each kernel's µs a call and the bandwidth it reached, and the best Triton configuration.
 
 Usage (GPU machine): ``python3 scripts/time_gemv.py --shape vicuna-7b [--copies 8]``.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from statistics import median
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from specmemo_core.planning.memory import known_shape
+from time_step_parts import graph_ms  # scripts/ is on the path when this runs as a script
 
 
 @triton.jit
@@ -35,26 +36,6 @@ def gemv(x_ptr, w_ptr, y_ptr, n_rows, k_cols, stride_w,
                     other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     tl.store(y_ptr + n, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=live)
-
-
-def graph_us(run, calls: int, replays: int = 20) -> float:
-    """µs a call: ``run`` (``calls`` calls) captured once, replayed; median of ``replays``."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return median(times)
 
 
 def main() -> None:
@@ -78,7 +59,7 @@ def main() -> None:
         def cublas():
             for w in ws:
                 F.linear(x, w)
-        row["cublas_us"] = round(graph_us(cublas, len(ws)), 2)
+        row["cublas_us"] = round(graph_ms(cublas) * 1000 / len(ws), 2)
         best = None
         for bn, bk, warps, stages in configs:
             def ours():
@@ -86,7 +67,7 @@ def main() -> None:
                     gemv[(triton.cdiv(n, bn),)](x, w, y, n, k, w.stride(0), BLOCK_N=bn, BLOCK_K=bk,
                                                 num_warps=warps, num_stages=stages)
             try:
-                us = graph_us(ours, len(ws))
+                us = graph_ms(ours) * 1000 / len(ws)
             except Exception as e:  # a configuration that does not compile (registers): skip it
                 print(json.dumps({"config": [bn, bk, warps, stages], "error": str(e)[:120]}), flush=True)
                 continue

@@ -76,8 +76,8 @@ def supports(q: torch.Tensor, keys: torch.Tensor, cache_length: object) -> bool:
     hd = q.shape[-1]
     return (q.dim() == 3 and q.shape[1] <= MAX_ROWS and isinstance(cache_length, torch.Tensor)
             and cache_length.device == keys.device and hd & (hd - 1) == 0 and 16 <= hd <= 256
-            and keys.stride(-1) == 1 and _kernels() is not None
-            and (os.environ.get("TRITON_INTERPRET") == "1" or q.is_cuda and _runs_on(q.device, q.dtype)))
+            and keys.stride(-1) == 1 and (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+            and _kernels() is not None and (not q.is_cuda or _runs_on(q.device, q.dtype)))
 
 
 def _runs_on(device: torch.device, dtype: torch.dtype) -> bool:

@@ -173,6 +173,15 @@ class NativeLM(HostForwardLM):
         return hidden
 
 
+def _role(entry: Any) -> tuple[str, str | None]:
+    """A GGUF tensor's name less ``.weight`` and what ``forward.c`` holds it as: "norm" (a
+    vector, float32), "matrix" (packed) or None (not read)."""
+    name = entry.name.removesuffix(".weight")
+    if len(entry.shape) == 1:
+        return name, "norm"
+    return name, "matrix" if name in ("token_embd", "output") or name.split(".")[-1] in MATRICES else None
+
+
 def _matrix(raw: np.ndarray, entry: Any, lanes: int, dequantized: Callable[[], np.ndarray]) -> PackedMatrix:
     rows, cols = entry.shape
     if packable(entry.kind, cols):
@@ -199,10 +208,10 @@ def native_weights(path: Path, index: Any, *, lanes: int,
     out: dict[str, Any] = {}
     for i, entry in enumerate(index.tensors):
         raw = data[entry.offset:entry.offset + entry.nbytes].view(np.ndarray)
-        name = entry.name.removesuffix(".weight")
-        if len(entry.shape) == 1:
+        name, role = _role(entry)
+        if role == "norm":
             out[name] = dequant.dequantize_blocks(raw, entry.kind, entry.shape).astype(np.float32)  # a copy
-        elif name in ("token_embd", "output") or name.split(".")[-1] in MATRICES:
+        elif role == "matrix":
             out[name] = _matrix(raw, entry, lanes, lambda: _file_layout(raw, entry))
         if progress is not None:
             progress("packing weights for the native forward", (i + 1) / len(index.tensors))
@@ -251,10 +260,10 @@ def held_bytes(index: Any, *, lanes: int) -> int:
     with a bf16 scale each. The planner counts it (``memory.ModelShape.native_bytes``)."""
     total, vocab, hidden, tied = 0, 0, 0, True
     for entry in index.tensors:
-        name = entry.name.removesuffix(".weight")
-        if len(entry.shape) == 1:
+        name, role = _role(entry)
+        if role == "norm":
             total += 4 * entry.shape[0]
-        elif name in ("token_embd", "output") or name.split(".")[-1] in MATRICES:
+        elif role == "matrix":
             rows, cols = entry.shape
             total += packed_bytes(entry.kind, rows, cols, lanes)
             if name == "token_embd":

@@ -80,7 +80,8 @@ def _registers(u: np.ndarray, lanes: int) -> np.ndarray:
 
 
 def pack(raw: np.ndarray, kind: int, rows: int, cols: int, lanes: int) -> PackedMatrix:
-    """``raw``: the tensor's bytes as the file holds them, ``rows`` rows of ``cols // 32`` blocks."""
+    """``raw``: the tensor's bytes as the file holds them, ``rows`` rows of ``cols // 32`` blocks
+    (``cols // 256`` super-blocks for Q4_K)."""
     if kind == Q4_K:
         return _pack_q4_k(np.ascontiguousarray(raw).reshape(rows, cols // 256, _BLOCK_BYTES[Q4_K]), cols, lanes)
     nb = cols // 32
