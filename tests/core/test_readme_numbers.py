@@ -613,6 +613,14 @@ def test_the_chunked_attention_tables_hold_their_h200_runs():
                      if '"matmul": "o"' in line) for shape in ("vicuna-7b", "llama-3-8b")}
     assert (f"`o_proj` vicuna-7b {o['vicuna-7b']['cublas_us']:.1f} µs cuBLAS, {o['vicuna-7b']['triton_us']:.1f} Triton; "
             f"llama-3-8b {o['llama-3-8b']['cublas_us']:.1f} µs cuBLAS, {o['llama-3-8b']['triton_us']:.1f} Triton") in readme
+    rest = [json.loads(line) for shape in ("vicuna-7b", "llama-3-8b")
+            for line in (d / f"gemv-{shape}.jsonl").read_text(encoding="utf-8").splitlines() if '"matmul": "o"' not in line]
+    speeds = [r["cublas_tbps"] for r in rest]
+    assert f"cuBLAS already reads the large weights at {min(speeds):.1f}–{max(speeds):.1f} TB/s" in readme
+    vicuna = [r for r in rest if r["shape"] == "vicuna-7b"]
+    per_step = (32 * sum(r["cublas_us"] for r in vicuna if r["matmul"] != "lm_head") + o["vicuna-7b"]["cublas_us"] * 32
+                + next(r["cublas_us"] for r in vicuna if r["matmul"] == "lm_head")) / 1000
+    assert f"With the matmuls at ~{per_step:.1f} ms of vicuna-7b's" in readme
     assert "(`exact_final.log`: 99 passed)" in readme
     assert "99 passed" in (d / "exact_final.log").read_text(encoding="utf-8")
     probe = (d / "probe.txt").read_text(encoding="utf-8").split()
