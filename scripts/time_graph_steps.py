@@ -108,12 +108,20 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     rounds (a fresh decoder and capture each time): ms per step, median (min–max)."""
     from statistics import median
 
+    from specmemo_core.runtime import token_layer
     from specmemo_core.runtime.model import EAGER_REGIONS, compiled_regions
 
     kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
     for kind in args.regions.split(","):  # one-token regions compiled for their own shape
-        if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel
+        if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
             kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
+        elif kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
+            kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-regions")], one_token_launch=None)
+        elif "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
+            base, launch = kind.split("@")
+            pairs, rows, block_k, warps = (int(v) for v in launch.split(":"))
+            kinds[kind] = dataclasses.replace(kinds[base], one_token_launch=token_layer.Launch(
+                pairs=pairs, rows=rows, block_k=block_k, warps=warps))
         elif kind == "static1":
             kinds[kind] = compiled_regions(one_token=True)
         elif kind == "autotune1":
@@ -171,7 +179,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled@P:R:K:W]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

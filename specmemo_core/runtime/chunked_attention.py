@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 from pathlib import Path
 
@@ -33,13 +32,11 @@ import torch.nn.functional as F
 from specmemo_core.planning.memory import ATTENTION_MAX_ROWS as MAX_ROWS
 from specmemo_core.planning.memory import ATTENTION_SPLIT as SPLIT  # slots a program attends over:
 # fixed, so sums keep their order for any span (the planner counts the workspace: memory.py)
+from specmemo_core.runtime import kernel_probe
 
 CHUNK = 64  # slots scored at once inside a program (SPLIT / CHUNK iterations)
 MERGE_BLOCK = 16  # chunks merged at once by the second kernel
-log = logging.getLogger(__name__)
-# (device, dtype) -> whether the kernels built and ran right there (``_runs_on``): a fact of the
-# machine, found once per process
-_PROBED: dict[tuple[torch.device, torch.dtype], bool] = {}
+FAMILY, FALLBACK = "chunked attention", "attention runs through SDPA, slower for trees and grouped heads"
 WARPS = 4  # warps a program of the first kernel
 # stages of its slot loop's pipeline, by rows: 3 for a plain step's few, 2 for a tree's (on the
 # H200 a 64-node tree's attention ran 0.90 -> 0.73 ms for 32 layers, a plain step's 0.357 -> 0.365
@@ -77,25 +74,13 @@ def supports(q: torch.Tensor, keys: torch.Tensor, cache_length: object) -> bool:
     return (q.dim() == 3 and q.shape[1] <= MAX_ROWS and isinstance(cache_length, torch.Tensor)
             and cache_length.device == keys.device and hd & (hd - 1) == 0 and 16 <= hd <= 256
             and keys.stride(-1) == 1 and (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
-            and _kernels() is not None and (not q.is_cuda or _runs_on(q.device, q.dtype)))
-
-
-def _runs_on(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the kernels build and give SDPA's answer on ``device`` in ``dtype``, tried once
-    on a small attention: Triton compiles with the system's C compiler and for the GPU's
-    architecture, so a machine without one, or a GPU it does not target, falls back to SDPA
-    (the log says why) instead of failing a reply. Inside a CUDA graph capture nothing is
-    tried (a compile there would break the capture): SDPA, until an eager run has tried."""
-    key = (device, dtype)
-    if key not in _PROBED:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        _PROBED[key] = _probe(device, dtype)
-    return _PROBED[key]
+            and _kernels() is not None
+            and (not q.is_cuda or kernel_probe.runs_on(FAMILY, q.device, q.dtype, _probe)))
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:
-    """Run ``attend`` on 2 key/value heads × 3 rows over 200 of 256 slots against SDPA."""
+    """Whether the kernels build and give SDPA's answer on ``device`` in ``dtype``
+    (``kernel_probe``): ``attend`` on 2 key/value heads × 3 rows over 200 of 256 slots."""
     g = torch.Generator(device="cpu").manual_seed(0)
     q, keys, values = (torch.randn(2, n, 64, generator=g).to(device, dtype) for n in (3, 256, 256))
     length = torch.tensor(197, device=device)
@@ -104,16 +89,10 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     try:
         got = attend(q, keys, values, bias, length, new_tokens=3, groups=1)  # [3, 2·64]
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: use SDPA
-        log.warning("chunked attention unavailable on %s (%s: %s); attention runs through SDPA, "
-                    "slower for trees and grouped heads", device, type(e).__name__, str(e).splitlines()[0][:200])
-        return False
+        return kernel_probe.failed(FAMILY, device, e, FALLBACK)
     want = F.scaled_dot_product_attention(q[None], keys[None, :, :200], values[None, :, :200])[0]  # [2, 3, 64]
     error = (got.float() - want.transpose(0, 1).reshape(3, 128).float()).abs().max().item()
-    if not error < 0.05:
-        log.warning("chunked attention gave wrong results on %s (max error %.3g); attention runs through SDPA",
-                    device, error)
-        return False
-    return True
+    return error < 0.05 or kernel_probe.wrong(FAMILY, device, error, FALLBACK)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,

@@ -81,6 +81,12 @@ class KVCache:
         self.v[layer, :, self.length:end] = v
         return self.k[layer, :, :end], self.v[layer, :, :end]  # [kvh, end, hd]
 
+    def slot_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Where a kernel that writes ``layer``'s keys and values itself puts them: the layer's
+        keys and values [kvh, C, hd] and the forward's slots [T] as a device tensor (a static
+        cache's, ``token_layer``); None here: this cache's slots are the host's ``length``."""
+        return None
+
     def write_ids(self, tokens: torch.Tensor) -> None:
         """Record the token ids [T] of a forward at its scratch slots (as ``write`` does their KV)."""
         self.ids[self.length:self.length + tokens.shape[0]] = tokens

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specmemo_core.runtime import chunked_attention
+from specmemo_core.runtime import chunked_attention, token_layer
 from specmemo_core.runtime.kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
 from specmemo_core.planning.memory import PICK_ROWS, ModelDimensions
 
@@ -280,6 +280,9 @@ class LayerRegions:
     finish: Callable[..., torch.Tensor] = finish_layer
     # a step over a static cache on a GPU attends in chunks of slots (``Attention.attend``)
     chunked_attention: bool = True
+    # a plain (one-token) step there runs each layer as ``token_layer``'s fused kernels, so
+    # launched (None: as its regions)
+    one_token_launch: token_layer.Launch | None = token_layer.LAUNCH
 
 
 EAGER_REGIONS = LayerRegions()
@@ -323,6 +326,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, bias: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """``bias``: from ``attention_bias``, made once per forward by the caller."""
+        launch = self.regions.one_token_launch
+        if launch is not None and self.regions.chunked_attention and token_layer.applies(self, x, cache):
+            return token_layer.run(self, x, cos, sin, bias, cache, launch=launch)
         q, k, v = self.regions.project(self, x, cos, sin)
         attended = self.self_attn.attend(q, k, v, bias, cache, self.regions.chunked_attention)
         return self.regions.finish(self, attended, x)

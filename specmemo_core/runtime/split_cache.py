@@ -85,6 +85,10 @@ class SplitCache:
         part, local = self.owner[layer]
         return part.write(local, k, v)
 
+    def slot_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        part, local = self.owner[layer]
+        return part.slot_target(local)
+
     def write_ids(self, tokens: torch.Tensor) -> None:
         self.home.write_ids(tokens)
 

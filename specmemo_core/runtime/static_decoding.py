@@ -82,6 +82,9 @@ class StaticKVCache(KVCache):
         self.v[layer].index_copy_(1, self.slots, v)
         return self.k[layer], self.v[layer]
 
+    def slot_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.k[layer], self.v[layer], self.slots
+
     def write_ids(self, tokens: torch.Tensor) -> None:
         self.ids.index_copy_(0, self.slots, tokens)
 

@@ -35,7 +35,7 @@ def test_in_tritons_interpreter():
 def test_where_the_kernels_cannot_run_the_probe_says_why_and_sdpa_stays(caplog):
     """Triton on a machine it cannot launch on (here: no GPU driver) — the probe logs why and
     answers False, so the step keeps SDPA instead of failing a reply."""
-    with caplog.at_level("WARNING", logger="specmemo_core.runtime.chunked_attention"):
+    with caplog.at_level("WARNING", logger="specmemo_core.runtime.kernel_probe"):
         assert chunked_attention._probe(torch.device(DEVICE), torch.float32) is False
     assert "chunked attention unavailable" in caplog.text and "SDPA" in caplog.text
 

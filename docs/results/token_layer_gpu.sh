@@ -1,0 +1,35 @@
+# Issue 23, a plain step's layer as fused kernels (runtime/token_layer.py) on the GPU machine (device
+# tool), from the repository root, carrying .whl (and, for bench, the GGUF as gpu_setup.sh says):
+#   bash docs/results/token_layer_gpu.sh [exact|tune|steps|bench] [shapes]
+#   exact: the GPU decoders' tests (greedy speculative = plain greedy, fp32) with the kernels
+#   tune:  vicuna-7b plain steps under launches PAIRS:ROWS:BLOCK_K:WARPS against the regions, 1 round
+#   steps: whole steps (time_graph_steps.py), the kernels against the compiled regions, 3 rounds alternating
+#   bench: specmemo bench on the 20 MT-Bench queries, bf16 and fp32 (bench/)
+source scripts/gpu_setup.sh >/dev/null 2>&1
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+what=${1:-exact}
+V=compiled@4:4:512:4,compiled@2:4:512:4,compiled@8:8:512:4,compiled@4:8:256:4,compiled@4:4:512:8,compiled@2:2:1024:4
+case "$what" in
+exact)
+  timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py tests/core/test_static_decoding.py \
+    tests/core/test_chunked_attention.py tests/core/test_growth.py tests/core/test_batch_decoding.py > "$OUT/exact.log" 2>&1
+  tail -3 "$OUT/exact.log" ;;
+tune)
+  timeout ${2:-240} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --trees single --steps 60 \
+    --regions compiled-regions,$V --repeats 1 > "$OUT/tune-vicuna-7b.jsonl" 2> "$OUT/tune-vicuna-7b.err"
+  grep -v '"shape"' "$OUT/tune-vicuna-7b.jsonl"; tail -2 "$OUT/tune-vicuna-7b.err" | cut -c 1-300 ;;
+steps)
+  for shape in ${2:-vicuna-7b llama-3-8b smollm2-135m}; do
+    timeout ${3:-200} python3 scripts/time_graph_steps.py --shape $shape --dtype bf16 --trees single,medusa-64 \
+      --steps 100 --regions compiled,compiled-regions --repeats 3 > "$OUT/$shape-steps.jsonl" 2> "$OUT/$shape-steps.err"
+    tail -1 "$OUT/$shape-steps.jsonl"; tail -2 "$OUT/$shape-steps.err" | cut -c 1-300
+  done ;;
+bench)
+  for d in bf16 fp32; do
+    timeout 170 python3 -m specmemo_core.cli bench --device cuda --dtype $d --methods vanilla+graphs,medusa-64+graphs,plan \
+      --queries 20 --max-new-tokens 128 --repeats 3 --warmup 1 --json --save "$OUT/bench_mtbench20_$d.json" \
+      > /dev/null 2> "$OUT/bench_mtbench20_$d.err"
+    echo "$d rc=$?"
+  done ;;
+esac

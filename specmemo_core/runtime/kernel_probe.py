@@ -1,0 +1,43 @@
+"""Whether a family of our Triton kernels builds and answers right on a device.
+
+Triton compiles with the system's C compiler and for the GPU's architecture, so a machine
+without one, or a GPU it does not target, must fall back to the torch path (the log says
+why) instead of failing a reply. Each family is tried once per process, device and dtype on
+a small input against torch: a fact of the machine, like Triton's own import cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+# (family, device, dtype) -> whether its kernels built and ran right there
+_PROBED: dict[tuple[str, torch.device, torch.dtype], bool] = {}
+
+
+def runs_on(family: str, device: torch.device, dtype: torch.dtype,
+            probe: Callable[[torch.device, torch.dtype], bool]) -> bool:
+    """``probe(device, dtype)``'s answer, asked once. Inside a CUDA graph capture nothing is
+    tried (a compile there would break the capture): False, until an eager run has tried."""
+    key = (family, device, dtype)
+    if key not in _PROBED:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _PROBED[key] = probe(device, dtype)
+    return _PROBED[key]
+
+
+def failed(family: str, device: torch.device, error: Exception, fallback: str) -> bool:
+    """Log why ``family`` cannot run on ``device`` (a build or launch error) and answer False."""
+    log.warning("%s unavailable on %s (%s: %s); %s", family, device, type(error).__name__,
+                str(error).splitlines()[0][:200] if str(error) else "", fallback)
+    return False
+
+
+def wrong(family: str, device: torch.device, error: float, fallback: str) -> bool:
+    """Log that ``family`` answered wrong on ``device`` (its largest error) and answer False."""
+    log.warning("%s gave wrong results on %s (max error %.3g); %s", family, device, error, fallback)
+    return False

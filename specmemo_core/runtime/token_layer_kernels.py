@@ -1,0 +1,119 @@
+"""The Triton kernels of ``token_layer`` (imported only where Triton is installed).
+
+A one-token step's matmuls are matrix-vector products bound by reading the weight; these
+read it once, with what cuBLAS would leave to kernels of their own (the norm before, the
+rotary, cache write, SiLU or residual add after) done on the way in or out.
+Parameters are positional pointers, sizes and strides, as Triton kernels take them
+(``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _inverse_rms(x_ptr, d_model, eps, BLOCK_K: tl.constexpr):
+    """1 / √(mean(x²) + eps) of the row x [d_model], in fp32 (each program reads the row: it
+    is kilobytes beside the program's weight tile, and it saves a kernel)."""
+    total = tl.zeros((BLOCK_K,), tl.float32)
+    for k0 in range(0, d_model, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + k, mask=k < d_model, other=0.0).to(tl.float32)
+        total += x * x
+    return 1.0 / tl.sqrt(tl.sum(total, 0) / d_model + eps)
+
+
+@triton.jit
+def norm_pair_matmul(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
+                     d_model, half, group, eps, stride_w, stride_kh, stride_ks, stride_vh, stride_vs,
+                     heads, kv_heads,
+                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """W · rmsnorm(x)·g for PAIRS pairs of weight rows (a = group·G + j, b = a + half), a
+    pair's two outputs finished together:
+
+    - ROPE (the fused q/k/v weight; group = head dim, half = its half; G = head): the rotary
+      of q and k heads (rotate-half, signed sin table as ``model.rope_tables`` gives), q
+      stored at out [H·hd], k and v at the cache slot ``slot_ptr`` holds.
+    - else (the fused gate/up weight; half = intermediate size, G = 0): out[j] = silu(a)·b.
+    """
+    p = tl.program_id(0)
+    per_group = tl.cdiv(half, PAIRS)
+    grp = p // per_group
+    j = (p % per_group) * PAIRS + tl.arange(0, PAIRS)
+    live = j < half
+    rows_a = grp * group + j
+    rows_b = rows_a + half
+    rstd = _inverse_rms(x_ptr, d_model, eps, BLOCK_K)
+    acc_a = tl.zeros((PAIRS, BLOCK_K), tl.float32)
+    acc_b = tl.zeros((PAIRS, BLOCK_K), tl.float32)
+    for k0 in range(0, d_model, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        in_k = k < d_model
+        x = tl.load(x_ptr + k, mask=in_k, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)
+        xn = (x * rstd * g).to(out_ptr.dtype.element_ty).to(tl.float32)  # the norm's output, as stored
+        both = live[:, None] & in_k[None, :]
+        wa = tl.load(w_ptr + rows_a[:, None] * stride_w + k[None, :], mask=both, other=0.0)
+        wb = tl.load(w_ptr + rows_b[:, None] * stride_w + k[None, :], mask=both, other=0.0)
+        acc_a += wa.to(tl.float32) * xn[None, :]
+        acc_b += wb.to(tl.float32) * xn[None, :]
+    ya = tl.sum(acc_a, 1)
+    yb = tl.sum(acc_b, 1)
+    if HAS_BIAS:
+        ya += tl.load(b_ptr + rows_a, mask=live, other=0.0).to(tl.float32)
+        yb += tl.load(b_ptr + rows_b, mask=live, other=0.0).to(tl.float32)
+    ya = ya.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection's output, as stored
+    yb = yb.to(out_ptr.dtype.element_ty).to(tl.float32)
+    if ROPE:
+        _rotate_and_store(ya, yb, j, live, grp, half, group, heads, kv_heads, out_ptr, cos_ptr, sin_ptr, slot_ptr,
+                          k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs)
+    else:
+        tl.store(out_ptr + j, (ya / (1.0 + tl.exp(-ya)) * yb).to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _rotate_and_store(ya, yb, j, live, grp, half, group, heads, kv_heads, out_ptr, cos_ptr, sin_ptr, slot_ptr,
+                      k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs):
+    """``norm_pair_matmul``'s q/k/v ending: head ``grp``'s outputs j and j + half (ya, yb, fp32)
+    rotated if a q or k head, then stored: q at out, k and v at the cache slot."""
+    rotate = grp < heads + kv_heads
+    cos_a = tl.load(cos_ptr + j, mask=live, other=0.0).to(tl.float32)
+    sin_a = tl.load(sin_ptr + j, mask=live, other=0.0).to(tl.float32)
+    cos_b = tl.load(cos_ptr + j + half, mask=live, other=0.0).to(tl.float32)
+    sin_b = tl.load(sin_ptr + j + half, mask=live, other=0.0).to(tl.float32)
+    ra = tl.where(rotate, ya * cos_a + yb * sin_a, ya).to(out_ptr.dtype.element_ty)
+    rb = tl.where(rotate, yb * cos_b + ya * sin_b, yb).to(out_ptr.dtype.element_ty)
+    slot = tl.load(slot_ptr)
+    if grp < heads:
+        tl.store(out_ptr + grp * group + j, ra, mask=live)
+        tl.store(out_ptr + grp * group + j + half, rb, mask=live)
+    elif grp < heads + kv_heads:
+        at = k_ptr + (grp - heads) * stride_kh + slot * stride_ks + j
+        tl.store(at, ra, mask=live)
+        tl.store(at + half, rb, mask=live)
+    else:
+        at = v_ptr + (grp - heads - kv_heads) * stride_vh + slot * stride_vs + j
+        tl.store(at, ra, mask=live)
+        tl.store(at + half, rb, mask=live)
+
+
+@triton.jit
+def matmul_add(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, n_rows, k_cols, stride_w,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """out[n] = r[n] + Σ_k W[n, k]·a[k] (+ bias[n]) for BLOCK_N rows n: o_proj or down_proj
+    with its residual add, fp32 sums over BLOCK_K-wide tiles."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = n < n_rows
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for k0 in range(0, k_cols, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + k, mask=k < k_cols, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=live[:, None] & (k < k_cols)[None, :],
+                    other=0.0)
+        acc += w.to(tl.float32) * a[None, :]
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:  # a linear with a bias rounds its output before the residual add
+        y = (y + tl.load(b_ptr + n, mask=live, other=0.0).to(tl.float32)).to(out_ptr.dtype.element_ty)
+        y = y.to(tl.float32)
+    y += tl.load(r_ptr + n, mask=live, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=live)

@@ -1,0 +1,117 @@
+"""A plain step's layer as fused kernels (``runtime/token_layer.py``) against the layer's own
+regions: the kernels on the GPU where there is one, else in Triton's interpreter on the CPU
+(a process of their own, as ``test_chunked_attention.py`` explains)."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specmemo_core.runtime import token_layer
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.heads import random_heads
+from specmemo_core.runtime.model import EAGER_REGIONS
+from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.runtime.tree import load_tree
+from tests.tiny import tiny_model
+
+pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch): the GPU kernels cannot be run")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+RUNS_HERE = DEVICE == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+kernels = pytest.mark.skipif(not RUNS_HERE, reason="on a CPU: in the interpreter (test_in_tritons_interpreter)")
+
+
+@pytest.mark.skipif(RUNS_HERE, reason="the kernels run in this process")
+def test_in_tritons_interpreter():
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", "not interpreter"], env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "5 passed" in run.stdout
+
+
+@pytest.mark.skipif(RUNS_HERE, reason="the kernels run here: nothing fails to build")
+def test_where_the_kernels_cannot_run_the_probe_says_why_and_the_regions_stay(caplog):
+    with caplog.at_level("WARNING", logger="specmemo_core.runtime.kernel_probe"):
+        assert token_layer._probe(torch.device(DEVICE), torch.float32) is False
+    assert "one-token layer kernels unavailable" in caplog.text and "regions" in caplog.text
+
+
+@kernels
+def test_the_probe_passes_where_the_kernels_run():
+    assert token_layer._probe(torch.device(DEVICE), torch.float32) is True
+
+
+@kernels
+def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions():
+    """Output and both caches (the new slot written, every other slot untouched) as the
+    eager regions and SDPA give them, fp32: q/k/v biases, o and MLP biases, 3 heads over 1."""
+    got = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True)
+    want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() < 2e-5
+    again = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic: no atomics, one order
+
+
+def _model(seed: int, **kw):
+    model = tiny_model(seed=seed, device=DEVICE, **kw)
+    assert model.fuse_projections()
+    return model
+
+
+def _tokens(decoder, prompt, n):
+    return [t for s in decoder.generate(prompt, GenerationConfig(max_new_tokens=n)) for t in s.token_ids]
+
+
+@kernels
+def test_a_static_step_of_one_token_takes_the_kernels_and_others_do_not():
+    model = _model(seed=4)
+    layer = model.model.layers[0]
+    cache = new_static_cache(model, 128)
+    one, two = (torch.zeros(n, model.spec.hidden_size, device=DEVICE) for n in (1, 2))
+    cache.prepare(torch.arange(1, device=DEVICE), None, 128)
+    assert token_layer.applies(layer, one, cache)
+    assert not token_layer.applies(layer, one[None], cache)  # a batch
+    assert not token_layer.applies(layer, one, model.new_cache(128))  # slots on the host
+    cache.prepare(torch.arange(2, device=DEVICE), None, 128)
+    assert not token_layer.applies(layer, two, cache)  # a tree or a prompt chunk: the regions
+    unfused = tiny_model(seed=4, device=DEVICE)
+    cache.prepare(torch.arange(1, device=DEVICE), None, 128)
+    assert not token_layer.applies(unfused.model.layers[0], one, cache)
+
+
+@kernels
+def test_plain_and_speculative_static_decoding_match_the_sliced_decoder():
+    """Greedy, fp32: the static decoder's plain steps (the kernels) and its tree steps (the
+    regions, the tree verified against the kernels' cache entries) give the sliced decoder's tokens."""
+    model = _model(seed=11, vocab_size=16)
+    prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = _tokens(Decoder(model, model.new_cache(64)), prompt, 24)
+    assert _tokens(StaticDecoder(model, new_static_cache(model, 64)), prompt, 24) == plain
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra").to(DEVICE)
+    static = StaticDecoder(model, new_static_cache(model, 64), heads, load_tree("1-3-2"))
+    assert _tokens(static, prompt, 24) == plain
+
+
+@kernels
+def test_a_layer_without_biases_at_the_first_slot_steps_as_its_regions():
+    model = _model(seed=4)
+    layer = model.model.layers[0]
+    off = dataclasses.replace(EAGER_REGIONS, one_token_launch=None)
+    cache = new_static_cache(model, 64)
+    positions, mask = cache.prepare(torch.arange(1, device=DEVICE), None, 64)
+    x = model.model.embed_tokens(torch.tensor([3], device=DEVICE))
+    cos, sin = model.rope(positions)
+    from specmemo_core.runtime.model import attention_bias
+
+    bias = attention_bias(mask, model.spec, torch.float32)
+    with torch.no_grad():
+        fused = layer(x, cos, sin, bias, cache)
+        layer.regions = off
+        regions = layer(x, cos, sin, bias, cache)
+    assert (fused - regions).abs().max().item() < 1e-5
