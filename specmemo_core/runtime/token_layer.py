@@ -148,8 +148,10 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
         got, want = (probe_step(device, dtype, kernels=k) for k in (True, False))
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the regions
         return kernel_probe.failed(FAMILY, device, e, FALLBACK)
-    error = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
-    return error < 0.05 or kernel_probe.wrong(FAMILY, device, error, FALLBACK)
+    # relative to each tensor's largest value: a bf16 output near 16 is off by its last bit at 0.125
+    error = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1.0)).item()
+                for a, b in zip(got, want))
+    return error < 0.02 or kernel_probe.wrong(FAMILY, device, error, FALLBACK)
 
 
 def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tuple[torch.Tensor, ...]:

@@ -41,8 +41,9 @@ def test_where_the_kernels_cannot_run_the_probe_says_why_and_the_regions_stay(ca
 
 
 @kernels
-def test_the_probe_passes_where_the_kernels_run():
-    assert token_layer._probe(torch.device(DEVICE), torch.float32) is True
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16, torch.float16] if DEVICE == "cuda" else []))
+def test_the_probe_passes_where_the_kernels_run(dtype):
+    assert token_layer._probe(torch.device(DEVICE), dtype) is True
 
 
 @kernels
