@@ -9,7 +9,7 @@ source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 what=${1:-exact}
-V=compiled@4:4:512:4,compiled@2:4:512:4,compiled@8:8:512:4,compiled@4:8:256:4,compiled@4:4:512:8,compiled@2:2:1024:4
+V=compiled@2:2:1024:4,compiled@1:1:1024:4,compiled@2:2:2048:4,compiled@2:2:2048:8,compiled@1:2:2048:4,compiled@4:2:1024:4,compiled@2:1:1024:4,compiled@1:1:2048:8,compiled@2:2:512:4
 case "$what" in
 exact)
   timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py tests/core/test_static_decoding.py \

@@ -18,6 +18,8 @@ plain weights (``DecoderLayer.fuse``) on the same GPU, the attention that
 Anything else (trees, prompts, batches, quantized or streamed weights, CPUs) runs the
 layer's regions as before. Each sum is over fp32 products in a fixed order (fp32 weights:
 IEEE arithmetic throughout), so greedy replies match the trees' in fp32 as cuBLAS's did.
+One difference in bf16: the norm's 1/rms scales the matmul's sums (it is one number for the
+row, found in the same pass over x), so the normed input is not rounded to bf16 first.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ class Launch:
     over the same BLOCK_K-wide tiles only if ``block_k`` stays; tuned on the H200 by
     ``scripts/time_token_layer.py``)."""
 
-    pairs: int = 4  # weight-row pairs a program of ``norm_pair_matmul`` finishes
-    rows: int = 4  # weight rows a program of ``matmul_add`` finishes
-    block_k: int = 512  # input columns a program reads at once
+    pairs: int = 2  # weight-row pairs a program of ``norm_pair_matmul`` finishes
+    rows: int = 2  # weight rows a program of ``matmul_add`` finishes
+    block_k: int = 1024  # input columns a program reads at once
     warps: int = 4
 
 

@@ -2,25 +2,15 @@
 
 A one-token step's matmuls are matrix-vector products bound by reading the weight; these
 read it once, with what cuBLAS would leave to kernels of their own (the norm before, the
-rotary, cache write, SiLU or residual add after) done on the way in or out.
+rotary, cache write, SiLU or residual add after) done on the way in or out. Weights are
+loaded to be evicted first: each is read once a step, and the activations and the cache
+are what L2 should keep.
 Parameters are positional pointers, sizes and strides, as Triton kernels take them
 (``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
 """
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def _inverse_rms(x_ptr, d_model, eps, BLOCK_K: tl.constexpr):
-    """1 / √(mean(x²) + eps) of the row x [d_model], in fp32 (each program reads the row: it
-    is kilobytes beside the program's weight tile, and it saves a kernel)."""
-    total = tl.zeros((BLOCK_K,), tl.float32)
-    for k0 in range(0, d_model, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + k, mask=k < d_model, other=0.0).to(tl.float32)
-        total += x * x
-    return 1.0 / tl.sqrt(tl.sum(total, 0) / d_model + eps)
 
 
 @triton.jit
@@ -43,22 +33,26 @@ def norm_pair_matmul(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot
     live = j < half
     rows_a = grp * group + j
     rows_b = rows_a + half
-    rstd = _inverse_rms(x_ptr, d_model, eps, BLOCK_K)
+    squares = tl.zeros((BLOCK_K,), tl.float32)
     acc_a = tl.zeros((PAIRS, BLOCK_K), tl.float32)
     acc_b = tl.zeros((PAIRS, BLOCK_K), tl.float32)
     for k0 in range(0, d_model, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         in_k = k < d_model
         x = tl.load(x_ptr + k, mask=in_k, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)
-        xn = (x * rstd * g).to(out_ptr.dtype.element_ty).to(tl.float32)  # the norm's output, as stored
+        xg = x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)
+        squares += x * x
         both = live[:, None] & in_k[None, :]
-        wa = tl.load(w_ptr + rows_a[:, None] * stride_w + k[None, :], mask=both, other=0.0)
-        wb = tl.load(w_ptr + rows_b[:, None] * stride_w + k[None, :], mask=both, other=0.0)
-        acc_a += wa.to(tl.float32) * xn[None, :]
-        acc_b += wb.to(tl.float32) * xn[None, :]
-    ya = tl.sum(acc_a, 1)
-    yb = tl.sum(acc_b, 1)
+        wa = tl.load(w_ptr + rows_a[:, None] * stride_w + k[None, :], mask=both, other=0.0,
+                     eviction_policy="evict_first")
+        wb = tl.load(w_ptr + rows_b[:, None] * stride_w + k[None, :], mask=both, other=0.0,
+                     eviction_policy="evict_first")
+        acc_a += wa.to(tl.float32) * xg[None, :]
+        acc_b += wb.to(tl.float32) * xg[None, :]
+    # the norm's 1/rms is one number for the row: it scales the sums instead of each input
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / d_model + eps)
+    ya = tl.sum(acc_a, 1) * rstd
+    yb = tl.sum(acc_b, 1) * rstd
     if HAS_BIAS:
         ya += tl.load(b_ptr + rows_a, mask=live, other=0.0).to(tl.float32)
         yb += tl.load(b_ptr + rows_b, mask=live, other=0.0).to(tl.float32)
@@ -109,7 +103,7 @@ def matmul_add(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, n_rows, k_cols, stride_w,
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + k, mask=k < k_cols, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=live[:, None] & (k < k_cols)[None, :],
-                    other=0.0)
+                    other=0.0, eviction_policy="evict_first")
         acc += w.to(tl.float32) * a[None, :]
     y = tl.sum(acc, 1)
     if HAS_BIAS:  # a linear with a bias rounds its output before the residual add
