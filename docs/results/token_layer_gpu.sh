@@ -3,13 +3,14 @@
 #   bash docs/results/token_layer_gpu.sh [exact|tune|steps|bench] [shapes]
 #   exact: the GPU decoders' tests (greedy speculative = plain greedy, fp32) with the kernels
 #   tune:  vicuna-7b plain steps under launches PAIRS:ROWS:BLOCK_K:WARPS against the regions, 1 round
+#   profile: one plain vicuna-7b step's kernels under the profiler
 #   steps: whole steps (time_graph_steps.py), the kernels against the compiled regions, 3 rounds alternating
 #   bench: specmemo bench on the 20 MT-Bench queries, bf16 and fp32 (bench/)
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 what=${1:-exact}
-V=compiled@2:2:1024:4,compiled@1:1:1024:4,compiled@2:2:2048:4,compiled@2:2:2048:8,compiled@1:2:2048:4,compiled@4:2:1024:4,compiled@2:1:1024:4,compiled@1:1:2048:8,compiled@2:2:512:4
+V=${V:-compiled@1:1:1024:4,compiled@1:1:512:4,compiled@1:1:512:2,compiled@1:1:256:2,compiled@1:2:512:4,compiled@1:1:1024:2,compiled@2:2:256:4,compiled@1:1:512:8,compiled@2:2:512:4}
 case "$what" in
 exact)
   timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py tests/core/test_static_decoding.py \
@@ -19,6 +20,10 @@ tune)
   timeout ${2:-240} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --trees single --steps 60 \
     --regions compiled-regions,$V --repeats 1 > "$OUT/tune-vicuna-7b.jsonl" 2> "$OUT/tune-vicuna-7b.err"
   grep -v '"shape"' "$OUT/tune-vicuna-7b.jsonl"; tail -2 "$OUT/tune-vicuna-7b.err" | cut -c 1-300 ;;
+profile)  # where a plain step's kernel time goes (time_graph_steps.py --kernels: one eager step under the profiler)
+  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --trees single --modes graphs \
+    --steps 30 --kernels > "$OUT/profile-vicuna-7b.jsonl" 2> "$OUT/profile-vicuna-7b.err"
+  cut -c 1-1500 "$OUT/profile-vicuna-7b.jsonl" ;;
 steps)
   for shape in ${2:-vicuna-7b llama-3-8b smollm2-135m}; do
     timeout ${3:-200} python3 scripts/time_graph_steps.py --shape $shape --dtype bf16 --trees single,medusa-64 \
