@@ -35,6 +35,8 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
             live = s < end
             k = tl.load(k_ptr + h * stride_kh + s[:, None] * stride_ks + d[None, :],
                         mask=live[:, None], other=0.0)  # [CHUNK, HD]
+            v = tl.load(v_ptr + h * stride_vh + s[:, None] * stride_vs + d[None, :],
+                        mask=live[:, None], other=0.0)  # [CHUNK, HD], in flight with k
             if IEEE:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -47,8 +49,6 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
             p = tl.exp(scores - m_safe[:, None])
             alpha = tl.exp(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + h * stride_vh + s[:, None] * stride_vs + d[None, :],
-                        mask=live[:, None], other=0.0)  # [CHUNK, HD]
             if IEEE:
                 pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:

@@ -52,6 +52,9 @@ class Launch:
     rows: int = 1  # weight rows a program of ``matmul_add`` finishes
     block_k: int = 512  # input columns a program reads at once
     warps: int = 4
+    # programmatic dependent launch: each kernel's programs start (and read their first weight
+    # tile) while the kernel before drains; where Triton has it (``token_layer_kernels``)
+    pdl: bool = True
 
 
 LAUNCH = Launch()
@@ -63,10 +66,10 @@ def _kernels():
     try:
         import triton
 
-        from specmemo_core.runtime.token_layer_kernels import matmul_add, norm_pair_matmul
+        from specmemo_core.runtime.token_layer_kernels import gdc_wait, matmul_add, norm_pair_matmul
     except ImportError:
         return None
-    return triton, norm_pair_matmul, matmul_add
+    return triton, norm_pair_matmul, matmul_add, gdc_wait is not None
 
 
 @functools.cache
@@ -106,7 +109,8 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         cache: "KVCache", *, launch: Launch = LAUNCH) -> torch.Tensor:
     """The layer's step for the one token x [1, D] (cos, signed sin [1, hd]: ``rope_tables``;
     ``bias`` [groups, S]: ``attention_bias``): its output [1, D], its k and v in the cache."""
-    triton, norm_pair_matmul, matmul_add = _kernels()
+    triton, norm_pair_matmul, matmul_add, pdl = _kernels()
+    pdl = pdl and launch.pdl and x.is_cuda
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
     h, hkv, hd, d = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size
     keys, values, slot = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [1]
@@ -117,29 +121,34 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         x, layer.input_layernorm.weight, w_qkv, w_qkv if b_qkv is None else b_qkv, q, cos, sin, slot, keys, values,
         d, hd // 2, hd, layer.input_layernorm.eps, w_qkv.stride(0), keys.stride(0), keys.stride(1),
         values.stride(0), values.stride(1), h, hkv,
-        PAIRS=pairs, BLOCK_K=block_k, ROPE=True, HAS_BIAS=b_qkv is not None, num_warps=warps)
+        PAIRS=pairs, BLOCK_K=block_k, ROPE=True, HAS_BIAS=b_qkv is not None, PDL=pdl, num_warps=warps, **_pdl(pdl))
     attended = chunked_attention.attend(q.view(hkv, h // hkv, hd), keys, values, bias, cache.live_length,
                                         new_tokens=1, groups=h // hkv)  # [1, H·hd]
-    mid = _matmul_add(matmul_add, attended, attn.o_proj, x, launch)
+    mid = _matmul_add(matmul_add, attended, attn.o_proj, x, launch, pdl)
     inter = w_gu.shape[0] // 2
     hidden = torch.empty(inter, dtype=x.dtype, device=x.device)
     norm_pair_matmul[(triton.cdiv(inter, pairs),)](
         mid, layer.post_attention_layernorm.weight, w_gu, w_gu if b_gu is None else b_gu, hidden, x, x, slot,
         x, x, d, inter, 0, layer.post_attention_layernorm.eps, w_gu.stride(0), 0, 0, 0, 0, 0, 0,
-        PAIRS=pairs, BLOCK_K=block_k, ROPE=False, HAS_BIAS=b_gu is not None, num_warps=warps)
-    return _matmul_add(matmul_add, hidden, mlp.down_proj, mid, launch)
+        PAIRS=pairs, BLOCK_K=block_k, ROPE=False, HAS_BIAS=b_gu is not None, PDL=pdl, num_warps=warps, **_pdl(pdl))
+    return _matmul_add(matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
 
 
 def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
-                launch: Launch) -> torch.Tensor:
+                launch: Launch, pdl: bool) -> torch.Tensor:
     """residual [1, N] + linear(a [K]): one kernel."""
     out = torch.empty_like(residual)
     n, k = linear.weight.shape
     matmul_add[((n + launch.rows - 1) // launch.rows,)](
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, n, k,
         linear.weight.stride(0), BLOCK_N=launch.rows, BLOCK_K=launch.block_k, HAS_BIAS=linear.bias is not None,
-        num_warps=launch.warps)
+        PDL=pdl, num_warps=launch.warps, **_pdl(pdl))
     return out
+
+
+def _pdl(pdl: bool) -> dict[str, bool]:
+    """The launch option, given only when on (a Triton without it takes no such option)."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:

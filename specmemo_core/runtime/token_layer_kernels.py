@@ -12,12 +12,26 @@ Parameters are positional pointers, sizes and strides, as Triton kernels take th
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper on): a kernel's programs start while the one before drains
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton: ``token_layer`` launches without it
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def _weight_tile(w_ptr, rows, live, k, k_cols, stride_w):
+    """W[rows, k] (zeros past the edges: the tile after the last is all masked, no traffic),
+    loaded to be evicted first."""
+    return tl.load(w_ptr + rows[:, None] * stride_w + k[None, :], mask=live[:, None] & (k < k_cols)[None, :],
+                   other=0.0, eviction_policy="evict_first")
+
 
 @triton.jit
 def norm_pair_matmul(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
                      d_model, half, group, eps, stride_w, stride_kh, stride_ks, stride_vh, stride_vs,
                      heads, kv_heads,
-                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr, HAS_BIAS: tl.constexpr):
+                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     PDL: tl.constexpr):
     """W · rmsnorm(x)·g for PAIRS pairs of weight rows (a = group·G + j, b = a + half), a
     pair's two outputs finished together:
 
@@ -36,19 +50,22 @@ def norm_pair_matmul(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot
     squares = tl.zeros((BLOCK_K,), tl.float32)
     acc_a = tl.zeros((PAIRS, BLOCK_K), tl.float32)
     acc_b = tl.zeros((PAIRS, BLOCK_K), tl.float32)
+    k = tl.arange(0, BLOCK_K)
+    wa = _weight_tile(w_ptr, rows_a, live, k, d_model, stride_w)  # the weights are no kernel's output:
+    wb = _weight_tile(w_ptr, rows_b, live, k, d_model, stride_w)  # read before waiting for x
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     for k0 in range(0, d_model, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         in_k = k < d_model
         x = tl.load(x_ptr + k, mask=in_k, other=0.0).to(tl.float32)
         xg = x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)
         squares += x * x
-        both = live[:, None] & in_k[None, :]
-        wa = tl.load(w_ptr + rows_a[:, None] * stride_w + k[None, :], mask=both, other=0.0,
-                     eviction_policy="evict_first")
-        wb = tl.load(w_ptr + rows_b[:, None] * stride_w + k[None, :], mask=both, other=0.0,
-                     eviction_policy="evict_first")
         acc_a += wa.to(tl.float32) * xg[None, :]
         acc_b += wb.to(tl.float32) * xg[None, :]
+        wa = _weight_tile(w_ptr, rows_a, live, k + BLOCK_K, d_model, stride_w)  # the next tile, in flight
+        wb = _weight_tile(w_ptr, rows_b, live, k + BLOCK_K, d_model, stride_w)  # while this one is summed
     # the norm's 1/rms is one number for the row: it scales the sums instead of each input
     rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / d_model + eps)
     ya = tl.sum(acc_a, 1) * rstd
@@ -93,18 +110,21 @@ def _rotate_and_store(ya, yb, j, live, grp, half, group, heads, kv_heads, out_pt
 
 @triton.jit
 def matmul_add(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, n_rows, k_cols, stride_w,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     """out[n] = r[n] + Σ_k W[n, k]·a[k] (+ bias[n]) for BLOCK_N rows n: o_proj or down_proj
     with its residual add, fp32 sums over BLOCK_K-wide tiles."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = n < n_rows
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    w = _weight_tile(w_ptr, n, live, tl.arange(0, BLOCK_K), k_cols, stride_w)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     for k0 in range(0, k_cols, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + k, mask=k < k_cols, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None] * stride_w + k[None, :], mask=live[:, None] & (k < k_cols)[None, :],
-                    other=0.0, eviction_policy="evict_first")
         acc += w.to(tl.float32) * a[None, :]
+        w = _weight_tile(w_ptr, n, live, k + BLOCK_K, k_cols, stride_w)
     y = tl.sum(acc, 1)
     if HAS_BIAS:  # a linear with a bias rounds its output before the residual add
         y = (y + tl.load(b_ptr + n, mask=live, other=0.0).to(tl.float32)).to(out_ptr.dtype.element_ty)
