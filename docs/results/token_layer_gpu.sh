@@ -10,7 +10,7 @@ source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 what=${1:-exact}
-V=${V:-compiled@1:1:512:4:0,compiled@1:1:512:4:1,compiled@2:2:512:4:1,compiled@1:1:1024:4:1,compiled@1:1:256:2:1,compiled@2:1:512:4:1}
+V=${V:-compiled@2:2:512:4:1,compiled@2:2:1024:4:1,compiled@2:4:512:4:1,compiled@2:2:256:4:1,compiled@4:4:512:4:1,compiled@2:2:512:8:1,compiled@1:2:1024:4:1}
 case "$what" in
 exact)
   timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py tests/core/test_static_decoding.py \

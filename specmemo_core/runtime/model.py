@@ -566,9 +566,11 @@ class CausalLM(nn.Module):
         model in bf16). The LM head's rows are scored ``rows`` at a time, one matmul
         per block (the weight is still read once), each block keeping its best; ties go
         to the lowest token id, as argmax's do. A packed or quantized head (no plain rows
-        to slice) and a bias are scored whole."""
+        to slice) and a bias are scored whole, as is a single row (a plain step: its [1, V] logits
+        are small, and one matmul and argmax beat the blocks' several kernels)."""
         head = self.lm_head
-        if not _plain_weight(head) or head.bias is not None or head.out_features <= rows:
+        one_row = hidden.numel() == hidden.shape[-1]
+        if not _plain_weight(head) or head.bias is not None or head.out_features <= rows or one_row:
             return head(hidden).argmax(-1)
         blocks = [F.linear(hidden, head.weight[lo:lo + rows]).max(-1) for lo in range(0, head.out_features, rows)]
         values = torch.stack([b.values for b in blocks])  # [B, T]

@@ -339,7 +339,8 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
     count) and the context layer's, leave the next root and draft state in ``parts``, and
     return [..., 1 + W]: the count, then the emitted tokens (accepted drafts, then the bonus)."""
     nodes, count = accepted.nodes, accepted.count  # [..., W], [...]
-    parts.cache.commit_row(nodes, count)
+    # a one-node path is the root, already at its slot: no entries to move (a plain step)
+    parts.cache.commit_row(nodes if nodes.shape[-1] > 1 else None, count)
     emitted, bonus, path_hidden, last = accepted_path(verified, accepted)
     path_hidden = contextualize(parts, path_hidden, span, next_ids=emitted)  # at length, length+1, …
     if parts.context_cache is not None:

@@ -48,9 +48,9 @@ class Launch:
     over the same BLOCK_K-wide tiles only if ``block_k`` stays; tuned on the H200 by
     ``scripts/time_token_layer.py``)."""
 
-    pairs: int = 1  # weight-row pairs a program of ``norm_pair_matmul`` finishes
-    rows: int = 1  # weight rows a program of ``matmul_add`` finishes
-    block_k: int = 512  # input columns a program reads at once
+    pairs: int = 2  # weight-row pairs a program of ``norm_pair_matmul`` finishes
+    rows: int = 2  # weight rows a program of ``matmul_add`` finishes
+    block_k: int = 1024  # input columns a program reads at once
     warps: int = 4
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton has it (``token_layer_kernels``)

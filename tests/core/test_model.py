@@ -136,6 +136,7 @@ def test_greedy_picks_are_the_logits_argmax_in_blocks(rows, device):
     full = ours.logits(hidden)
     assert ((full == full.max(-1, keepdim=True).values).sum(-1) > 1).all()  # every row has ties
     assert torch.equal(ours.greedy_picks(hidden, rows=rows), full.argmax(-1))
+    assert torch.equal(ours.greedy_picks(hidden[:1], rows=rows), full[:1].argmax(-1))  # one row: scored whole
 
 
 def test_a_packed_head_is_scored_whole():
