@@ -9,6 +9,8 @@ measured peak memory.
 
 from __future__ import annotations
 
+import itertools
+
 import resource
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -70,13 +72,13 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
-    trees = 1 if heads is None else 4  # plain, then (with heads) chain-1, a chain and a wide tree
+    trees = 3 if heads is None else 5  # plain, lookup chains, then (with heads) chain-1, a chain and a wide tree
     done = 0
 
-    def fastest(tree: Any) -> float:
+    def fastest(tree: Any, with_heads: bool = True) -> float:
         nonlocal done
         width = tree.width if tree is not None else 1
-        decoder = _timing_decoder(model, heads if tree is not None else None, tree,
+        decoder = _timing_decoder(model, heads if tree is not None and with_heads else None, tree,
                                   capacity=context + (tree.num_nodes if tree is not None else 1) + width * steps + 1)
         seconds = _fastest_step(decoder, ids, steps, warmup=2, width=width, hooks=hooks,
                                 runs=(done, trees * steps))
@@ -84,11 +86,16 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
         return seconds
 
     t1 = fastest(None)
-    if heads is None:
-        return linear_step_time(t1, t1, big)
-    timed = (load_tree("chain-1"), load_tree(f"chain-{min(3, heads.num_heads)}"),
-             specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big))
-    return solve_step_time(t1, *(TimedStep(t.num_nodes, t.depth, fastest(t)) for t in timed), big=big)
+    # lookup chains (no heads) time steps of several tokens that draft nothing: what any step
+    # past one token pays (``solve_step_time``'s once-per-step cost), apart from the heads' own
+    chains = (load_tree("lookup-1"), load_tree(f"lookup-{TIMED_LOOKUP}")) if heads is None else (
+        load_tree(f"lookup-{TIMED_LOOKUP}"),)
+    timed = [TimedStep(t.num_nodes, t.depth, fastest(t, with_heads=False)) for t in chains]
+    if heads is not None:
+        drafted = (load_tree("chain-1"), load_tree(f"chain-{min(3, heads.num_heads)}"),
+                   specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big))
+        timed += [TimedStep(t.num_nodes, t.depth, fastest(t)) for t in drafted]
+    return solve_step_time(t1, *timed, big=big)
 
 
 def _timing_decoder(model: CausalLM, heads: Any, tree: Any, *, capacity: int) -> Any:
@@ -114,14 +121,19 @@ class TimedStep:
 
 
 # the step model's unknowns beyond a plain step, in the order tried when several fit alike
-# (``solve_step_time``): per node, per drafted level, once per step that drafts with heads
-_UNKNOWN_SETS = ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,), ())
+# (``solve_step_time``): per node, per drafted level, once per step that drafts with heads,
+# once per step of more than one token; every subset, the larger first
+_UNKNOWN_SETS = tuple(c for size in range(4, -1, -1) for c in itertools.combinations(range(4), size))
+TIMED_LOOKUP = 8  # nodes of the lookup chain ``time_forward`` times (with lookup-1 where there are no heads)
 
 
 def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
-    """The step-time model through a plain step of ``plain`` seconds and timed trees (all
-    drafted by heads): step(n, depth) = plain + slope·(n − 1) + level·depth + once, for any
-    step that drafts, ``heads_step`` (``planner.linear_step_time``). The three costs are the
+    """The step-time model through a plain step of ``plain`` seconds and timed trees:
+    step(n, depth) = plain + slope·(n − 1) + level·depth + once, for any step that drafts,
+    ``heads_step``, + once, for any step of n > 1, ``multi_step`` (``planner.linear_step_time``:
+    on a GPU a plain step runs fused one-token kernels, so the second token costs more than
+    the slope; without the term, lookup chains timed as nearly free and the planner took
+    lookup-8 on an H200 at 0.68× plain decoding, ``docs/results/token_layer_h200/``). The costs are the
     non-negative least-squares fit to the trees' extra times: every set of them that the
     trees can determine is fitted with the others at 0, and of the fits with no negative
     cost the closest wins (ties: the earlier set of ``_UNKNOWN_SETS``). Why the term once per
@@ -130,13 +142,14 @@ def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
     every level, so on an H200 in fp32 the planner took a 2-level 12-node tree at 1.66×
     plain decoding where 24- and 56-node trees ran 1.85–1.88× (``docs/results/fp32_trees_h200/``).
     A negative cost (noise: a bigger tree timed faster) is never used."""
-    rows = torch.tensor([[t.nodes - 1, t.depth, 1.0] for t in timed], dtype=torch.float64)  # [T, 3]
+    rows = torch.tensor([[t.nodes - 1, t.depth, float(t.depth > 0), float(t.nodes > 1)] for t in timed],
+                        dtype=torch.float64)  # [T, 4]
     extra = torch.tensor([t.seconds - plain for t in timed], dtype=torch.float64)  # [T]
     best: tuple[float, torch.Tensor] | None = None
     for free in _UNKNOWN_SETS:
         if len(free) > len(timed) or (free and torch.linalg.matrix_rank(rows[:, free]) < len(free)):
             continue
-        costs = torch.zeros(3, dtype=torch.float64)
+        costs = torch.zeros(4, dtype=torch.float64)
         if free:
             costs[list(free)] = torch.linalg.lstsq(rows[:, free], extra[:, None]).solution[:, 0]
         if (costs < 0).any():
@@ -144,8 +157,8 @@ def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
         residual = float(((rows @ costs - extra) ** 2).sum())
         if best is None or residual < best[0] - 1e-18:
             best = (residual, costs)
-    slope, level, heads_step = (float(c) for c in best[1])
-    return linear_step_time(plain, plain + slope * (big - 1), big, level, heads_step)
+    slope, level, heads_step, multi = (float(c) for c in best[1])
+    return linear_step_time(plain, plain + multi + slope * (big - 1), big, level, heads_step, multi_step=multi)
 
 
 def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, width: int,

@@ -387,13 +387,17 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0, heads_step: float = 0.0) -> StepTime:
+def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0, heads_step: float = 0.0, *,
+                     multi_step: float = 0.0) -> StepTime:
     """Step time from a start-up timing: a forward of 1 and of ``big`` tokens, linear in
     between, plus ``draft_level`` seconds per tree level drafted and, once, ``heads_step``
     for any step that drafts with the heads at all (depth > 0: their context layer, the
-    tree's acceptance; a lookup chain alone and plain steps do not pay it)."""
-    slope = (t_big - t1) / max(big - 1, 1)
-    return lambda nodes, depth: t1 + slope * (nodes - 1) + draft_level * depth + (heads_step if depth > 0 else 0.0)
+    tree's acceptance; a lookup chain alone and plain steps do not pay it), and, once,
+    ``multi_step`` for any step of more than one token (on a GPU a plain step runs each layer
+    as fused one-token kernels, ``runtime/token_layer.py``, which a tree's step cannot use)."""
+    slope = (t_big - t1 - multi_step) / max(big - 1, 1)
+    return lambda nodes, depth: (t1 + (multi_step + slope * (nodes - 1) if nodes > 1 else 0.0)
+                                 + draft_level * depth + (heads_step if depth > 0 else 0.0))
 
 
 def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:

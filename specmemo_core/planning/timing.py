@@ -58,13 +58,15 @@ class StepTiming:
     measured_at: float | None = None
     torch_version: str = ""
     heads_step: float = 0.0  # once per step that drafts with heads (planner.linear_step_time)
+    multi_step: float = 0.0  # once per step of more than one token (planner.linear_step_time)
 
     @property
     def is_prior(self) -> bool:
         return self.measured_at is None
 
     def step_time(self) -> StepTime:
-        return linear_step_time(self.t1, self.t_big, self.big, self.draft_level, self.heads_step)
+        return linear_step_time(self.t1, self.t_big, self.big, self.draft_level, self.heads_step,
+                                multi_step=self.multi_step)
 
     def is_stale(self, now: float | None = None) -> bool:
         """A prior, older than MAX_AGE_DAYS, or taken under another torch version."""
@@ -78,7 +80,9 @@ class StepTiming:
         until ``measured`` stamps it)."""
         t1 = step_time(1, 0)
         level = step_time(1, 2) - step_time(1, 1)
-        return cls(t1, step_time(big, 0), big, level, heads_step=step_time(1, 1) - t1 - level)
+        slope = (step_time(big, 0) - step_time(2, 0)) / max(big - 2, 1)
+        return cls(t1, step_time(big, 0), big, level, heads_step=step_time(1, 1) - t1 - level,
+                   multi_step=step_time(2, 0) - t1 - slope)
 
     def measured(self, at: float) -> "StepTiming":
         return replace(self, measured_at=at, torch_version=_torch_version())
@@ -94,7 +98,7 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
     resident layers: its steps wait on the link; a split one (``runtime/split.py``) for each split;
     one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours, one on the native
     forward for each build of it (``runtime/native``: a changed kernel is timed again), and
-    ours on a GPU for each revision of its attention kernels (``runtime/chunked_attention``)."""
+    ours on a GPU for each revision of its kernels (``runtime/chunked_attention``, ``runtime/token_layer``)."""
     import torch
 
     key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
@@ -102,10 +106,10 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
         key = f"{key}|{engine.backend}"
         build = getattr(engine.model, "build", None)  # the native forward's build (its source and CPU)
         key = f"{key}-{build}" if build else key
-    elif engine.model.device.type == "cuda":  # our GPU step: timed again when its attention kernels change
-        from specmemo_core.runtime import chunked_attention
+    elif engine.model.device.type == "cuda":  # our GPU step: timed again when its kernels change
+        from specmemo_core.runtime import chunked_attention, token_layer
 
-        key = f"{key}|attention-{chunked_attention.revision()}"
+        key = f"{key}|attention-{chunked_attention.revision()}|layer-{token_layer.revision()}"
     streamed, placement = engine.model.streamed, engine.model.placement
     if placement is not None:  # a split model (runtime/split.py): its steps cross the borders
         key = f"{key}|split-" + "-".join(f"{d}:{n}" for d, n in zip(placement.split.devices, placement.split.layers))
@@ -120,14 +124,16 @@ def cached_timing(folder: Path, key: str) -> StepTiming | None:
     speculative step) whose numbers do not compare. One such entry on this machine,
     taken under load, charged a drafted level a quarter of a whole step, and the planner
     chose a lookup chain alone (1.0 tokens/step on a new question) over the heads. So does
-    one without ``heads_step``: its level cost holds what every drafting step pays once."""
+    one without ``heads_step``: its level cost holds what every drafting step pays once; and
+    one without ``multi_step``: its node cost holds what every step past one token pays once."""
     try:
         data = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8"))[key]
-        if not data.get("measured_at") or int(data["big"]) != TIMING_BIG or "heads_step" not in data:
+        if (not data.get("measured_at") or int(data["big"]) != TIMING_BIG or "heads_step" not in data
+                or "multi_step" not in data):
             return None
         return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]),
                           float(data["measured_at"]), str(data.get("torch_version", "")),
-                          float(data["heads_step"]))
+                          float(data["heads_step"]), float(data["multi_step"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

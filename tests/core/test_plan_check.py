@@ -88,10 +88,32 @@ def test_three_timed_trees_give_the_cost_every_drafting_step_pays_once():
     assert two_unknowns(12, 2) < step(12, 2)  # it charged the fixed cost per level: a shallow tree looked cheap
 
 
+def test_a_timed_lookup_chain_gives_the_cost_every_step_past_one_token_pays_once():
+    """On a GPU a plain step runs fused one-token kernels (``runtime/token_layer.py``) and a
+    tree's step cannot: its second token costs far more than the next ones. Timed as
+    ``time_forward`` times (a lookup chain that drafts nothing, chains of 1 and 3 levels, a
+    wide tree), all four costs come back; a plain step pays none of them. The H200's numbers
+    for the default model in bf16 (plain 0.6 ms, a tree step from 1.2 ms)."""
+    plain, per_node, per_level, once, multi = 0.0006, 0.000004, 0.00005, 0.0001, 0.0006
+
+    def timed(nodes, depth):
+        return TimedStep(nodes, depth, plain + multi * (nodes > 1) + once * (depth > 0) + per_node * (nodes - 1)
+                         + per_level * depth)
+
+    step = solve_step_time(plain, timed(9, 0), timed(2, 1), timed(4, 3), timed(32, 4), big=32)
+    for nodes, depth in [(1, 0), (2, 0), (9, 0), (2, 1), (24, 3), (64, 4)]:
+        assert step(nodes, depth) == pytest.approx(timed(nodes, depth).seconds)
+    without = solve_step_time(plain, timed(2, 1), timed(4, 3), timed(32, 4), big=32)  # no lookup chain timed
+    assert without(9, 0) < plain + multi  # a lookup chain looked (nearly) as cheap as a plain step
+    # no heads: lookup-1 and lookup-8 give the per-node cost and the once-per-step one
+    alone = solve_step_time(plain, timed(2, 0), timed(9, 0), big=32)
+    assert alone(4, 0) == pytest.approx(timed(4, 0).seconds) and alone(1, 0) == pytest.approx(plain)
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     """The static decoder's whole steps (graph replays on CUDA) are timed: the progress
-    counts every timed step of the plain step, the two chains and the wide tree up to 1.0, and
+    counts every timed step of the plain step, the lookup chain, the two chains and the wide tree up to 1.0, and
     a tiny model's plain step costs well under a second (capture is not timed)."""
     from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_forward
     from tests.tiny import tiny_model
@@ -103,6 +125,6 @@ def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     step = time_forward(model, heads, big=16, context=64, repeats=2,
                             hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
     steps = 2 * 2 + 2  # per tree: 2 × repeats + 2
-    assert [f for _, f in reports] == [n / (4 * steps) for n in range(1, 4 * steps + 1)]
+    assert [f for _, f in reports] == [n / (5 * steps) for n in range(1, 5 * steps + 1)]
     assert {stage for stage, _ in reports} == {TIMING_STAGE}
     assert 0 < step(1, 0) < 1.0

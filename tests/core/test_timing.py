@@ -172,17 +172,22 @@ def test_another_thread_counts_timing_stands_in_until_this_one_is_measured(engin
     assert timing_without_waiting(engine, "elsewhere", tmp_path, None).is_prior  # no timing of that device
 
 
-def test_a_timing_without_the_per_step_heads_cost_reads_as_missing_and_a_new_one_round_trips(tmp_path: Path) -> None:
+def test_a_timing_without_the_once_per_step_costs_reads_as_missing_and_a_new_one_round_trips(tmp_path: Path) -> None:
     """An entry timed before the cost every drafting step pays once (``heads_step``) charged
     that cost to each level: it is measured again. A new entry keeps the cost."""
     old = {"t1": 0.01, "t_big": 0.02, "big": timing.TIMING_BIG, "draft_level": 0.001, "measured_at": time.time(),
            "torch_version": torch.__version__}
     (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"old": old}))
     assert cached_timing(tmp_path, "old") is None
-    new = StepTiming(0.01, 0.02, timing.TIMING_BIG, 0.001, heads_step=0.004).measured(time.time())
+    new = StepTiming(0.01, 0.02, timing.TIMING_BIG, 0.001, heads_step=0.004, multi_step=0.003).measured(time.time())
     store_timing(tmp_path, "new", new)
     assert cached_timing(tmp_path, "new") == new
     assert new.step_time()(2, 1) - new.step_time()(2, 0) == pytest.approx(0.001 + 0.004)
+    assert new.step_time()(2, 0) - new.step_time()(1, 0) > 0.003  # the once-per-step cost past one token
+    assert StepTiming.from_step_time(new.step_time()).multi_step == pytest.approx(0.003)
+    before = {**old, "heads_step": 0.004}  # timed before the once-per-step cost past one token: again
+    (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"before": before}))
+    assert cached_timing(tmp_path, "before") is None
 
 
 def test_a_gpu_step_is_timed_apart_for_each_revision_of_its_attention_kernels(engine: Engine) -> None:
@@ -191,12 +196,12 @@ def test_a_gpu_step_is_timed_apart_for_each_revision_of_its_attention_kernels(en
     as it would be with its model on one, the only field that decides it.)"""
     from types import SimpleNamespace
 
-    from specmemo_core.runtime import chunked_attention
+    from specmemo_core.runtime import chunked_attention, token_layer
 
     cpu_key = engine_timing_key(engine, "cpu", None)
-    assert "attention-" not in cpu_key
+    assert "attention-" not in cpu_key and "layer-" not in cpu_key
     on_gpu = SimpleNamespace(identity=engine.identity, backend="torch",
                              model=SimpleNamespace(device=torch.device("cuda"), streamed=None, placement=None))
     gpu_key = engine_timing_key(on_gpu, "NVIDIA H200", None)
-    assert gpu_key.endswith(f"|attention-{chunked_attention.revision()}")
-    assert len(chunked_attention.revision()) == 12
+    assert gpu_key.endswith(f"|attention-{chunked_attention.revision()}|layer-{token_layer.revision()}")
+    assert len(chunked_attention.revision()) == 12 and len(token_layer.revision()) == 12
