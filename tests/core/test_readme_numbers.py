@@ -630,15 +630,50 @@ def test_the_chunked_attention_tables_hold_their_h200_runs():
 
 def test_the_status_line_is_the_newest_runs():
     """The status line at the top quotes the newest benches: the CPU's on the native forward
-    (docs/results/native_cpu/bench_auto.json) and the H200's with the chunked attention
-    (docs/results/chunked_attention_h200/bench/bench_mtbench20_bf16.json)."""
+    (docs/results/native_cpu/bench_auto.json) and the H200's with the one-token kernels and the
+    planner's once-per-step cost (docs/results/token_layer_h200/bench_planner/bench_mtbench20_bf16.json)."""
     status = " ".join((REPO / "README.md").read_text(encoding="utf-8").split("\n\n")[2].split())
     cpu = json.loads((REPO / "docs/results/native_cpu/bench_auto.json").read_text(encoding="utf-8"))
     plan, ref = cpu["plan"], cpu["llamacpp"]["tokens_per_s"]["median"]
     assert plan["identical_to_vanilla"] == plan["replies"] and cpu["_run"]["dtype"] == "int4"
     assert (f"decodes {plan['vs_hf']:.2f}× faster than transformers' `generate` (fp32) and "
             f"{plan['tokens_per_s']['median'] / ref:.2f}× faster than llama.cpp") in status
-    gpu = json.loads((REPO / "docs/results/chunked_attention_h200/bench/bench_mtbench20_bf16.json").read_text(
+    gpu = json.loads((REPO / "docs/results/token_layer_h200/bench_planner/bench_mtbench20_bf16.json").read_text(
         encoding="utf-8"))["plan"]
+    assert gpu["tree"] is None and "planner chose plain decoding" in gpu["note"]
     assert (f"at {gpu['tokens_per_s']['median']:,.0f} tokens/s on the 20-query MT-Bench workload "
-            f"({gpu['mean_accepted']:.1f} tokens per step, {gpu['vs_vanilla+graphs']:.1f}×") in status
+            "(plain decoding, which the planner now picks there") in status
+
+
+def test_the_one_token_kernel_tables_hold_their_h200_runs():
+    """README's one-token-kernels paragraph: the step A/B, the exactness log and both default-model
+    benches (the planner before and after its once-per-step cost) are docs/results/token_layer_h200/."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/token_layer_h200"
+    runs = {shape: _last_json(d / f"{shape}-steps.jsonl") for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m")}
+    for shape, run in runs.items():
+        row = _step_ab_row(shape, run, ("compiled", "compiled-regions"), measured="compiled")
+        assert row in readme, f"README lacks {row!r}"
+    ratio = {s: r["alternating"]["single+graphs compiled"]["median"] / r["bf16_weight_read_floor_ms"]
+             for s, r in runs.items()}
+    assert ratio["vicuna-7b"] <= 1.5 and ratio["llama-3-8b"] <= 1.5
+    assert f"(vicuna-7b {ratio['vicuna-7b']:.2f}×, llama-3-8b {ratio['llama-3-8b']:.2f}×)" in readme
+    assert "(`exact.log`: 107 passed)" in readme and "107 passed" in (d / "exact.log").read_text(encoding="utf-8")
+    tps = {}
+    for run in ("bench", "bench_planner"):
+        for p in ("bf16", "fp32"):
+            data = json.loads((d / f"{run}/bench_mtbench20_{p}.json").read_text(encoding="utf-8"))
+            assert data["_run"]["rounds_done"] == 3
+            if p == "fp32":
+                assert all(r["identical_to_vanilla"] == r["replies"] == 20 for k, r in data.items() if not k.startswith("_"))
+            tps.update({(run, p, k): r["tokens_per_s"] for k, r in data.items() if not k.startswith("_")})
+    med = {k: f"{v['median']:,.0f}" for k, v in tps.items()}
+    old_plan = json.loads((d / "bench/bench_mtbench20_bf16.json").read_text(encoding="utf-8"))["plan"]
+    assert (f"bf16 `vanilla+graphs` {med['bench', 'bf16', 'vanilla+graphs']} tok/s, `medusa-64+graphs` "
+            f"{med['bench', 'bf16', 'medusa-64+graphs']}, `plan` {med['bench', 'bf16', 'plan']} (`{old_plan['tree']}`, "
+            f"predicted 2,584)") in readme and "predicted 2584.4" in old_plan["note"]
+    v = tps["bench_planner", "bf16", "vanilla+graphs"]
+    assert (f"`vanilla+graphs` {v['median']:,.0f} ({v['min']:,.0f}–{v['max']:,.0f}), `medusa-64+graphs` "
+            f"{med['bench_planner', 'bf16', 'medusa-64+graphs']}, `plan` {med['bench_planner', 'bf16', 'plan']} "
+            f"(plain); fp32 {med['bench_planner', 'fp32', 'vanilla+graphs']}, "
+            f"{med['bench_planner', 'fp32', 'medusa-64+graphs']} and {med['bench_planner', 'fp32', 'plan']}") in readme
