@@ -30,11 +30,6 @@ steps)
       --steps 100 --regions compiled,compiled-regions --repeats 3 > "$OUT/$shape-steps.jsonl" 2> "$OUT/$shape-steps.err"
     tail -1 "$OUT/$shape-steps.jsonl"; tail -2 "$OUT/$shape-steps.err" | cut -c 1-300
   done ;;
-bench)
-  for d in bf16 fp32; do
-    timeout 170 python3 -m specmemo_core.cli bench --device cuda --dtype $d --methods vanilla+graphs,medusa-64+graphs,plan \
-      --queries 20 --max-new-tokens 128 --repeats 3 --warmup 1 --json --save "$OUT/bench_mtbench20_$d.json" \
-      > /dev/null 2> "$OUT/bench_mtbench20_$d.err"
-    echo "$d rc=$?"
-  done ;;
+bench)  # as the chunked attention's runs: the same methods, files and limits
+  bash docs/results/chunked_attention_gpu.sh bench ;;
 esac

@@ -3,10 +3,6 @@ kernels on the GPU where there is one, else in Triton's interpreter on the CPU (
 their own: Triton reads ``TRITON_INTERPRET`` as it is imported, and the rest of the suite
 must run without it)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,29 +11,19 @@ from specmemo_core.runtime import chunked_attention
 from specmemo_core.runtime.model import CausalLM, attention_bias
 from specmemo_core.runtime.static_decoding import StaticKVCache
 from tests.tiny import tiny_hf_model
+from tests.triton_kernels import DEVICE, assert_probe_falls_back, elsewhere, kernels, run_in_interpreter
 
 pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch): the GPU kernel cannot be run")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-RUNS_HERE = DEVICE == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-kernels = pytest.mark.skipif(not RUNS_HERE, reason="on a CPU: in the interpreter (test_in_tritons_interpreter)")
 
 
-@pytest.mark.skipif(RUNS_HERE, reason="the kernels run in this process")
+@elsewhere
 def test_in_tritons_interpreter():
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "not interpreter"], env={**os.environ, "TRITON_INTERPRET": "1"},
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "6 passed" in run.stdout
+    run_in_interpreter(__file__, passed=6)
 
 
-@pytest.mark.skipif(RUNS_HERE, reason="the kernels run here: nothing fails to build")
+@elsewhere
 def test_where_the_kernels_cannot_run_the_probe_says_why_and_sdpa_stays(caplog):
-    """Triton on a machine it cannot launch on (here: no GPU driver) — the probe logs why and
-    answers False, so the step keeps SDPA instead of failing a reply."""
-    with caplog.at_level("WARNING", logger="specmemo_core.runtime.kernel_probe"):
-        assert chunked_attention._probe(torch.device(DEVICE), torch.float32) is False
-    assert "chunked attention unavailable" in caplog.text and "SDPA" in caplog.text
+    assert_probe_falls_back(chunked_attention._probe, caplog, says=("chunked attention unavailable", "SDPA"))
 
 
 @kernels

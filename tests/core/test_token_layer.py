@@ -3,10 +3,6 @@ regions: the kernels on the GPU where there is one, else in Triton's interpreter
 (a process of their own, as ``test_chunked_attention.py`` explains)."""
 
 import dataclasses
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -17,27 +13,19 @@ from specmemo_core.runtime.model import EAGER_REGIONS
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
+from tests.triton_kernels import DEVICE, assert_probe_falls_back, elsewhere, kernels, run_in_interpreter
 
 pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch): the GPU kernels cannot be run")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-RUNS_HERE = DEVICE == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-kernels = pytest.mark.skipif(not RUNS_HERE, reason="on a CPU: in the interpreter (test_in_tritons_interpreter)")
 
 
-@pytest.mark.skipif(RUNS_HERE, reason="the kernels run in this process")
+@elsewhere
 def test_in_tritons_interpreter():
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "not interpreter"], env={**os.environ, "TRITON_INTERPRET": "1"},
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "5 passed" in run.stdout
+    run_in_interpreter(__file__, passed=5)
 
 
-@pytest.mark.skipif(RUNS_HERE, reason="the kernels run here: nothing fails to build")
+@elsewhere
 def test_where_the_kernels_cannot_run_the_probe_says_why_and_the_regions_stay(caplog):
-    with caplog.at_level("WARNING", logger="specmemo_core.runtime.kernel_probe"):
-        assert token_layer._probe(torch.device(DEVICE), torch.float32) is False
-    assert "one-token layer kernels unavailable" in caplog.text and "regions" in caplog.text
+    assert_probe_falls_back(token_layer._probe, caplog, says=("one-token layer kernels unavailable", "regions"))
 
 
 @kernels
