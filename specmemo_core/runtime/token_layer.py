@@ -86,7 +86,9 @@ def _dense(weight: object, device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def applies(layer: "DecoderLayer", x: torch.Tensor, cache: "KVCache") -> bool:
-    """Whether ``run`` runs this layer's step (see the module doc)."""
+    """Whether ``run`` runs this layer's step (see the module doc). Only fused layers do, whose
+    weights sit still: the kernels read their first weight tile before the kernel ahead has
+    finished (a streamed layer, whose weights arrive by copies, is never fused: ``offload.py``)."""
     attn, mlp = layer.self_attn, layer.mlp
     if x.dim() != 2 or x.shape[0] != 1 or attn.qkv is None or mlp.gate_up is None:
         return False
