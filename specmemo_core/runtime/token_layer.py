@@ -29,7 +29,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -55,37 +55,21 @@ class Launch:
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton has it (``token_layer_kernels``)
     pdl: bool = True
-    # a step of several tokens (a tree; ``norm_pair_mm``, ``mm_add``): pairs and rows a program,
-    # input columns a tile (``tl.dot`` wants 16 or more of each)
-    many_pairs: int = 16
-    many_rows: int = 16
-    many_block_k: int = 64
 
 
 LAUNCH = Launch()
-MAX_TOKENS = 64  # the most tokens a step runs through the kernels (one tile of rows); more: the regions
-
-
-@dataclass(frozen=True)
-class _Kernels:
-    triton: Any
-    norm_pair_matmul: Any  # one token
-    matmul_add: Any
-    norm_pair_mm: Any  # several
-    mm_add: Any
-    pdl: bool  # Triton has programmatic dependent launch
 
 
 @functools.cache
-def _kernels() -> _Kernels | None:
+def _kernels():
     """Triton and the kernels, or None where Triton is not installed (CPU-only torch)."""
     try:
         import triton
 
-        from specmemo_core.runtime import token_layer_kernels as k
+        from specmemo_core.runtime.token_layer_kernels import gdc_wait, matmul_add, norm_pair_matmul
     except ImportError:
         return None
-    return _Kernels(triton, k.norm_pair_matmul, k.matmul_add, k.norm_pair_mm, k.mm_add, k.gdc_wait is not None)
+    return triton, norm_pair_matmul, matmul_add, gdc_wait is not None
 
 
 @functools.cache
@@ -106,88 +90,62 @@ def applies(layer: "DecoderLayer", x: torch.Tensor, cache: "KVCache") -> bool:
     weights sit still: the kernels read their first weight tile before the kernel ahead has
     finished (a streamed layer, whose weights arrive by copies, is never fused: ``offload.py``)."""
     attn, mlp = layer.self_attn, layer.mlp
-    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_TOKENS or attn.qkv is None or mlp.gate_up is None:
+    if x.dim() != 2 or x.shape[0] != 1 or attn.qkv is None or mlp.gate_up is None:
         return False
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") or _kernels() is None:
         return False
     target = cache.slot_target(attn.layer)
-    if (target is None or target[2].shape != (x.shape[0],) or target[0].device != x.device
-            or target[0].dtype != x.dtype):
+    if target is None or target[2].shape != (1,) or target[0].device != x.device or target[0].dtype != x.dtype:
         return False
     weights = (attn.qkv[0], attn.o_proj.weight, mlp.gate_up[0], mlp.down_proj.weight,
                layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if not all(_dense(w, x.device, x.dtype) for w in weights) or not x.is_contiguous():
         return False
     s = attn.spec
-    q = x.new_empty(s.num_kv_heads, s.num_heads // s.num_kv_heads * x.shape[0], s.head_dim)
+    q = x.new_empty(s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim)
     return (chunked_attention.supports(q, target[0], cache.live_length)
             and (not x.is_cuda or kernel_probe.runs_on(FAMILY, x.device, x.dtype, _probe)))
 
 
 def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
         cache: "KVCache", *, launch: Launch = LAUNCH) -> torch.Tensor:
-    """The layer's step for the T tokens x [T, D] (cos, signed sin [T, hd]: ``rope_tables``;
-    ``bias`` [groups·T, S]: ``attention_bias``): its output [T, D], its k and v in the cache."""
-    kernels = _kernels()
-    pdl = kernels.pdl and launch.pdl and x.is_cuda and x.shape[0] == 1
+    """The layer's step for the one token x [1, D] (cos, signed sin [1, hd]: ``rope_tables``;
+    ``bias`` [groups, S]: ``attention_bias``): its output [1, D], its k and v in the cache."""
+    triton, norm_pair_matmul, matmul_add, pdl = _kernels()
+    pdl = pdl and launch.pdl and x.is_cuda
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
-    tokens, h, hkv, hd = x.shape[0], s.num_heads, s.num_kv_heads, s.head_dim
-    keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
-    q = torch.empty(h, tokens, hd, dtype=x.dtype, device=x.device)  # as [Hkv, groups·T, hd]: the attention's rows
-    rope = (cos, sin, slots, keys, values, h, hkv)
-    _norm_pairs(kernels, x, layer.input_layernorm, attn.qkv, q, rope=rope, launch=launch, pdl=pdl)
-    attended = chunked_attention.attend(q.view(hkv, h // hkv * tokens, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=tokens, groups=h // hkv)  # [T, H·hd]
-    mid = _matmul_add(kernels, attended, attn.o_proj, x, launch=launch, pdl=pdl)
-    hidden = torch.empty(tokens, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
-    _norm_pairs(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch, pdl=pdl)
-    return _matmul_add(kernels, hidden, mlp.down_proj, mid, launch=launch, pdl=pdl)
+    h, hkv, hd, d = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size
+    keys, values, slot = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [1]
+    (w_qkv, b_qkv), (w_gu, b_gu) = attn.qkv, mlp.gate_up
+    q = torch.empty(h * hd, dtype=x.dtype, device=x.device)
+    pairs, block_k, warps = launch.pairs, launch.block_k, launch.warps
+    norm_pair_matmul[((h + 2 * hkv) * triton.cdiv(hd // 2, pairs),)](
+        x, layer.input_layernorm.weight, w_qkv, w_qkv if b_qkv is None else b_qkv, q, cos, sin, slot, keys, values,
+        d, hd // 2, hd, layer.input_layernorm.eps, w_qkv.stride(0), keys.stride(0), keys.stride(1),
+        values.stride(0), values.stride(1), h, hkv,
+        PAIRS=pairs, BLOCK_K=block_k, ROPE=True, HAS_BIAS=b_qkv is not None, PDL=pdl, num_warps=warps, **_pdl(pdl))
+    attended = chunked_attention.attend(q.view(hkv, h // hkv, hd), keys, values, bias, cache.live_length,
+                                        new_tokens=1, groups=h // hkv)  # [1, H·hd]
+    mid = _matmul_add(matmul_add, attended, attn.o_proj, x, launch, pdl)
+    inter = w_gu.shape[0] // 2
+    hidden = torch.empty(inter, dtype=x.dtype, device=x.device)
+    norm_pair_matmul[(triton.cdiv(inter, pairs),)](
+        mid, layer.post_attention_layernorm.weight, w_gu, w_gu if b_gu is None else b_gu, hidden, x, x, slot,
+        x, x, d, inter, 0, layer.post_attention_layernorm.eps, w_gu.stride(0), 0, 0, 0, 0, 0, 0,
+        PAIRS=pairs, BLOCK_K=block_k, ROPE=False, HAS_BIAS=b_gu is not None, PDL=pdl, num_warps=warps, **_pdl(pdl))
+    return _matmul_add(matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
 
 
-def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
-                rope: tuple | None, launch: Launch, pdl: bool) -> None:
-    """out = the pair kernel over rmsnorm(x [T, D]) and the fused weight (and bias) ``fused``:
-    with ``rope`` (cos, sin, slots, keys, values, heads, kv heads) the q/k/v one, else gate/up."""
-    weight, bias = fused
-    tokens, d = x.shape
-    cos, sin, slots, keys, values, heads, kv_heads = rope if rope is not None else (x, x, x, x, x, 0, 0)
-    half, group = (keys.shape[-1] // 2, keys.shape[-1]) if rope is not None else (weight.shape[0] // 2, 0)
-    groups = heads + 2 * kv_heads if rope is not None else 1
-    strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)) if rope is not None else (0,) * 4
-    args = (x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values)
-    sizes = (d, half, group, norm.eps, weight.stride(0), *strides, heads, kv_heads)
-    flags = dict(ROPE=rope is not None, HAS_BIAS=bias is not None)
-    if tokens == 1:
-        kernels.norm_pair_matmul[(groups * kernels.triton.cdiv(half, launch.pairs),)](
-            *args, *sizes, PAIRS=launch.pairs, BLOCK_K=launch.block_k, PDL=pdl, **flags, num_warps=launch.warps,
-            **_pdl(pdl))
-    else:
-        kernels.norm_pair_mm[(groups * kernels.triton.cdiv(half, launch.many_pairs),)](
-            *args, tokens, *sizes, PAIRS=launch.many_pairs, BLOCK_M=_block_m(tokens), BLOCK_K=launch.many_block_k,
-            IEEE=x.dtype == torch.float32, **flags, num_warps=launch.warps)
-
-
-def _matmul_add(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor, *,
+def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
                 launch: Launch, pdl: bool) -> torch.Tensor:
-    """residual [T, N] + linear(a [T, K]): one kernel."""
+    """residual [1, N] + linear(a [K]): one kernel."""
     out = torch.empty_like(residual)
     n, k = linear.weight.shape
-    args = (a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out)
-    if residual.shape[0] == 1:
-        kernels.matmul_add[(kernels.triton.cdiv(n, launch.rows),)](
-            *args, n, k, linear.weight.stride(0), BLOCK_N=launch.rows, BLOCK_K=launch.block_k,
-            HAS_BIAS=linear.bias is not None, PDL=pdl, num_warps=launch.warps, **_pdl(pdl))
-    else:
-        kernels.mm_add[(kernels.triton.cdiv(n, launch.many_rows),)](
-            *args, residual.shape[0], n, k, a.stride(0), linear.weight.stride(0), BLOCK_M=_block_m(residual.shape[0]),
-            BLOCK_N=launch.many_rows, BLOCK_K=launch.many_block_k, HAS_BIAS=linear.bias is not None,
-            IEEE=a.dtype == torch.float32, num_warps=launch.warps)
+    matmul_add[((n + launch.rows - 1) // launch.rows,)](
+        a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, n, k,
+        linear.weight.stride(0), BLOCK_N=launch.rows, BLOCK_K=launch.block_k, HAS_BIAS=linear.bias is not None,
+        PDL=pdl, num_warps=launch.warps, **_pdl(pdl))
     return out
-
-
-def _block_m(tokens: int) -> int:
-    """Rows a several-token kernel's tile holds: the power of two from 16 that holds them all."""
-    return max(16, 1 << (tokens - 1).bit_length())
 
 
 def _pdl(pdl: bool) -> dict[str, bool]:
@@ -198,21 +156,20 @@ def _pdl(pdl: bool) -> dict[str, bool]:
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels build and give torch's answer on ``device`` in ``dtype``
     (``kernel_probe``): a small layer (3 query heads over 1 key/value head, head dim 32,
-    biases) one token and three over 40 cached slots, against its eager regions with SDPA."""
-    try:  # one token and three (a tree's kernels)
-        runs = [(probe_step(device, dtype, kernels=True, tokens=t), probe_step(device, dtype, kernels=False, tokens=t))
-                for t in (1, 3)]
+    biases) one token over 40 cached slots, against its eager regions with SDPA."""
+    try:
+        got, want = (probe_step(device, dtype, kernels=k) for k in (True, False))
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the regions
         return kernel_probe.failed(FAMILY, device, e, FALLBACK)
     # relative to each tensor's largest value: a bf16 output near 16 is off by its last bit at 0.125
     error = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1.0)).item()
-                for got, want in runs for a, b in zip(got, want))
+                for a, b in zip(got, want))
     return error < 0.02 or kernel_probe.wrong(FAMILY, device, error, FALLBACK)
 
 
-def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool, tokens: int = 1) -> tuple[torch.Tensor, ...]:
-    """The probe's layer step of ``tokens`` (a causal chain): its output [T, D] and the cache's
-    keys and values [1, Hkv, C, hd], by ``run`` (``kernels``) or by the layer's eager regions."""
+def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tuple[torch.Tensor, ...]:
+    """The probe's layer step: its output [1, D] and the cache's keys and values [1, Hkv, C, hd],
+    by ``run`` (``kernels``) or by the layer's eager regions."""
     import dataclasses
 
     from specmemo_core.runtime.model import EAGER_REGIONS, DecoderLayer, ModelSpec, attention_bias, rope_tables
@@ -233,10 +190,10 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool, token
     cache.k.copy_(torch.randn(cache.k.shape, generator=g))
     cache.v.copy_(torch.randn(cache.v.shape, generator=g))
     cache.length, cache.length_t = 40, torch.tensor(40, device=device)
-    positions, mask = cache.prepare(torch.arange(tokens, device=device), None, 128)
+    positions, mask = cache.prepare(torch.zeros(1, dtype=torch.long, device=device), None, 128)
     cos, sin = rope_tables(*_rope(device), positions, dtype)
     bias = attention_bias(mask, spec, dtype)
-    x = torch.randn(tokens, 96, generator=g).to(device, dtype)
+    x = torch.randn(1, 96, generator=g).to(device, dtype)
     with torch.no_grad():
         out = run(layer, x, cos, sin, bias, cache) if kernels else layer(x, cos, sin, bias, cache)
     return out, cache.k, cache.v

@@ -70,93 +70,42 @@ def norm_pair_matmul(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot
     rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / d_model + eps)
     ya = tl.sum(acc_a, 1) * rstd
     yb = tl.sum(acc_b, 1) * rstd
-    one = tl.zeros((1,), tl.int32)  # the one token: row 0 of the shared ending's [rows, pairs] tiles
-    _finish_pairs(ya[None, :], yb[None, :], one, one < 1, 1, j, live, rows_a, rows_b, grp, half, group, heads,
-                  kv_heads, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, stride_kh, stride_ks,
-                  stride_vh, stride_vs, ROPE, HAS_BIAS)
-
-
-@triton.jit
-def _finish_pairs(ya, yb, t, live_t, tokens, j, live, rows_a, rows_b, grp, half, group, heads, kv_heads, b_ptr,
-                  out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs,
-                  ROPE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The pair kernels' ending for tokens t [M] and pairs j [P]: ya, yb [M, P] (fp32 sums)
-    plus bias, rounded as a projection's output is stored, then (ROPE) head ``grp`` rotated
-    if a q or k head and stored — q at out [H, tokens, hd], k and v at each token's cache slot
-    — or silu(a)·b stored at out [tokens, half]."""
-    dtype = out_ptr.dtype.element_ty
-    both = live_t[:, None] & live[None, :]
     if HAS_BIAS:
-        ya += tl.load(b_ptr + rows_a, mask=live, other=0.0).to(tl.float32)[None, :]
-        yb += tl.load(b_ptr + rows_b, mask=live, other=0.0).to(tl.float32)[None, :]
-    ya = ya.to(dtype).to(tl.float32)
-    yb = yb.to(dtype).to(tl.float32)
+        ya += tl.load(b_ptr + rows_a, mask=live, other=0.0).to(tl.float32)
+        yb += tl.load(b_ptr + rows_b, mask=live, other=0.0).to(tl.float32)
+    ya = ya.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection's output, as stored
+    yb = yb.to(out_ptr.dtype.element_ty).to(tl.float32)
     if ROPE:
-        rotate = grp < heads + kv_heads
-        at = t[:, None] * group + j[None, :]  # [M, P] into the [tokens, hd] tables
-        cos_a = tl.load(cos_ptr + at, mask=both, other=0.0).to(tl.float32)
-        sin_a = tl.load(sin_ptr + at, mask=both, other=0.0).to(tl.float32)
-        cos_b = tl.load(cos_ptr + at + half, mask=both, other=0.0).to(tl.float32)
-        sin_b = tl.load(sin_ptr + at + half, mask=both, other=0.0).to(tl.float32)
-        ra = tl.where(rotate, ya * cos_a + yb * sin_a, ya).to(dtype)
-        rb = tl.where(rotate, yb * cos_b + ya * sin_b, yb).to(dtype)
-        slot = tl.load(slot_ptr + t, mask=live_t, other=0)[:, None]  # [M, 1]
-        if grp < heads:
-            dst = out_ptr + (grp * tokens + t[:, None]) * group + j[None, :]
-            tl.store(dst, ra, mask=both)
-            tl.store(dst + half, rb, mask=both)
-        elif grp < heads + kv_heads:
-            dst = k_ptr + (grp - heads) * stride_kh + slot * stride_ks + j[None, :]
-            tl.store(dst, ra, mask=both)
-            tl.store(dst + half, rb, mask=both)
-        else:
-            dst = v_ptr + (grp - heads - kv_heads) * stride_vh + slot * stride_vs + j[None, :]
-            tl.store(dst, ra, mask=both)
-            tl.store(dst + half, rb, mask=both)
+        _rotate_and_store(ya, yb, j, live, grp, half, group, heads, kv_heads, out_ptr, cos_ptr, sin_ptr, slot_ptr,
+                          k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs)
     else:
-        tl.store(out_ptr + t[:, None] * half + j[None, :], (ya / (1.0 + tl.exp(-ya)) * yb).to(dtype), mask=both)
+        tl.store(out_ptr + j, (ya / (1.0 + tl.exp(-ya)) * yb).to(out_ptr.dtype.element_ty), mask=live)
 
 
 @triton.jit
-def norm_pair_mm(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
-                 tokens, d_model, half, group, eps, stride_w, stride_kh, stride_ks, stride_vh, stride_vs,
-                 heads, kv_heads,
-                 PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
-    """``norm_pair_matmul`` for ``tokens`` ≤ BLOCK_M rows x [tokens, D] at once (a tree's
-    step): each weight tile is read once for every row, the sums by ``tl.dot`` (IEEE in fp32)
-    over x·g rounded as the weights' dtype, each row's 1/rms scaling its sums after."""
-    p = tl.program_id(0)
-    per_group = tl.cdiv(half, PAIRS)
-    grp = p // per_group
-    j = (p % per_group) * PAIRS + tl.arange(0, PAIRS)
-    live = j < half
-    rows_a = grp * group + j
-    rows_b = rows_a + half
-    t = tl.arange(0, BLOCK_M)
-    live_t = t < tokens
-    squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-    acc_a = tl.zeros((BLOCK_M, PAIRS), tl.float32)
-    acc_b = tl.zeros((BLOCK_M, PAIRS), tl.float32)
-    for k0 in range(0, d_model, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        in_k = k < d_model
-        x = tl.load(x_ptr + t[:, None] * d_model + k[None, :], mask=live_t[:, None] & in_k[None, :],
-                    other=0.0).to(tl.float32)
-        squares += x * x
-        xg = (x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(w_ptr.dtype.element_ty)
-        wa = _weight_tile(w_ptr, rows_a, live, k, d_model, stride_w)
-        wb = _weight_tile(w_ptr, rows_b, live, k, d_model, stride_w)
-        if IEEE:
-            acc_a = tl.dot(xg, tl.trans(wa), acc_a, input_precision="ieee")
-            acc_b = tl.dot(xg, tl.trans(wb), acc_b, input_precision="ieee")
-        else:
-            acc_a = tl.dot(xg, tl.trans(wa), acc_a)
-            acc_b = tl.dot(xg, tl.trans(wb), acc_b)
-    rstd = 1.0 / tl.sqrt(tl.sum(squares, 1) / d_model + eps)  # [BLOCK_M]
-    _finish_pairs(acc_a * rstd[:, None], acc_b * rstd[:, None], t, live_t, tokens, j, live, rows_a, rows_b, grp,
-                  half, group, heads, kv_heads, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
-                  stride_kh, stride_ks, stride_vh, stride_vs, ROPE, HAS_BIAS)
+def _rotate_and_store(ya, yb, j, live, grp, half, group, heads, kv_heads, out_ptr, cos_ptr, sin_ptr, slot_ptr,
+                      k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs):
+    """``norm_pair_matmul``'s q/k/v ending: head ``grp``'s outputs j and j + half (ya, yb, fp32)
+    rotated if a q or k head, then stored: q at out, k and v at the cache slot."""
+    rotate = grp < heads + kv_heads
+    cos_a = tl.load(cos_ptr + j, mask=live, other=0.0).to(tl.float32)
+    sin_a = tl.load(sin_ptr + j, mask=live, other=0.0).to(tl.float32)
+    cos_b = tl.load(cos_ptr + j + half, mask=live, other=0.0).to(tl.float32)
+    sin_b = tl.load(sin_ptr + j + half, mask=live, other=0.0).to(tl.float32)
+    ra = tl.where(rotate, ya * cos_a + yb * sin_a, ya).to(out_ptr.dtype.element_ty)
+    rb = tl.where(rotate, yb * cos_b + ya * sin_b, yb).to(out_ptr.dtype.element_ty)
+    slot = tl.load(slot_ptr)
+    if grp < heads:
+        tl.store(out_ptr + grp * group + j, ra, mask=live)
+        tl.store(out_ptr + grp * group + j + half, rb, mask=live)
+    elif grp < heads + kv_heads:
+        at = k_ptr + (grp - heads) * stride_kh + slot * stride_ks + j
+        tl.store(at, ra, mask=live)
+        tl.store(at + half, rb, mask=live)
+    else:
+        at = v_ptr + (grp - heads - kv_heads) * stride_vh + slot * stride_vs + j
+        tl.store(at, ra, mask=live)
+        tl.store(at + half, rb, mask=live)
 
 
 @triton.jit
@@ -182,32 +131,3 @@ def matmul_add(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, n_rows, k_cols, stride_w,
         y = y.to(tl.float32)
     y += tl.load(r_ptr + n, mask=live, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=live)
-
-
-@triton.jit
-def mm_add(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols, stride_a, stride_w,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-           IEEE: tl.constexpr):
-    """``matmul_add`` for ``tokens`` ≤ BLOCK_M rows: out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k]
-    (+ bias[n]), each weight tile read once for every row, the sums by ``tl.dot``."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    live = n < n_rows
-    t = tl.arange(0, BLOCK_M)
-    live_t = t < tokens
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, k_cols, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + t[:, None] * stride_a + k[None, :], mask=live_t[:, None] & (k < k_cols)[None, :],
-                    other=0.0)
-        w = _weight_tile(w_ptr, n, live, k, k_cols, stride_w)
-        if IEEE:
-            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
-    if HAS_BIAS:  # a linear with a bias rounds its output before the residual add
-        acc = (acc + tl.load(b_ptr + n, mask=live, other=0.0).to(tl.float32)[None, :]).to(out_ptr.dtype.element_ty)
-        acc = acc.to(tl.float32)
-    both = live_t[:, None] & live[None, :]
-    at = t[:, None] * n_rows + n[None, :]
-    acc += tl.load(r_ptr + at, mask=both, other=0.0).to(tl.float32)
-    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=both)
