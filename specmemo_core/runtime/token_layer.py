@@ -90,9 +90,9 @@ def applies(layer: "DecoderLayer", x: torch.Tensor, cache: "KVCache") -> bool:
     weights sit still: the kernels read their first weight tile before the kernel ahead has
     finished (a streamed layer, whose weights arrive by copies, is never fused: ``offload.py``)."""
     attn, mlp = layer.self_attn, layer.mlp
-    if x.dim() != 2 or x.shape[0] != 1 or attn.qkv is None or mlp.gate_up is None:
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):  # a CPU step leaves at once
         return False
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") or _kernels() is None:
+    if x.dim() != 2 or x.shape[0] != 1 or attn.qkv is None or mlp.gate_up is None or _kernels() is None:
         return False
     target = cache.slot_target(attn.layer)
     if target is None or target[2].shape != (1,) or target[0].device != x.device or target[0].dtype != x.dtype:
