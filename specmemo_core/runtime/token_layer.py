@@ -44,9 +44,10 @@ FAMILY, FALLBACK = "one-token layer kernels", "a plain step runs the layer's reg
 
 @dataclass(frozen=True)
 class Launch:
-    """How the kernels are launched (the arithmetic is the same for any: each output's sum runs
-    over the same BLOCK_K-wide tiles only if ``block_k`` stays; tuned on the H200 by
-    ``scripts/time_token_layer.py``)."""
+    """How the kernels are launched: ``pairs``, ``rows`` and ``warps`` only split the work,
+    ``block_k`` also sets the order each output's sum runs in. Chosen from scans of whole
+    vicuna-7b steps on the H200 (``bash docs/results/token_layer_gpu.sh tune``: the regions
+    ``compiled@PAIRS:ROWS:BLOCK_K:WARPS[:PDL]`` of ``scripts/time_graph_steps.py``)."""
 
     pairs: int = 2  # weight-row pairs a program of ``norm_pair_matmul`` finishes
     rows: int = 2  # weight rows a program of ``matmul_add`` finishes
