@@ -10,7 +10,6 @@ measured peak memory.
 from __future__ import annotations
 
 import itertools
-
 import resource
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -133,8 +132,8 @@ def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
     ``heads_step``, + once, for any step of n > 1, ``multi_step`` (``planner.linear_step_time``:
     on a GPU a plain step runs fused one-token kernels, so the second token costs more than
     the slope; without the term, lookup chains timed as nearly free and the planner took
-    lookup-8 on an H200 at 0.68× plain decoding, ``docs/results/token_layer_h200/``). The costs are the
-    non-negative least-squares fit to the trees' extra times: every set of them that the
+    lookup-8 on an H200 at 0.68× plain decoding, ``docs/results/token_layer_h200/``). The
+    costs are the non-negative least-squares fit to the trees' extra times: every set of them that the
     trees can determine is fitted with the others at 0, and of the fits with no negative
     cost the closest wins (ties: the earlier set of ``_UNKNOWN_SETS``). Why the term once per
     step: a drafting step pays the heads' context layer and the tree's acceptance whatever

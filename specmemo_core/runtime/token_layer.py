@@ -54,7 +54,7 @@ class Launch:
     block_k: int = 1024  # input columns a program reads at once
     warps: int = 4
     # programmatic dependent launch: each kernel's programs start (and read their first weight
-    # tile) while the kernel before drains; where Triton has it (``token_layer_kernels``)
+    # tile) while the kernel before drains; where Triton and the GPU have it (``_dependent_launch``)
     pdl: bool = True
 
 
@@ -113,7 +113,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """The layer's step for the one token x [1, D] (cos, signed sin [1, hd]: ``rope_tables``;
     ``bias`` [groups, S]: ``attention_bias``): its output [1, D], its k and v in the cache."""
     triton, norm_pair_matmul, matmul_add, pdl = _kernels()
-    pdl = pdl and launch.pdl and x.is_cuda
+    pdl = pdl and launch.pdl and x.is_cuda and _dependent_launch(x.device)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
     h, hkv, hd, d = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size
     keys, values, slot = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [1]
@@ -147,6 +147,18 @@ def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: 
         linear.weight.stride(0), BLOCK_N=launch.rows, BLOCK_K=launch.block_k, HAS_BIAS=linear.bias is not None,
         PDL=pdl, num_warps=launch.warps, **_pdl(pdl))
     return out
+
+
+@functools.cache
+def _dependent_launch(device: torch.device) -> bool:
+    """Whether ``device`` takes programmatic dependent launch: an NVIDIA GPU of compute
+    capability 9 or more (Hopper on). Laptops' Ada and Ampere cards and AMD's do not (the
+    kernels' ``griddepcontrol`` would not build, and the probe would turn the kernels off)."""
+    return supports_dependent_launch(torch.cuda.get_device_capability(device), hip=torch.version.hip is not None)
+
+
+def supports_dependent_launch(capability: tuple[int, int], *, hip: bool) -> bool:
+    return not hip and capability[0] >= 9
 
 
 def _pdl(pdl: bool) -> dict[str, bool]:

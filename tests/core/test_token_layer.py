@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=5)
+    run_in_interpreter(__file__, passed=6)
 
 
 @elsewhere
@@ -104,3 +104,14 @@ def test_a_layer_without_biases_at_the_first_slot_steps_as_its_regions():
         layer.regions = off
         regions = layer(x, cos, sin, bias, cache)
     assert (fused - regions).abs().max().item() < 1e-5
+
+
+def test_dependent_launch_only_where_the_gpu_has_it():
+    """Hopper on (the H200: 9.0) takes programmatic dependent launch; a laptop's Ada (8.9) or
+    Ampere (8.6) card and AMD's GPUs (whatever capability ROCm reports) launch plainly, so their
+    kernels still build and the probe keeps them on."""
+    assert token_layer.supports_dependent_launch((9, 0), hip=False)
+    assert token_layer.supports_dependent_launch((10, 0), hip=False)
+    assert not token_layer.supports_dependent_launch((8, 9), hip=False)
+    assert not token_layer.supports_dependent_launch((8, 6), hip=False)
+    assert not token_layer.supports_dependent_launch((9, 4), hip=True)
