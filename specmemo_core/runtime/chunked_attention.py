@@ -66,16 +66,24 @@ def revision() -> str:
 
 
 def supports(q: torch.Tensor, keys: torch.Tensor, cache_length: object) -> bool:
-    """Whether ``attend`` runs this attention: an unbatched step of at most ``MAX_ROWS`` rows
-    over a static cache (its length a tensor on the keys' device), a power-of-two head dim,
-    on a CUDA device with Triton installed (or in Triton's interpreter, ``TRITON_INTERPRET=1``,
-    which runs the same kernels on a CPU: the tests do)."""
-    hd = q.shape[-1]
-    return (q.dim() == 3 and q.shape[1] <= MAX_ROWS and isinstance(cache_length, torch.Tensor)
-            and cache_length.device == keys.device and hd & (hd - 1) == 0 and 16 <= hd <= 256
-            and keys.stride(-1) == 1 and (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    """Whether ``attend`` runs this attention: an unbatched step (q [Hkv, rows, hd]) that ``fits``."""
+    return q.dim() == 3 and fits(keys, cache_length, rows=q.shape[1], head_dim=q.shape[-1], device=q.device,
+                                 dtype=q.dtype)
+
+
+def fits(keys: torch.Tensor, cache_length: object, *, rows: int, head_dim: int, device: torch.device,
+         dtype: torch.dtype) -> bool:
+    """Whether ``attend`` runs an attention of ``rows`` query rows a key/value head in ``dtype``
+    on ``device`` (asked without the queries: ``token_layer`` asks before it makes them): at
+    most ``MAX_ROWS`` rows over a static cache (its length a tensor on the keys' device), a
+    power-of-two head dim, on a CUDA device with Triton installed (or in Triton's interpreter,
+    ``TRITON_INTERPRET=1``, which runs the same kernels on a CPU: the tests do)."""
+    on_gpu = device.type == "cuda"
+    return (rows <= MAX_ROWS and isinstance(cache_length, torch.Tensor)
+            and cache_length.device == keys.device and head_dim & (head_dim - 1) == 0 and 16 <= head_dim <= 256
+            and keys.stride(-1) == 1 and (on_gpu or os.environ.get("TRITON_INTERPRET") == "1")
             and _kernels() is not None
-            and (not q.is_cuda or kernel_probe.runs_on(FAMILY, q.device, q.dtype, _probe)))
+            and (not on_gpu or kernel_probe.runs_on(FAMILY, device, dtype, _probe)))
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:

@@ -29,7 +29,8 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -61,8 +62,15 @@ class Launch:
 LAUNCH = Launch()
 
 
+class _Kernels(NamedTuple):
+    triton: Any
+    norm_pair_matmul: Any
+    matmul_add: Any
+    dependent_launch: bool  # this Triton has programmatic dependent launch
+
+
 @functools.cache
-def _kernels():
+def _kernels() -> _Kernels | None:
     """Triton and the kernels, or None where Triton is not installed (CPU-only torch)."""
     try:
         import triton
@@ -70,7 +78,7 @@ def _kernels():
         from specmemo_core.runtime.token_layer_kernels import gdc_wait, matmul_add, norm_pair_matmul
     except ImportError:
         return None
-    return triton, norm_pair_matmul, matmul_add, gdc_wait is not None
+    return _Kernels(triton, norm_pair_matmul, matmul_add, gdc_wait is not None)
 
 
 @functools.cache
@@ -103,8 +111,8 @@ def applies(layer: "DecoderLayer", x: torch.Tensor, cache: "KVCache") -> bool:
     if not all(_dense(w, x.device, x.dtype) for w in weights) or not x.is_contiguous():
         return False
     s = attn.spec
-    q = x.new_empty(s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim)
-    return (chunked_attention.supports(q, target[0], cache.live_length)
+    return (chunked_attention.fits(target[0], cache.live_length, rows=s.num_heads // s.num_kv_heads,
+                                   head_dim=s.head_dim, device=x.device, dtype=x.dtype)
             and (not x.is_cuda or kernel_probe.runs_on(FAMILY, x.device, x.dtype, _probe)))
 
 
@@ -112,29 +120,41 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         cache: "KVCache", *, launch: Launch = LAUNCH) -> torch.Tensor:
     """The layer's step for the one token x [1, D] (cos, signed sin [1, hd]: ``rope_tables``;
     ``bias`` [groups, S]: ``attention_bias``): its output [1, D], its k and v in the cache."""
-    triton, norm_pair_matmul, matmul_add, pdl = _kernels()
-    pdl = pdl and launch.pdl and x.is_cuda and _dependent_launch(x.device)
+    kernels = _kernels()
+    pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
-    h, hkv, hd, d = s.num_heads, s.num_kv_heads, s.head_dim, s.hidden_size
+    h, hkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
     keys, values, slot = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [1]
-    (w_qkv, b_qkv), (w_gu, b_gu) = attn.qkv, mlp.gate_up
     q = torch.empty(h * hd, dtype=x.dtype, device=x.device)
-    pairs, block_k, warps = launch.pairs, launch.block_k, launch.warps
-    norm_pair_matmul[((h + 2 * hkv) * triton.cdiv(hd // 2, pairs),)](
-        x, layer.input_layernorm.weight, w_qkv, w_qkv if b_qkv is None else b_qkv, q, cos, sin, slot, keys, values,
-        d, hd // 2, hd, layer.input_layernorm.eps, w_qkv.stride(0), keys.stride(0), keys.stride(1),
-        values.stride(0), values.stride(1), h, hkv,
-        PAIRS=pairs, BLOCK_K=block_k, ROPE=True, HAS_BIAS=b_qkv is not None, PDL=pdl, num_warps=warps, **_pdl(pdl))
+    rope = (cos, sin, slot, keys, values, h, hkv)
+    _norm_pairs(kernels, x, layer.input_layernorm, attn.qkv, q, rope=rope, launch=launch, pdl=pdl)
     attended = chunked_attention.attend(q.view(hkv, h // hkv, hd), keys, values, bias, cache.live_length,
                                         new_tokens=1, groups=h // hkv)  # [1, H·hd]
-    mid = _matmul_add(matmul_add, attended, attn.o_proj, x, launch, pdl)
-    inter = w_gu.shape[0] // 2
-    hidden = torch.empty(inter, dtype=x.dtype, device=x.device)
-    norm_pair_matmul[(triton.cdiv(inter, pairs),)](
-        mid, layer.post_attention_layernorm.weight, w_gu, w_gu if b_gu is None else b_gu, hidden, x, x, slot,
-        x, x, d, inter, 0, layer.post_attention_layernorm.eps, w_gu.stride(0), 0, 0, 0, 0, 0, 0,
-        PAIRS=pairs, BLOCK_K=block_k, ROPE=False, HAS_BIAS=b_gu is not None, PDL=pdl, num_warps=warps, **_pdl(pdl))
-    return _matmul_add(matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
+    mid = _matmul_add(kernels.matmul_add, attended, attn.o_proj, x, launch, pdl)
+    hidden = torch.empty(mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
+    _norm_pairs(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch, pdl=pdl)
+    return _matmul_add(kernels.matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
+
+
+def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
+                rope: tuple | None, launch: Launch, pdl: bool) -> None:
+    """out = ``norm_pair_matmul`` over rmsnorm(x [1, D]) and the fused weight (and bias)
+    ``fused``: with ``rope`` (cos, sin, slot, keys, values, heads, kv heads) the q/k/v one,
+    else the gate/up one."""
+    weight, bias = fused
+    if rope is not None:
+        cos, sin, slot, keys, values, heads, kv_heads = rope
+        half, group, programs = keys.shape[-1] // 2, keys.shape[-1], heads + 2 * kv_heads
+        strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1))
+    else:  # the rotary's and cache's arguments go unread
+        cos = sin = slot = keys = values = x
+        heads = kv_heads = group = 0
+        half, programs, strides = weight.shape[0] // 2, 1, (0, 0, 0, 0)
+    kernels.norm_pair_matmul[(programs * kernels.triton.cdiv(half, launch.pairs),)](
+        x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slot, keys, values,
+        x.shape[-1], half, group, norm.eps, weight.stride(0), *strides, heads, kv_heads,
+        PAIRS=launch.pairs, BLOCK_K=launch.block_k, ROPE=rope is not None, HAS_BIAS=bias is not None, PDL=pdl,
+        num_warps=launch.warps, **_pdl(pdl))
 
 
 def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
@@ -185,7 +205,8 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tu
     by ``run`` (``kernels``) or by the layer's eager regions."""
     import dataclasses
 
-    from specmemo_core.runtime.model import EAGER_REGIONS, DecoderLayer, ModelSpec, attention_bias, rope_tables
+    from specmemo_core.runtime.model import (EAGER_REGIONS, DecoderLayer, ModelSpec, attention_bias,
+                                             rope_inverse_frequencies, rope_tables)
     from specmemo_core.runtime.static_decoding import StaticKVCache
 
     spec = ModelSpec(model_type="qwen2", vocab_size=8, hidden_size=96, intermediate_size=160, num_layers=1,
@@ -202,15 +223,12 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tu
     cache = StaticKVCache(1, 1, 32, 128, dtype, device)
     cache.k.copy_(torch.randn(cache.k.shape, generator=g))
     cache.v.copy_(torch.randn(cache.v.shape, generator=g))
-    cache.length, cache.length_t = 40, torch.tensor(40, device=device)
+    cache.commit_prefix(40)  # 40 slots of history
     positions, mask = cache.prepare(torch.zeros(1, dtype=torch.long, device=device), None, 128)
-    cos, sin = rope_tables(*_rope(device), positions, dtype)
+    cos, sin = rope_tables(*rope_inverse_frequencies(SimpleNamespace(head_dim=32)), positions, dtype)
     bias = attention_bias(mask, spec, dtype)
     x = torch.randn(1, 96, generator=g).to(device, dtype)
     with torch.no_grad():
         out = run(layer, x, cos, sin, bias, cache) if kernels else layer(x, cos, sin, bias, cache)
     return out, cache.k, cache.v
 
-
-def _rope(device: torch.device) -> tuple[torch.Tensor, float]:
-    return 1.0 / (10000.0 ** (torch.arange(0, 32, 2, device=device).float() / 32)), 1.0
