@@ -116,11 +116,11 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
         if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
             kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
         elif kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
-            kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-regions")], one_token_launch=None)
+            kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
         elif "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
             base, launch = kind.split("@")
             pairs, rows, block_k, warps, *pdl = (int(v) for v in launch.split(":"))  # [:0] without PDL
-            kinds[kind] = dataclasses.replace(kinds[base], one_token_launch=token_layer.Launch(
+            kinds[kind] = dataclasses.replace(kinds[base], kernels=token_layer.Launch(
                 pairs=pairs, rows=rows, block_k=block_k, warps=warps, pdl=bool(pdl[0]) if pdl else True))
         elif kind == "static1":
             kinds[kind] = compiled_regions(one_token=True)

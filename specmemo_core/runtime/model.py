@@ -280,9 +280,9 @@ class LayerRegions:
     finish: Callable[..., torch.Tensor] = finish_layer
     # a step over a static cache on a GPU attends in chunks of slots (``Attention.attend``)
     chunked_attention: bool = True
-    # a plain (one-token) step there runs each layer as ``token_layer``'s fused kernels, so
-    # launched (None: as its regions)
-    one_token_launch: token_layer.Launch | None = token_layer.LAUNCH
+    # a decoding step there runs each layer through ``token_layer``'s fused kernels (a one-token
+    # step's launched so) where they apply (None: as its regions)
+    kernels: token_layer.Launch | None = token_layer.LAUNCH
 
 
 EAGER_REGIONS = LayerRegions()
@@ -326,9 +326,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, bias: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """``bias``: from ``attention_bias``, made once per forward by the caller."""
-        launch = self.regions.one_token_launch
+        launch = self.regions.kernels
         if launch is not None and self.regions.chunked_attention and token_layer.applies(self, x, cache):
-            return token_layer.run(self, x, cos, sin, bias, cache, launch=launch)
+            return token_layer.run(self, x, cos, sin, bias, cache, finish=self.regions.finish, launch=launch)
         q, k, v = self.regions.project(self, x, cos, sin)
         attended = self.self_attn.attend(q, k, v, bias, cache, self.regions.chunked_attention)
         return self.regions.finish(self, attended, x)

@@ -1,4 +1,4 @@
-"""A plain decoding step's decoder layer in four matmul kernels and the attention (Triton).
+"""A decoding step's decoder layer in fused kernels (Triton) around the chunked attention.
 
 Why: a one-token step on a GPU reads each weight once in a matrix-vector product, and the
 ~14 kernels a layer ran (norm, q/k/v, rotary, two cache writes, attention, o_proj and its
@@ -12,10 +12,16 @@ neighbours' work on the way in or out (``token_layer_kernels``):
 4. rmsnorm → gate/up → silu(gate)·up;
 5. down_proj + the residual.
 
-Where: a step of one token (x [1, D]) over a static cache (its slot a device tensor), fused
-plain weights (``DecoderLayer.fuse``) on the same GPU, the attention that
+A step of several tokens (a tree's nodes, a short prompt chunk) keeps cuBLAS's matmuls
+(their weights are read once for all the rows) and the compiled regions after the
+attention, but its first half is three kernels: the norm, the q/k/v matmul and
+``rotate_rows`` (1's rotary and cache write, for every token), where the regions ran
+seven (the rotary, copies of q, k and v out of the fused output, two cache writes).
+
+Where: a step over a static cache (its slots a device tensor), fused plain weights
+(``DecoderLayer.fuse``) on the same GPU, unbatched, the attention that
 ``chunked_attention`` runs, Triton there and its kernels answering right (``kernel_probe``).
-Anything else (trees, prompts, batches, quantized or streamed weights, CPUs) runs the
+Anything else (batches, quantized or streamed weights, CPUs) runs the
 layer's regions as before. Each sum is over fp32 products in a fixed order (fp32 weights:
 IEEE arithmetic throughout), so greedy replies match the trees' in fp32 as cuBLAS's did.
 One difference in bf16: the norm's 1/rms scales the matmul's sums (it is one number for the
@@ -30,9 +36,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from specmemo_core.runtime import chunked_attention, kernel_probe
 
@@ -40,7 +47,7 @@ if TYPE_CHECKING:
     from specmemo_core.runtime.kv_cache import KVCache
     from specmemo_core.runtime.model import DecoderLayer
 
-FAMILY, FALLBACK = "one-token layer kernels", "a plain step runs the layer's regions"
+FAMILY, FALLBACK = "decoding-step layer kernels", "a decoding step runs the layer's regions"
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class _Kernels(NamedTuple):
     triton: Any
     norm_pair_matmul: Any
     matmul_add: Any
+    rotate_rows: Any
     dependent_launch: bool  # this Triton has programmatic dependent launch
 
 
@@ -75,10 +83,10 @@ def _kernels() -> _Kernels | None:
     try:
         import triton
 
-        from specmemo_core.runtime.token_layer_kernels import gdc_wait, matmul_add, norm_pair_matmul
+        from specmemo_core.runtime.token_layer_kernels import gdc_wait, matmul_add, norm_pair_matmul, rotate_rows
     except ImportError:
         return None
-    return _Kernels(triton, norm_pair_matmul, matmul_add, gdc_wait is not None)
+    return _Kernels(triton, norm_pair_matmul, matmul_add, rotate_rows, gdc_wait is not None)
 
 
 @functools.cache
@@ -95,32 +103,39 @@ def _dense(weight: object, device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def applies(layer: "DecoderLayer", x: torch.Tensor, cache: "KVCache") -> bool:
-    """Whether ``run`` runs this layer's step (see the module doc). Only fused layers do, whose
-    weights sit still: the kernels read their first weight tile before the kernel ahead has
-    finished (a streamed layer, whose weights arrive by copies, is never fused: ``offload.py``)."""
+    """Whether ``run`` runs this layer's step of the tokens x [T, D] (see the module doc). Only
+    fused layers do, whose weights sit still: the one-token kernels read their first weight
+    tile before the kernel ahead has finished (a streamed layer, whose weights arrive by
+    copies, is never fused: ``offload.py``)."""
     attn, mlp = layer.self_attn, layer.mlp
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):  # a CPU step leaves at once
         return False
-    if x.dim() != 2 or x.shape[0] != 1 or attn.qkv is None or mlp.gate_up is None or _kernels() is None:
+    if x.dim() != 2 or attn.qkv is None or mlp.gate_up is None or _kernels() is None:
         return False
+    tokens = x.shape[0]
     target = cache.slot_target(attn.layer)
-    if target is None or target[2].shape != (1,) or target[0].device != x.device or target[0].dtype != x.dtype:
+    if (target is None or target[2].shape != (tokens,) or target[0].device != x.device
+            or target[0].dtype != x.dtype):
         return False
     weights = (attn.qkv[0], attn.o_proj.weight, mlp.gate_up[0], mlp.down_proj.weight,
                layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if not all(_dense(w, x.device, x.dtype) for w in weights) or not x.is_contiguous():
         return False
     s = attn.spec
-    return (chunked_attention.fits(target[0], cache.live_length, rows=s.num_heads // s.num_kv_heads,
+    return (chunked_attention.fits(target[0], cache.live_length, rows=s.num_heads // s.num_kv_heads * tokens,
                                    head_dim=s.head_dim, device=x.device, dtype=x.dtype)
             and (not x.is_cuda or kernel_probe.runs_on(FAMILY, x.device, x.dtype, _probe)))
 
 
 def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-        cache: "KVCache", *, launch: Launch = LAUNCH) -> torch.Tensor:
-    """The layer's step for the one token x [1, D] (cos, signed sin [1, hd]: ``rope_tables``;
-    ``bias`` [groups, S]: ``attention_bias``): its output [1, D], its k and v in the cache."""
+        cache: "KVCache", *, finish: Callable[..., torch.Tensor], launch: Launch = LAUNCH) -> torch.Tensor:
+    """The layer's step for the tokens x [T, D] (cos, signed sin [T, hd]: ``rope_tables``;
+    ``bias`` [groups·T, S]: ``attention_bias``): its output [T, D], its k and v in the cache.
+    ``finish``: the layer's region after the attention (``LayerRegions.finish``), which a
+    step of several tokens runs."""
     kernels = _kernels()
+    if x.shape[0] > 1:
+        return finish(layer, _attend_rows(kernels, layer, x, cos, sin, bias, cache), x)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
     h, hkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
@@ -134,6 +149,24 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     hidden = torch.empty(mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     _norm_pairs(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch, pdl=pdl)
     return _matmul_add(kernels.matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
+
+
+def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 bias: torch.Tensor, cache: "KVCache") -> torch.Tensor:
+    """A step of T > 1 tokens up to o_proj: norm, the fused q/k/v matmul, ``rotate_rows`` (q out,
+    k and v into the cache at the step's slots) and the attention: [T, H·hd]."""
+    attn, s = layer.self_attn, layer.self_attn.spec
+    h, hkv, hd, t = s.num_heads, s.num_kv_heads, s.head_dim, x.shape[0]
+    keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
+    qkv = F.linear(layer.input_layernorm(x), *attn.qkv)  # [T, (H + 2·Hkv)·hd]
+    q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    kernels.rotate_rows[(t, h + 2 * hkv)](
+        qkv, q, cos, sin, slots, keys, values, t, hd // 2, h, hkv, qkv.stride(0), cos.stride(0),
+        keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+        HALF=kernels.triton.next_power_of_2(hd // 2))
+    return chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
+                                    new_tokens=t, groups=h // hkv)  # [T, H·hd]
 
 
 def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
@@ -189,7 +222,8 @@ def _pdl(pdl: bool) -> dict[str, bool]:
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels build and give torch's answer on ``device`` in ``dtype``
     (``kernel_probe``): a small layer (3 query heads over 1 key/value head, head dim 32,
-    biases) one token over 40 cached slots, against its eager regions with SDPA."""
+    biases) one token and then three (a chain) over 40 cached slots, against its eager
+    regions with SDPA."""
     try:
         got, want = (probe_step(device, dtype, kernels=k) for k in (True, False))
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the regions
@@ -201,8 +235,9 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tuple[torch.Tensor, ...]:
-    """The probe's layer step: its output [1, D] and the cache's keys and values [1, Hkv, C, hd],
-    by ``run`` (``kernels``) or by the layer's eager regions."""
+    """The probe's layer steps: the outputs of a one-token step [1, D] and of the three-token step
+    after it [3, D], and the cache's keys and values [1, Hkv, C, hd], by ``run`` (``kernels``) or
+    by the layer's eager regions."""
     import dataclasses
 
     from specmemo_core.runtime.model import (EAGER_REGIONS, DecoderLayer, ModelSpec, attention_bias,
@@ -219,16 +254,19 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tu
             p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if "layernorm" in name else 0.0))
     layer = layer.to(device, dtype)
     layer.fuse()
-    layer.regions = dataclasses.replace(EAGER_REGIONS, chunked_attention=False, one_token_launch=None)
+    layer.regions = dataclasses.replace(EAGER_REGIONS, chunked_attention=False, kernels=None)
     cache = StaticKVCache(1, 1, 32, 128, dtype, device)
     cache.k.copy_(torch.randn(cache.k.shape, generator=g))
     cache.v.copy_(torch.randn(cache.v.shape, generator=g))
     cache.commit_prefix(40)  # 40 slots of history
-    positions, mask = cache.prepare(torch.zeros(1, dtype=torch.long, device=device), None, 128)
-    cos, sin = rope_tables(*rope_inverse_frequencies(SimpleNamespace(head_dim=32)), positions, dtype)
-    bias = attention_bias(mask, spec, dtype)
-    x = torch.randn(1, 96, generator=g).to(device, dtype)
-    with torch.no_grad():
-        out = run(layer, x, cos, sin, bias, cache) if kernels else layer(x, cos, sin, bias, cache)
-    return out, cache.k, cache.v
-
+    outs = []
+    for tokens in (1, 3):
+        positions, mask = cache.prepare(torch.arange(tokens, device=device), None, 128)
+        cos, sin = rope_tables(*rope_inverse_frequencies(SimpleNamespace(head_dim=32)), positions, dtype)
+        bias = attention_bias(mask, spec, dtype)
+        x = torch.randn(tokens, 96, generator=g).to(device, dtype)
+        with torch.no_grad():
+            outs.append(run(layer, x, cos, sin, bias, cache, finish=layer.regions.finish) if kernels
+                        else layer(x, cos, sin, bias, cache))
+        cache.commit_prefix(1)  # the one token kept: the three attend over it
+    return (*outs, cache.k, cache.v)

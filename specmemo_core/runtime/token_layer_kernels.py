@@ -4,7 +4,8 @@ A one-token step's matmuls are matrix-vector products bound by reading the weigh
 read it once, with what cuBLAS would leave to kernels of their own (the norm before, the
 rotary, cache write, SiLU or residual add after) done on the way in or out. Weights are
 loaded to be evicted first: each is read once a step, and the activations and the cache
-are what L2 should keep.
+are what L2 should keep. A step of several tokens keeps cuBLAS's matmul and ends it with
+``rotate_rows``: the one-token kernel's rotary and cache write, for every token.
 Parameters are positional pointers, sizes and strides, as Triton kernels take them
 (``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
 """
@@ -131,3 +132,21 @@ def matmul_add(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, n_rows, k_cols, stride_w,
         y = y.to(tl.float32)
     y += tl.load(r_ptr + n, mask=live, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, y.to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def rotate_rows(qkv_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, tokens, half, heads, kv_heads,
+                stride_x, stride_c, stride_kh, stride_ks, stride_vh, stride_vs, HALF: tl.constexpr):
+    """One program per (token t, head of the fused q/k/v output qkv [T, (H + 2·Hkv)·hd]): the
+    head's two halves rotated (q and k) and stored as ``norm_pair_matmul``'s ending stores
+    them, q at out [H, T, hd] (``Attention.attend``'s [Hkv, groups·T, hd]), k and v at the
+    cache slot ``slot_ptr[t]``."""
+    t, grp = tl.program_id(0), tl.program_id(1)
+    j = tl.arange(0, HALF)
+    live = j < half
+    row = qkv_ptr + t * stride_x + grp * 2 * half
+    ya = tl.load(row + j, mask=live, other=0.0).to(tl.float32)
+    yb = tl.load(row + j + half, mask=live, other=0.0).to(tl.float32)
+    _rotate_and_store(ya, yb, j, live, grp, half, tokens * 2 * half, heads, kv_heads, out_ptr + t * 2 * half,
+                      cos_ptr + t * stride_c, sin_ptr + t * stride_c, slot_ptr + t, k_ptr, v_ptr,
+                      stride_kh, stride_ks, stride_vh, stride_vs)

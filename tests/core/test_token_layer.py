@@ -1,4 +1,4 @@
-"""A plain step's layer as fused kernels (``runtime/token_layer.py``) against the layer's own
+"""A decoding step's layer as fused kernels (``runtime/token_layer.py``) against the layer's own
 regions: the kernels on the GPU where there is one, else in Triton's interpreter on the CPU
 (a process of their own, as ``test_chunked_attention.py`` explains)."""
 
@@ -25,7 +25,7 @@ def test_in_tritons_interpreter():
 
 @elsewhere
 def test_where_the_kernels_cannot_run_the_probe_says_why_and_the_regions_stay(caplog):
-    assert_probe_falls_back(token_layer._probe, caplog, says=("one-token layer kernels unavailable", "regions"))
+    assert_probe_falls_back(token_layer._probe, caplog, says=("decoding-step layer kernels unavailable", "regions"))
 
 
 @kernels
@@ -36,8 +36,9 @@ def test_the_probe_passes_where_the_kernels_run(dtype):
 
 @kernels
 def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions():
-    """Output and both caches (the new slot written, every other slot untouched) as the
-    eager regions and SDPA give them, fp32: q/k/v biases, o and MLP biases, 3 heads over 1."""
+    """Outputs of a one-token step and a three-token step after it, and both caches (the new
+    slots written, every other slot untouched) as the eager regions and SDPA give them, fp32:
+    q/k/v biases, o and MLP biases, 3 heads over 1."""
     got = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True)
     want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
     for a, b in zip(got, want):
@@ -58,7 +59,7 @@ def _tokens(decoder, prompt, n):
 
 
 @kernels
-def test_a_static_step_of_one_token_takes_the_kernels_and_others_do_not():
+def test_an_unbatched_static_step_takes_the_kernels_and_others_do_not():
     model = _model(seed=4)
     layer = model.model.layers[0]
     cache = new_static_cache(model, 128)
@@ -67,8 +68,12 @@ def test_a_static_step_of_one_token_takes_the_kernels_and_others_do_not():
     assert token_layer.applies(layer, one, cache)
     assert not token_layer.applies(layer, one[None], cache)  # a batch
     assert not token_layer.applies(layer, one, model.new_cache(128))  # slots on the host
+    assert not token_layer.applies(layer, two, cache)  # not the tokens the cache was prepared for
     cache.prepare(torch.arange(2, device=DEVICE), None, 128)
-    assert not token_layer.applies(layer, two, cache)  # a tree or a prompt chunk: the regions
+    assert token_layer.applies(layer, two, cache)  # a tree or a prompt chunk
+    rows = 256 // (model.spec.num_heads // model.spec.num_kv_heads) + 1  # past the chunked attention's rows
+    cache.prepare(torch.arange(rows, device=DEVICE), None, 128)
+    assert not token_layer.applies(layer, torch.zeros(rows, model.spec.hidden_size, device=DEVICE), cache)
     unfused = tiny_model(seed=4, device=DEVICE)
     cache.prepare(torch.arange(1, device=DEVICE), None, 128)
     assert not token_layer.applies(unfused.model.layers[0], one, cache)
@@ -76,8 +81,8 @@ def test_a_static_step_of_one_token_takes_the_kernels_and_others_do_not():
 
 @kernels
 def test_plain_and_speculative_static_decoding_match_the_sliced_decoder():
-    """Greedy, fp32: the static decoder's plain steps (the kernels) and its tree steps (the
-    regions, the tree verified against the kernels' cache entries) give the sliced decoder's tokens."""
+    """Greedy, fp32: the static decoder's plain steps (the one-token kernels), its prompt chunks
+    and tree steps (``rotate_rows`` into the cache) give the sliced decoder's tokens (the regions)."""
     model = _model(seed=11, vocab_size=16)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = _tokens(Decoder(model, model.new_cache(64)), prompt, 24)
@@ -91,7 +96,7 @@ def test_plain_and_speculative_static_decoding_match_the_sliced_decoder():
 def test_a_layer_without_biases_at_the_first_slot_steps_as_its_regions():
     model = _model(seed=4)
     layer = model.model.layers[0]
-    off = dataclasses.replace(EAGER_REGIONS, one_token_launch=None)
+    off = dataclasses.replace(EAGER_REGIONS, kernels=None)
     cache = new_static_cache(model, 64)
     positions, mask = cache.prepare(torch.arange(1, device=DEVICE), None, 64)
     x = model.model.embed_tokens(torch.tensor([3], device=DEVICE))
