@@ -152,7 +152,7 @@ def resident_layers_that_fit(shape: ModelShape, precision: str, *, usable_bytes:
 def offloaded_step_time(compute: StepTime, streamed_bytes: int, bandwidth: float) -> StepTime:
     """Seconds per step: the larger of the streamed bytes' transfer and the tree's compute."""
     transfer = streamed_bytes / bandwidth
-    return lambda nodes, depth: max(transfer, compute(nodes, depth))
+    return lambda nodes, depth, grown=False: max(transfer, compute(nodes, depth, grown))
 
 
 def choose_offload(shape: ModelShape, precision: str, *, usable_bytes: int, link: HostLink, terms_for: TermsFor,
@@ -188,7 +188,7 @@ def choose_offload(shape: ModelShape, precision: str, *, usable_bytes: int, link
     kv_tokens = _most_kv_tokens(lambda tokens: fits(sizing, tokens), kv)
     step = offloaded_step_time(compute, where.pinned_bytes, link.bandwidth)
     fitting = [t for t in trees if fits(t.shape, kv_tokens)]
-    step_s = {"plain": step(1, 0), **{t.name: step(t.nodes, t.depth) for t in fitting}}
+    step_s = {"plain": step(1, 0), **{t.name: step(t.nodes, t.depth, t.grown) for t in fitting}}
     best = max(fitting, key=lambda t: (t.expected_accepted / step_s[t.name], -t.nodes), default=None)
     if best is not None and best.expected_accepted / step_s[best.name] <= 1.0 / step_s["plain"]:
         best = None

@@ -53,10 +53,10 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
     """The planner's step-time model from whole decoding steps, timed as this device runs
     them: the static decoder's graph replays on CUDA, the decoder's eager steps elsewhere.
 
-    A plain step, chains of 1 and d levels and a ``big``-node tree are each timed whole
-    (drafting, verifying, accepting, committing; the fastest of their steps after the
+    A plain step, chains of 1 and d levels, a ``big``-node tree and a grown tree are each timed
+    whole (drafting, verifying, accepting, committing; the fastest of their steps after the
     first, which warm up or capture), and the cost per node, per drafted level and once
-    per drafting step are solved from them (``solve_step_time``). Timing bare forwards of 1 and ``big``
+    per drafting, multi-token and grown step are solved from them (``solve_step_time``). Timing bare forwards of 1 and ``big``
     tokens instead, with a line between them, left out what every step pays besides the
     forward and charged small trees the big forward's slope: on this 2-core machine it
     predicted a 9-node step at 2.1× a plain one where the decoder's steps took 1.5×, and
@@ -71,7 +71,7 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
 
     ids = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     steps = 2 * repeats + 2
-    trees = 3 if heads is None else 5  # plain, lookup chains, then (with heads) chain-1, a chain and a wide tree
+    trees = 3 if heads is None else 6  # plain, lookup chains, then (with heads) chain-1, a chain, a wide tree, a grown one
     done = 0
 
     def fastest(tree: Any, with_heads: bool = True) -> float:
@@ -94,6 +94,8 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
         drafted = (load_tree("chain-1"), load_tree(f"chain-{min(3, heads.num_heads)}"),
                    specmemo_pruned_tree(levels=min(4, heads.num_heads), node_budget=big))
         timed += [TimedStep(t.num_nodes, t.depth, fastest(t)) for t in drafted]
+        grown = load_tree(f"dynamic-{TIMED_GROWN}")  # nodes picked each step from the heads' scores
+        timed.append(TimedStep(grown.num_nodes, grown.depth, fastest(grown), grown=True))
     return solve_step_time(t1, *timed, big=big)
 
 
@@ -117,13 +119,15 @@ class TimedStep:
     nodes: int
     depth: int
     seconds: float
+    grown: bool = False  # a tree grown each step (``runtime/growth.py``)
 
 
 # the step model's unknowns beyond a plain step, in the order tried when several fit alike
 # (``solve_step_time``): per node, per drafted level, once per step that drafts with heads,
-# once per step of more than one token; every subset, the larger first
-_UNKNOWN_SETS = tuple(c for size in range(4, -1, -1) for c in itertools.combinations(range(4), size))
+# once per step of more than one token, once per step on a grown tree; every subset, the larger first
+_UNKNOWN_SETS = tuple(c for size in range(5, -1, -1) for c in itertools.combinations(range(5), size))
 TIMED_LOOKUP = 8  # nodes of the lookup chain ``time_forward`` times (with lookup-1 where there are no heads)
+TIMED_GROWN = 16  # nodes of the grown tree it times (with heads)
 
 
 def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
@@ -140,15 +144,18 @@ def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
     its size; without it a 2-unknown fit through a chain and a wide tree charged that to
     every level, so on an H200 in fp32 the planner took a 2-level 12-node tree at 1.66×
     plain decoding where 24- and 56-node trees ran 1.85–1.88× (``docs/results/fp32_trees_h200/``).
-    A negative cost (noise: a bigger tree timed faster) is never used."""
-    rows = torch.tensor([[t.nodes - 1, t.depth, float(t.depth > 0), float(t.nodes > 1)] for t in timed],
-                        dtype=torch.float64)  # [T, 4]
+    A negative cost (noise: a bigger tree timed faster) is never used. A grown tree
+    (``TimedStep.grown``) pays, once, what picking its nodes from the heads' scores costs
+    (``grow_step``): without it the planner took a grown tree on an H200 whose steps ran 2.2 ms
+    against the 1.8 it predicted, slower than plain decoding (``docs/results/tree_rows_h200/``)."""
+    rows = torch.tensor([[t.nodes - 1, t.depth, float(t.depth > 0), float(t.nodes > 1), float(t.grown)]
+                         for t in timed], dtype=torch.float64)  # [T, 5]
     extra = torch.tensor([t.seconds - plain for t in timed], dtype=torch.float64)  # [T]
     best: tuple[float, torch.Tensor] | None = None
     for free in _UNKNOWN_SETS:
         if len(free) > len(timed) or (free and torch.linalg.matrix_rank(rows[:, free]) < len(free)):
             continue
-        costs = torch.zeros(4, dtype=torch.float64)
+        costs = torch.zeros(5, dtype=torch.float64)
         if free:
             costs[list(free)] = torch.linalg.lstsq(rows[:, free], extra[:, None]).solution[:, 0]
         if (costs < 0).any():
@@ -156,8 +163,9 @@ def solve_step_time(plain: float, *timed: TimedStep, big: int) -> StepTime:
         residual = float(((rows @ costs - extra) ** 2).sum())
         if best is None or residual < best[0] - 1e-18:
             best = (residual, costs)
-    slope, level, heads_step, multi = (float(c) for c in best[1])
-    return linear_step_time(plain, plain + multi + slope * (big - 1), big, level, heads_step, multi_step=multi)
+    slope, level, heads_step, multi, grow = (float(c) for c in best[1])
+    return linear_step_time(plain, plain + multi + slope * (big - 1), big, level, heads_step, multi_step=multi,
+                            grow_step=grow)
 
 
 def _fastest_step(decoder: Any, prompt: list[int], steps: int, *, warmup: int, width: int,

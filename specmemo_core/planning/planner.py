@@ -149,7 +149,7 @@ class Plan:
         return sum(self.predicted_bytes.values())
 
 
-StepTime = Callable[[int, int], float]  # (tree nodes, depth) -> seconds per verify step
+StepTime = Callable[..., float]  # (tree nodes, depth, grown=False) -> seconds per verify step
 
 
 def memory_terms(model: ModelShape, heads: HeadsShape | None, *, precision: str, kind: str, kv_tokens: int,
@@ -182,8 +182,8 @@ def _choose_tree(options: Sequence[TreeOption], afford: Callable[[TreeOption], b
     if step_time is None:
         return max(fitting, key=lambda t: (t.nodes, t.expected_accepted))
     plain = 1.0 / step_time(1, 0)
-    best = max(fitting, key=lambda t: (t.expected_accepted / step_time(t.nodes, t.depth), -t.nodes))
-    return best if best.expected_accepted / step_time(best.nodes, best.depth) > plain else None
+    best = max(fitting, key=lambda t: (t.expected_accepted / step_time(t.nodes, t.depth, t.grown), -t.nodes))
+    return best if best.expected_accepted / step_time(best.nodes, best.depth, best.grown) > plain else None
 
 
 def batch_step_time(step_time: StepTime | None, batch: int) -> StepTime | None:
@@ -191,7 +191,7 @@ def batch_step_time(step_time: StepTime | None, batch: int) -> StepTime | None:
     ``batch`` × N tokens (drafting: one pass per level for the whole batch)."""
     if step_time is None or batch == 1:
         return step_time
-    return lambda nodes, depth: step_time(batch * nodes, depth)
+    return lambda nodes, depth, grown=False: step_time(batch * nodes, depth, grown)
 
 
 def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request: PlanRequest, *,
@@ -231,7 +231,8 @@ def _layout(budget: Budget, model: ModelShape, heads: HeadsShape | None, request
     turns = max(0, (kv_tokens - request.system_tokens) // request.tokens_per_turn)
     speed = None
     if step_time is not None:
-        speed = request.batch * (tree.expected_accepted if tree else 1.0) / step_time(nodes, depth)
+        speed = request.batch * (tree.expected_accepted if tree else 1.0) / step_time(nodes, depth,
+                                                                                     tree is not None and tree.grown)
     notes = ()
     if request.system_tokens + request.turns * request.tokens_per_turn > model.max_context:
         notes = (f"{request.turns} turns of {request.tokens_per_turn} tokens exceed the model's "
@@ -329,7 +330,7 @@ def _offloaded(budget: Budget, model: ModelShape, heads: HeadsShape | None, requ
                                 sampling=request.sampling, batch=request.batch)
 
         choice = choose_offload(model, precision, usable_bytes=usable, link=link, terms_for=terms_for,
-                                compute=batch_step_time(step_time, request.batch) or (lambda nodes, depth: 0.0),
+                                compute=batch_step_time(step_time, request.batch) or (lambda nodes, depth, grown=False: 0.0),
                                 trees=options, kv=kv, prefer=request.prefer, kind=budget.kind)
         if choice is None:
             continue
@@ -388,16 +389,19 @@ def _gib(n: int) -> str:
 
 
 def linear_step_time(t1: float, t_big: float, big: int, draft_level: float = 0.0, heads_step: float = 0.0, *,
-                     multi_step: float = 0.0) -> StepTime:
+                     multi_step: float = 0.0, grow_step: float = 0.0) -> StepTime:
     """Step time from a start-up timing: a forward of 1 and of ``big`` tokens, linear in
     between, plus ``draft_level`` seconds per tree level drafted and, once, ``heads_step``
     for any step that drafts with the heads at all (depth > 0: their context layer, the
-    tree's acceptance; a lookup chain alone and plain steps do not pay it), and, once,
+    tree's acceptance; a lookup chain alone and plain steps do not pay it), once,
     ``multi_step`` for any step of more than one token (on a GPU a plain step runs each layer
-    as fused one-token kernels, ``runtime/token_layer.py``, which a tree's step cannot use)."""
+    as fused one-token kernels, ``runtime/token_layer.py``, which a tree's step cannot use),
+    and, once, ``grow_step`` for a step on a tree grown each step (``grown``: ``runtime/growth.py``
+    picks the nodes from the heads' scores, a pass a fixed tree does not run)."""
     slope = (t_big - t1 - multi_step) / max(big - 1, 1)
-    return lambda nodes, depth: (t1 + (multi_step + slope * (nodes - 1) if nodes > 1 else 0.0)
-                                 + draft_level * depth + (heads_step if depth > 0 else 0.0))
+    return lambda nodes, depth, grown=False: (t1 + (multi_step + slope * (nodes - 1) if nodes > 1 else 0.0)
+                                              + draft_level * depth + (heads_step if depth > 0 else 0.0)
+                                              + (grow_step if grown else 0.0))
 
 
 def specmemo_prior_options(max_depth: int = 4) -> list[TreeOption]:

@@ -59,6 +59,7 @@ class StepTiming:
     torch_version: str = ""
     heads_step: float = 0.0  # once per step that drafts with heads (planner.linear_step_time)
     multi_step: float = 0.0  # once per step of more than one token (planner.linear_step_time)
+    grow_step: float = 0.0  # once per step on a tree grown each step (planner.linear_step_time)
 
     @property
     def is_prior(self) -> bool:
@@ -66,7 +67,7 @@ class StepTiming:
 
     def step_time(self) -> StepTime:
         return linear_step_time(self.t1, self.t_big, self.big, self.draft_level, self.heads_step,
-                                multi_step=self.multi_step)
+                                multi_step=self.multi_step, grow_step=self.grow_step)
 
     def is_stale(self, now: float | None = None) -> bool:
         """A prior, older than MAX_AGE_DAYS, or taken under another torch version."""
@@ -82,7 +83,7 @@ class StepTiming:
         level = step_time(1, 2) - step_time(1, 1)
         slope = (step_time(big, 0) - step_time(2, 0)) / max(big - 2, 1)
         return cls(t1, step_time(big, 0), big, level, heads_step=step_time(1, 1) - t1 - level,
-                   multi_step=step_time(2, 0) - t1 - slope)
+                   multi_step=step_time(2, 0) - t1 - slope, grow_step=step_time(2, 1, True) - step_time(2, 1))
 
     def measured(self, at: float) -> "StepTiming":
         return replace(self, measured_at=at, torch_version=_torch_version())
@@ -125,15 +126,19 @@ def cached_timing(folder: Path, key: str) -> StepTiming | None:
     taken under load, charged a drafted level a quarter of a whole step, and the planner
     chose a lookup chain alone (1.0 tokens/step on a new question) over the heads. So does
     one without ``heads_step``: its level cost holds what every drafting step pays once; and
-    one without ``multi_step``: its node cost holds what every step past one token pays once."""
+    one without ``multi_step``: its node cost holds what every step past one token pays once;
+    and one without ``grow_step``: it charged a grown tree as a fixed one, so on an H200 the
+    planner took ``dynamic-16+lookup-8`` at a predicted 1,748 tokens/s that ran 1,302, below
+    plain decoding's 1,330 (its steps took 2.2 ms, not the 1.8 predicted:
+    ``docs/results/tree_rows_h200/``)."""
     try:
         data = json.loads((folder / TIMING_FILE).read_text(encoding="utf-8"))[key]
         if (not data.get("measured_at") or int(data["big"]) != TIMING_BIG or "heads_step" not in data
-                or "multi_step" not in data):
+                or "multi_step" not in data or "grow_step" not in data):
             return None
         return StepTiming(float(data["t1"]), float(data["t_big"]), int(data["big"]), float(data["draft_level"]),
                           float(data["measured_at"]), str(data.get("torch_version", "")),
-                          float(data["heads_step"]), float(data["multi_step"]))
+                          float(data["heads_step"]), float(data["multi_step"]), float(data["grow_step"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -110,11 +110,38 @@ def test_a_timed_lookup_chain_gives_the_cost_every_step_past_one_token_pays_once
     assert alone(4, 0) == pytest.approx(timed(4, 0).seconds) and alone(1, 0) == pytest.approx(plain)
 
 
+def test_a_timed_grown_tree_gives_the_cost_a_grown_step_pays_once_and_the_planner_charges_it():
+    """A grown tree (``runtime/growth.py``) picks its nodes from the heads' scores every step,
+    a pass a fixed tree does not run. The H200's figures for the default model in bf16
+    (``docs/results/tree_rows_h200/step_model.jsonl``): fixed trees as the model said, a grown one
+    ~0.3 ms over. Timed as ``time_forward`` times them, the grown step's cost comes back, a
+    fixed tree pays none of it, and the planner takes a fixed tree over a grown one that
+    would accept as much, and plain decoding over a grown tree that only looked faster."""
+    from specmemo_core.planning.planner import TreeOption, _choose_tree
+
+    plain, per_node, per_level, once, multi, grow = 0.00066, 0.000004, 0.00005, 0.0001, 0.0008, 0.0003
+
+    def timed(nodes, depth, grown=False):
+        return TimedStep(nodes, depth, plain + multi * (nodes > 1) + once * (depth > 0) + per_node * (nodes - 1)
+                         + per_level * depth + grow * grown, grown)
+
+    step = solve_step_time(plain, timed(9, 0), timed(2, 1), timed(4, 3), timed(32, 4), timed(16, 4, True), big=32)
+    for nodes, depth, grown in [(1, 0, False), (9, 0, False), (24, 4, False), (24, 4, True), (40, 4, True)]:
+        assert step(nodes, depth, grown) == pytest.approx(timed(nodes, depth, grown).seconds)
+    assert step(24, 4) == pytest.approx(step(24, 4, True) - grow)
+    fixed, grown_tree = TreeOption("calibrated-24", 24, 4, 3.3), TreeOption("dynamic-24", 24, 4, 3.3, grown=True)
+    assert _choose_tree([grown_tree, fixed], lambda t: True, step) == fixed
+    # 3.3 tokens a step: over plain decoding at 1/0.66 ms only while the grown step's cost is not charged
+    blind = solve_step_time(plain, timed(9, 0), timed(2, 1), timed(4, 3), timed(32, 4), big=32)
+    assert _choose_tree([grown_tree], lambda t: True, blind) == grown_tree
+    assert _choose_tree([TreeOption("dynamic-24", 24, 4, 2.7, grown=True)], lambda t: True, step) is None
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     """The static decoder's whole steps (graph replays on CUDA) are timed: the progress
-    counts every timed step of the plain step, the lookup chain, the two chains and the wide tree up to 1.0, and
-    a tiny model's plain step costs well under a second (capture is not timed)."""
+    counts every timed step of the plain step, the lookup chain, the two chains, the wide tree and the grown
+    tree up to 1.0, and a tiny model's plain step costs well under a second (capture is not timed)."""
     from specmemo_core.planning.plan_check import TIMING_STAGE, TimingHooks, time_forward
     from tests.tiny import tiny_model
 
@@ -125,6 +152,6 @@ def test_graph_step_timing_runs_and_reports_every_timed_step(device):
     step = time_forward(model, heads, big=16, context=64, repeats=2,
                             hooks=TimingHooks(progress=lambda stage, f: reports.append((stage, f))))
     steps = 2 * 2 + 2  # per tree: 2 × repeats + 2
-    assert [f for _, f in reports] == [n / (5 * steps) for n in range(1, 5 * steps + 1)]
+    assert [f for _, f in reports] == [n / (6 * steps) for n in range(1, 6 * steps + 1)]
     assert {stage for stage, _ in reports} == {TIMING_STAGE}
     assert 0 < step(1, 0) < 1.0

@@ -179,15 +179,21 @@ def test_a_timing_without_the_once_per_step_costs_reads_as_missing_and_a_new_one
            "torch_version": torch.__version__}
     (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"old": old}))
     assert cached_timing(tmp_path, "old") is None
-    new = StepTiming(0.01, 0.02, timing.TIMING_BIG, 0.001, heads_step=0.004, multi_step=0.003).measured(time.time())
+    new = StepTiming(0.01, 0.02, timing.TIMING_BIG, 0.001, heads_step=0.004, multi_step=0.003,
+                     grow_step=0.002).measured(time.time())
     store_timing(tmp_path, "new", new)
     assert cached_timing(tmp_path, "new") == new
     assert new.step_time()(2, 1) - new.step_time()(2, 0) == pytest.approx(0.001 + 0.004)
     assert new.step_time()(2, 0) - new.step_time()(1, 0) > 0.003  # the once-per-step cost past one token
     assert StepTiming.from_step_time(new.step_time()).multi_step == pytest.approx(0.003)
+    assert new.step_time()(24, 4, True) - new.step_time()(24, 4) == pytest.approx(0.002)  # a grown tree's step
+    assert StepTiming.from_step_time(new.step_time()).grow_step == pytest.approx(0.002)
     before = {**old, "heads_step": 0.004}  # timed before the once-per-step cost past one token: again
     (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"before": before}))
     assert cached_timing(tmp_path, "before") is None
+    ungrown = {**old, "heads_step": 0.004, "multi_step": 0.003}  # timed before a grown step's cost: again
+    (tmp_path / timing.TIMING_FILE).write_text(json.dumps({"ungrown": ungrown}))
+    assert cached_timing(tmp_path, "ungrown") is None
 
 
 def test_a_gpu_step_is_timed_apart_for_each_revision_of_its_attention_kernels(engine: Engine) -> None:
