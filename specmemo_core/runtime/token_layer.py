@@ -12,14 +12,11 @@ neighbours' work on the way in or out (``token_layer_kernels``):
 4. rmsnorm → gate/up → silu(gate)·up;
 5. down_proj + the residual.
 
-A step of a few tokens (up to ``FUSED_TOKENS``: a lookup chain, a small tree) runs the same
-kernels, each weight tile read once for all its tokens: without them any step past one
-token ran twice the kernels of a plain one, and on the H200 a 9-token lookup step of the
-default model took 2.6× a plain step, more than speculation wins. A step of more tokens (a
-wide tree, a prompt chunk) keeps cuBLAS's matmuls (at 64 rows they read the weights faster
-than these) and the compiled regions after the attention, but its first half is three
-kernels: the norm, the q/k/v matmul and ``rotate_rows`` (1's rotary and cache write, for
-every token), where the regions ran seven.
+A step of several tokens (a tree's nodes, a short prompt chunk) keeps cuBLAS's matmuls
+(their weights are read once for all the rows) and the compiled regions after the
+attention, but its first half is three kernels: the norm, the q/k/v matmul and
+``rotate_rows`` (1's rotary and cache write, for every token), where the regions ran
+seven (the rotary, copies of q, k and v out of the fused output, two cache writes).
 
 Where: a step over a static cache (its slots a device tensor), fused plain weights
 (``DecoderLayer.fuse``) on the same GPU, unbatched, the attention that
@@ -50,11 +47,7 @@ if TYPE_CHECKING:
     from specmemo_core.runtime.kv_cache import KVCache
     from specmemo_core.runtime.model import DecoderLayer
 
-# the kernels' families, each probed on its own (``kernel_probe``): a failure of the several-token
-# path leaves plain steps their kernels
-FAMILY, FALLBACK = "one-token layer kernels", "a plain step runs the layer's regions"
-ROWS_FAMILY, ROWS_FALLBACK = "several-token layer kernels", "a tree's step runs the layer's regions"
-FUSED_TOKENS = 32  # most tokens a step runs through the fused matmul kernels (more: cuBLAS, ``_attend_rows``)
+FAMILY, FALLBACK = "decoding-step layer kernels", "a decoding step runs the layer's regions"
 
 
 @dataclass(frozen=True)
@@ -66,7 +59,7 @@ class Launch:
 
     pairs: int = 2  # weight-row pairs a program of ``norm_pair_matmul`` finishes
     rows: int = 2  # weight rows a program of ``matmul_add`` finishes
-    block_k: int = 1024  # input columns a program reads at once (a step of T tokens: block_k / T, from 32)
+    block_k: int = 1024  # input columns a program reads at once
     warps: int = 4
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton and the GPU have it (``_dependent_launch``)
@@ -129,11 +122,9 @@ def applies(layer: "DecoderLayer", x: torch.Tensor, cache: "KVCache") -> bool:
     if not all(_dense(w, x.device, x.dtype) for w in weights) or not x.is_contiguous():
         return False
     s = attn.spec
-    if not chunked_attention.fits(target[0], cache.live_length, rows=s.num_heads // s.num_kv_heads * tokens,
-                                  head_dim=s.head_dim, device=x.device, dtype=x.dtype):
-        return False
-    family, probe = (FAMILY, _probe) if tokens == 1 else (ROWS_FAMILY, _probe_rows)
-    return not x.is_cuda or kernel_probe.runs_on(family, x.device, x.dtype, probe)
+    return (chunked_attention.fits(target[0], cache.live_length, rows=s.num_heads // s.num_kv_heads * tokens,
+                                   head_dim=s.head_dim, device=x.device, dtype=x.dtype)
+            and (not x.is_cuda or kernel_probe.runs_on(FAMILY, x.device, x.dtype, _probe)))
 
 
 def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
@@ -141,31 +132,23 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """The layer's step for the tokens x [T, D] (cos, signed sin [T, hd]: ``rope_tables``;
     ``bias`` [groups·T, S]: ``attention_bias``): its output [T, D], its k and v in the cache.
     ``finish``: the layer's region after the attention (``LayerRegions.finish``), which a
-    step of more than ``FUSED_TOKENS`` tokens runs."""
+    step of several tokens runs."""
     kernels = _kernels()
-    t = x.shape[0]
-    if t > FUSED_TOKENS:
+    if x.shape[0] > 1:
         return finish(layer, _attend_rows(kernels, layer, x, cos, sin, bias, cache), x)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
-    launch = launch if t == 1 else Launch(launch.pairs, launch.rows, max(32, launch.block_k // _tokens(t)),
-                                          launch.warps, launch.pdl)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
     h, hkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-    keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
-    q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
-    rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
+    keys, values, slot = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [1]
+    q = torch.empty(h * hd, dtype=x.dtype, device=x.device)
+    rope = (cos, sin, slot, keys, values, h, hkv)
     _norm_pairs(kernels, x, layer.input_layernorm, attn.qkv, q, rope=rope, launch=launch, pdl=pdl)
-    attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=t, groups=h // hkv)  # [T, H·hd]
+    attended = chunked_attention.attend(q.view(hkv, h // hkv, hd), keys, values, bias, cache.live_length,
+                                        new_tokens=1, groups=h // hkv)  # [1, H·hd]
     mid = _matmul_add(kernels.matmul_add, attended, attn.o_proj, x, launch, pdl)
-    hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
+    hidden = torch.empty(mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     _norm_pairs(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch, pdl=pdl)
     return _matmul_add(kernels.matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
-
-
-def _tokens(t: int) -> int:
-    """The kernels' ``TOKENS``: t rounded up to a power of two."""
-    return 1 << (t - 1).bit_length()
 
 
 def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -188,37 +171,34 @@ def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, cos:
 
 def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
                 rope: tuple | None, launch: Launch, pdl: bool) -> None:
-    """out = ``norm_pair_matmul`` over rmsnorm(x [T, D]) and the fused weight (and bias)
-    ``fused``: with ``rope`` (cos, sin, slots, keys, values, heads, kv heads) the q/k/v one
-    (out: q [H, T, hd]), else the gate/up one (out [T, I])."""
+    """out = ``norm_pair_matmul`` over rmsnorm(x [1, D]) and the fused weight (and bias)
+    ``fused``: with ``rope`` (cos, sin, slot, keys, values, heads, kv heads) the q/k/v one,
+    else the gate/up one."""
     weight, bias = fused
     if rope is not None:
         cos, sin, slot, keys, values, heads, kv_heads = rope
         half, group, programs = keys.shape[-1] // 2, keys.shape[-1], heads + 2 * kv_heads
         strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1))
-        stride_c = cos.stride(0)
     else:  # the rotary's and cache's arguments go unread
         cos = sin = slot = keys = values = x
-        heads = kv_heads = group = stride_c = 0
+        heads = kv_heads = group = 0
         half, programs, strides = weight.shape[0] // 2, 1, (0, 0, 0, 0)
     kernels.norm_pair_matmul[(programs * kernels.triton.cdiv(half, launch.pairs),)](
         x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slot, keys, values,
         x.shape[-1], half, group, norm.eps, weight.stride(0), *strides, heads, kv_heads,
-        x.shape[0], x.stride(0), out.stride(0), stride_c,
         PAIRS=launch.pairs, BLOCK_K=launch.block_k, ROPE=rope is not None, HAS_BIAS=bias is not None, PDL=pdl,
-        TOKENS=_tokens(x.shape[0]), num_warps=launch.warps, **_pdl(pdl))
+        num_warps=launch.warps, **_pdl(pdl))
 
 
 def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
                 launch: Launch, pdl: bool) -> torch.Tensor:
-    """residual [T, N] + linear(a [T, K]): one kernel."""
+    """residual [1, N] + linear(a [K]): one kernel."""
     out = torch.empty_like(residual)
     n, k = linear.weight.shape
     matmul_add[((n + launch.rows - 1) // launch.rows,)](
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, n, k,
-        linear.weight.stride(0), residual.shape[0], a.stride(0), residual.stride(0),
-        BLOCK_N=launch.rows, BLOCK_K=launch.block_k, HAS_BIAS=linear.bias is not None,
-        PDL=pdl, TOKENS=_tokens(residual.shape[0]), num_warps=launch.warps, **_pdl(pdl))
+        linear.weight.stride(0), BLOCK_N=launch.rows, BLOCK_K=launch.block_k, HAS_BIAS=linear.bias is not None,
+        PDL=pdl, num_warps=launch.warps, **_pdl(pdl))
     return out
 
 
@@ -240,34 +220,24 @@ def _pdl(pdl: bool) -> dict[str, bool]:
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the one-token kernels build and give torch's answer on ``device`` in ``dtype``
+    """Whether the kernels build and give torch's answer on ``device`` in ``dtype``
     (``kernel_probe``): a small layer (3 query heads over 1 key/value head, head dim 32,
-    biases) one token over 40 cached slots, against its eager regions with SDPA."""
-    return _probe_steps(device, dtype, (1,), FAMILY, FALLBACK)
-
-
-def _probe_rows(device: torch.device, dtype: torch.dtype) -> bool:
-    """The same for steps of several tokens: 3 (the fused kernels) and 40 (``rotate_rows``)."""
-    return _probe_steps(device, dtype, (3, FUSED_TOKENS + 8), ROWS_FAMILY, ROWS_FALLBACK)
-
-
-def _probe_steps(device: torch.device, dtype: torch.dtype, steps: tuple[int, ...], family: str,
-                 fallback: str) -> bool:
+    biases) one token and then three (a chain) over 40 cached slots, against its eager
+    regions with SDPA."""
     try:
-        got, want = (probe_step(device, dtype, kernels=k, steps=steps) for k in (True, False))
+        got, want = (probe_step(device, dtype, kernels=k) for k in (True, False))
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the regions
-        return kernel_probe.failed(family, device, e, fallback)
+        return kernel_probe.failed(FAMILY, device, e, FALLBACK)
     # relative to each tensor's largest value: a bf16 output near 16 is off by its last bit at 0.125
     error = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1.0)).item()
                 for a, b in zip(got, want))
-    return error < 0.02 or kernel_probe.wrong(family, device, error, fallback)
+    return error < 0.02 or kernel_probe.wrong(FAMILY, device, error, FALLBACK)
 
 
-def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool,
-               steps: tuple[int, ...] = (1, 3, FUSED_TOKENS + 8)) -> tuple[torch.Tensor, ...]:
-    """The probe's layer steps, one after the other (each keeping its first token): the output
-    of each step of ``steps`` tokens [T, D], then the cache's keys and values [1, Hkv, C, hd],
-    by ``run`` (``kernels``) or by the layer's eager regions."""
+def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tuple[torch.Tensor, ...]:
+    """The probe's layer steps: the outputs of a one-token step [1, D] and of the three-token step
+    after it [3, D], and the cache's keys and values [1, Hkv, C, hd], by ``run`` (``kernels``) or
+    by the layer's eager regions."""
     import dataclasses
 
     from specmemo_core.runtime.model import (EAGER_REGIONS, DecoderLayer, ModelSpec, attention_bias,
@@ -290,7 +260,7 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool,
     cache.v.copy_(torch.randn(cache.v.shape, generator=g))
     cache.commit_prefix(40)  # 40 slots of history
     outs = []
-    for tokens in steps:
+    for tokens in (1, 3):
         positions, mask = cache.prepare(torch.arange(tokens, device=device), None, 128)
         cos, sin = rope_tables(*rope_inverse_frequencies(SimpleNamespace(head_dim=32)), positions, dtype)
         bias = attention_bias(mask, spec, dtype)
@@ -298,5 +268,5 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool,
         with torch.no_grad():
             outs.append(run(layer, x, cos, sin, bias, cache, finish=layer.regions.finish) if kernels
                         else layer(x, cos, sin, bias, cache))
-        cache.commit_prefix(1)  # its first token kept: the next step attends over it
+        cache.commit_prefix(1)  # the one token kept: the three attend over it
     return (*outs, cache.k, cache.v)

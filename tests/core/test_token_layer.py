@@ -25,24 +25,20 @@ def test_in_tritons_interpreter():
 
 @elsewhere
 def test_where_the_kernels_cannot_run_the_probe_says_why_and_the_regions_stay(caplog):
-    assert_probe_falls_back(token_layer._probe, caplog, says=("one-token layer kernels unavailable", "regions"))
-    assert_probe_falls_back(token_layer._probe_rows, caplog, says=("several-token layer kernels unavailable",
-                                                                   "a tree's step runs the layer's regions"))
+    assert_probe_falls_back(token_layer._probe, caplog, says=("decoding-step layer kernels unavailable", "regions"))
 
 
 @kernels
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16, torch.float16] if DEVICE == "cuda" else []))
 def test_the_probe_passes_where_the_kernels_run(dtype):
     assert token_layer._probe(torch.device(DEVICE), dtype) is True
-    assert token_layer._probe_rows(torch.device(DEVICE), dtype) is True
 
 
 @kernels
 def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions():
-    """Outputs of a one-token step, a three-token step (the fused kernels) and a 40-token step
-    (cuBLAS and ``rotate_rows``) after it, and both caches (the new slots written, every other
-    slot untouched) as the eager regions and SDPA give them, fp32: q/k/v biases, o and MLP
-    biases, 3 heads over 1."""
+    """Outputs of a one-token step and a three-token step after it, and both caches (the new
+    slots written, every other slot untouched) as the eager regions and SDPA give them, fp32:
+    q/k/v biases, o and MLP biases, 3 heads over 1."""
     got = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True)
     want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
     for a, b in zip(got, want):
