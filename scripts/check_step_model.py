@@ -1,13 +1,14 @@
 """The planner's step model (``plan_check.time_forward``) against whole graph-replayed steps of
 the trees it chooses among: the default model's shape (random weights), its trained heads, bf16,
-on a GPU, at a 128- and a 1,000-token context, two timings of 60 steps each.
+on a GPU, at a 128- and a 1,000-token context (or those given), two timings of 60 steps each.
 
-    python3 scripts/check_step_model.py > step_model.jsonl   (docs/results/tree_rows_h200/)
+    python3 scripts/check_step_model.py [128,1000] > step_model.jsonl   (docs/results/tree_rows_h200/)
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def main() -> None:
     t0 = time.time()
     model_step = time_forward(model, heads)
     print(json.dumps({"time_forward_s": round(time.time() - t0, 1)}), flush=True)
-    for context in (128, 1000):
+    contexts = [int(c) for c in (sys.argv[1] if len(sys.argv) > 1 else "128,1000").split(",")]
+    for context in contexts:
         for name in TREES:
             tree = None if name == "single" else resolve_tree(name, HEADS)
             drafts = tree is not None and tree.depth > 0
