@@ -630,27 +630,30 @@ def test_the_chunked_attention_tables_hold_their_h200_runs():
 
 def test_the_status_line_is_the_newest_runs():
     """The status line at the top quotes the newest benches: the CPU's on the native forward
-    (docs/results/native_cpu/bench_auto.json) and the H200's with the one-token kernels and the
-    planner's once-per-step cost (docs/results/token_layer_h200/bench_planner/bench_mtbench20_bf16.json)."""
+    (docs/results/native_cpu/bench_auto.json) and the H200's with the step kernels and the
+    planner's cost of a grown tree (docs/results/tree_rows_h200/bench_grown/bench_mtbench20_bf16.json)."""
     status = " ".join((REPO / "README.md").read_text(encoding="utf-8").split("\n\n")[2].split())
     cpu = json.loads((REPO / "docs/results/native_cpu/bench_auto.json").read_text(encoding="utf-8"))
     plan, ref = cpu["plan"], cpu["llamacpp"]["tokens_per_s"]["median"]
     assert plan["identical_to_vanilla"] == plan["replies"] and cpu["_run"]["dtype"] == "int4"
     assert (f"decodes {plan['vs_hf']:.2f}× faster than transformers' `generate` (fp32) and "
             f"{plan['tokens_per_s']['median'] / ref:.2f}× faster than llama.cpp") in status
-    gpu = json.loads((REPO / "docs/results/token_layer_h200/bench_planner/bench_mtbench20_bf16.json").read_text(
-        encoding="utf-8"))["plan"]
-    assert gpu["tree"] is None and "planner chose plain decoding" in gpu["note"]
-    assert (f"at {gpu['tokens_per_s']['median']:,.0f} tokens/s on the 20-query MT-Bench workload "
-            "(plain decoding, which the planner now picks there") in status
+    bench = json.loads((REPO / "docs/results/tree_rows_h200/bench_grown/bench_mtbench20_bf16.json").read_text(
+        encoding="utf-8"))
+    gpu, plain = bench["plan"]["tokens_per_s"]["median"], bench["vanilla+graphs"]["tokens_per_s"]["median"]
+    assert f"planner chose {bench['plan']['tree']}" in bench["plan"]["note"]
+    assert (f"at {gpu:,.0f} tokens/s on the 20-query MT-Bench workload "
+            f"(the planner's `{bench['plan']['tree']}`, {gpu / plain:.2f}× plain decoding") in status
 
 
-def test_the_one_token_kernel_tables_hold_their_h200_runs():
-    """README's one-token-kernels paragraph: the step A/B, the exactness log and both default-model
-    benches (the planner before and after its once-per-step cost) are docs/results/token_layer_h200/."""
+def test_the_step_kernel_tables_hold_their_h200_runs():
+    """README's decoding-step-kernels paragraphs: the step A/B and the exactness log are
+    docs/results/tree_rows_h200/; the earlier default-model benches (the planner before and
+    after its once-per-step cost) docs/results/token_layer_h200/."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    rows = REPO / "docs/results/tree_rows_h200"
     d = REPO / "docs/results/token_layer_h200"
-    runs = {shape: _last_json(d / f"{shape}-steps.jsonl") for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m")}
+    runs = {shape: _last_json(rows / f"{shape}-steps.jsonl") for shape in ("vicuna-7b", "llama-3-8b", "smollm2-135m")}
     for shape, run in runs.items():
         row = _step_ab_row(shape, run, ("compiled", "compiled-regions"), measured="compiled")
         assert row in readme, f"README lacks {row!r}"
@@ -658,7 +661,11 @@ def test_the_one_token_kernel_tables_hold_their_h200_runs():
              for s, r in runs.items()}
     assert ratio["vicuna-7b"] <= 1.5 and ratio["llama-3-8b"] <= 1.5
     assert f"(vicuna-7b {ratio['vicuna-7b']:.2f}×, llama-3-8b {ratio['llama-3-8b']:.2f}×)" in readme
-    assert "(`exact.log`: 107 passed)" in readme and "107 passed" in (d / "exact.log").read_text(encoding="utf-8")
+    assert "(`exact.log`: 108 passed)" in readme and "108 passed" in (rows / "exact.log").read_text(encoding="utf-8")
+    gains = [(r["alternating"]["medusa-64+graphs compiled-regions"]["median"]
+              - r["alternating"]["medusa-64+graphs compiled"]["median"]) for r in runs.values()]
+    assert all(g > 0 for g in gains)
+    assert "gained {:.2f}, {:.2f} and {:.2f} ms from `rotate_rows`".format(*gains) in readme
     # why ≤ 1.2× is out of reach: the tree's matmuls and attention alone, against 1.2 × the plain step
     parts = (REPO / "docs/results/step_floor_h200/parts/vicuna-7b-parts.jsonl").read_text(encoding="utf-8")
     matmuls = next(json.loads(line) for line in parts.splitlines() if '"ms_per_step_part"' in line)
@@ -676,21 +683,73 @@ def test_the_one_token_kernel_tables_hold_their_h200_runs():
     trial = _last_json(d / "tree_tiles_trial/vicuna-7b-steps.jsonl")["alternating"]
     assert (f"a `medusa-64` step took {trial['medusa-64+graphs compiled']['median']:.1f} ms against "
             f"{trial['medusa-64+graphs compiled-regions']['median']:.1f} through the regions") in readme
+    old = {run: json.loads((d / f"{run}/bench_mtbench20_bf16.json").read_text(encoding="utf-8"))
+           for run in ("bench", "bench_planner")}
+    assert (f"took `{old['bench']['plan']['tree']}` at {old['bench']['plan']['tokens_per_s']['median']:,.0f} tok/s "
+            f"against `vanilla+graphs`' {old['bench']['vanilla+graphs']['tokens_per_s']['median']:,.0f} "
+            "(predicted 2,584)") in readme and "predicted 2584.4" in old["bench"]["plan"]["note"]
+    assert old["bench_planner"]["plan"]["tree"] is None
+    assert (f"it chose plain decoding (`token_layer_h200/bench_planner/`, "
+            f"{old['bench_planner']['plan']['tokens_per_s']['median']:,.0f})") in readme
     tps = {}
-    for run in ("bench", "bench_planner"):
-        for p in ("bf16", "fp32"):
-            data = json.loads((d / f"{run}/bench_mtbench20_{p}.json").read_text(encoding="utf-8"))
-            assert data["_run"]["rounds_done"] == 3
-            if p == "fp32":
-                assert all(r["identical_to_vanilla"] == r["replies"] == 20 for k, r in data.items() if not k.startswith("_"))
-            tps.update({(run, p, k): r["tokens_per_s"] for k, r in data.items() if not k.startswith("_")})
-    med = {k: f"{v['median']:,.0f}" for k, v in tps.items()}
-    old_plan = json.loads((d / "bench/bench_mtbench20_bf16.json").read_text(encoding="utf-8"))["plan"]
-    assert (f"bf16 `vanilla+graphs` {med['bench', 'bf16', 'vanilla+graphs']} tok/s, `medusa-64+graphs` "
-            f"{med['bench', 'bf16', 'medusa-64+graphs']}, `plan` {med['bench', 'bf16', 'plan']} (`{old_plan['tree']}`, "
-            f"predicted 2,584)") in readme and "predicted 2584.4" in old_plan["note"]
-    v = tps["bench_planner", "bf16", "vanilla+graphs"]
-    assert (f"`vanilla+graphs` {v['median']:,.0f} ({v['min']:,.0f}–{v['max']:,.0f}), `medusa-64+graphs` "
-            f"{med['bench_planner', 'bf16', 'medusa-64+graphs']}, `plan` {med['bench_planner', 'bf16', 'plan']} "
-            f"(plain); fp32 {med['bench_planner', 'fp32', 'vanilla+graphs']}, "
-            f"{med['bench_planner', 'fp32', 'medusa-64+graphs']} and {med['bench_planner', 'fp32', 'plan']}") in readme
+    for p in ("bf16", "fp32"):
+        data = json.loads((rows / f"bench/bench_mtbench20_{p}.json").read_text(encoding="utf-8"))
+        assert data["_run"]["rounds_done"] == 3
+        if p == "fp32":
+            assert all(r["identical_to_vanilla"] == r["replies"] == 20 for k, r in data.items() if not k.startswith("_"))
+        tps.update({(p, k): r for k, r in data.items() if not k.startswith("_")})
+    med = {k: f"{v['tokens_per_s']['median']:,.0f}" for k, v in tps.items()}
+    v = tps["bf16", "vanilla+graphs"]["tokens_per_s"]
+    plan = tps["bf16", "plan"]
+    assert (f"bf16 `vanilla+graphs` {v['median']:,.0f} ({v['min']:,.0f}–{v['max']:,.0f}), `medusa-64+graphs` "
+            f"{med['bf16', 'medusa-64+graphs']}, `plan` {med['bf16', 'plan']} (`{plan['tree']}`, predicted 1,748); "
+            f"fp32 {med['fp32', 'vanilla+graphs']}, {med['fp32', 'medusa-64+graphs']} and {med['fp32', 'plan']} "
+            "(plain)") in readme and "predicted 1748.4" in plan["note"] and tps["fp32", "plan"]["tree"] is None
+    grown = json.loads((rows / "bench_grown/bench_mtbench20_bf16.json").read_text(encoding="utf-8"))
+    g, gv = grown["plan"], grown["vanilla+graphs"]["tokens_per_s"]["median"]
+    assert grown["_run"]["rounds_done"] == 3 and "predicted 1626.4" in g["note"]
+    assert (f"the planner takes `{g['tree']}`: bf16 {g['tokens_per_s']['median']:,.0f} tok/s "
+            f"({g['tokens_per_s']['min']:,.0f}–{g['tokens_per_s']['max']:,.0f}) against `vanilla+graphs`' {gv:,.0f} "
+            f"in the same run, {g['tokens_per_s']['median'] / gv:.2f}×") in readme
+
+
+def test_the_tree_step_findings_hold_their_h200_runs():
+    """README's account of a 64-node tree's step and of the step model's grown trees: the
+    profile, the tile-matmul scan, the reverted fused trial and the step-model checks are
+    docs/results/tree_rows_h200/."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/tree_rows_h200"
+    profile = [json.loads(line) for line in (d / "profile/vicuna-7b-before.jsonl").read_text(encoding="utf-8").splitlines()]
+    top = dict((name, us) for name, _, us in next(r for r in profile[::-1] if "top" in r)["top"])
+    matmuls = sum(us for name, us in top.items() if name.startswith("nvjet") and "64x8_64x16" not in name
+                  and "256x16" not in name) + top["void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_"]
+    attention = top["attend_chunks"] + top["merge_chunks"]
+    assert (f"cuBLAS's four matmuls {matmuls / 1e3:.2f} ms (`o_proj` at "
+            f"{top['nvjet_sm90_tst_64x32_64x16_1x2_h_badd_TNT'] / 32:.0f} µs a layer") in readme
+    assert f"attention {attention / 1e3:.2f} (its merge of the chunks alone {top['merge_chunks'] / 1e3:.2f})" in readme
+    gemm = [json.loads(line) for line in (d / "profile/tile-gemm-m64.jsonl").read_text(encoding="utf-8").splitlines()]
+    best = min(r["ms"] for r in gemm if "ms" in r)
+    assert (f"took at best {best:.2f} ms against cuBLAS's {gemm[0]['cublas']:.2f} and a "
+            f"{gemm[0]['floor_ms']:.2f} floor") in readme
+    trial = _last_json(d / "fused_rows_trial/vicuna-7b-steps.jsonl")["alternating"]
+    assert (f"`lookup-8` step took {trial['lookup-8+graphs compiled']['median']:.1f} ms against "
+            f"{trial['lookup-8+graphs compiled-regions']['median']:.1f} through the regions, and the plain step, the "
+            f"same kernels at one token, slowed to {trial['single+graphs compiled']['median']:.2f} ms") in readme
+
+    def model_check(name: str) -> dict[str, tuple[float, float]]:
+        rows = [json.loads(line) for line in (d / name).read_text(encoding="utf-8").splitlines()]
+        return {r["tree"]: (sum(r["graph_step_ms"]) / 2, r["model_ms"]) for r in rows if r.get("ctx") == 1000}
+
+    before, after = model_check("step_model.jsonl"), model_check("step_model_grown.jsonl")
+    grown = ("dynamic-16+lookup-8", "dynamic-32+lookup-8")
+    assert ("took {:.2f} and {:.2f} ms more ({:.2f} and {:.2f} ms against {:.2f} and {:.2f})".format(
+        *(before[t][0] - before[t][1] for t in grown), *(before[t][0] for t in grown),
+        *(before[t][1] for t in grown)) in readme)
+    assert all(abs(m / p - 1) < 0.07 for t, (m, p) in before.items() if t not in grown and t != "lookup-8")
+    assert f"`lookup-8` ({before['lookup-8'][0] / before['lookup-8'][1] - 1:.0%} over" in readme
+    assert all(abs(after[t][0] / after[t][1] - 1) < 0.06 for t in grown)
+    assert all(abs(m / p - 1) < 0.10 for m, p in after.values())
+    plain = after["single"][0]
+    assert (f"(`chain-1` {after['chain-1'][0]:.2f} ms, `lookup-8` {after['lookup-8'][0]:.2f} against {plain:.2f})"
+            in readme and f"costs at least {min(after['chain-1'][0], after['lookup-8'][0]) / plain:.1f}× a plain one"
+            in readme)
