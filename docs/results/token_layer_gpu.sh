@@ -1,11 +1,12 @@
 # Issue 23, a plain step's layer as fused kernels (runtime/token_layer.py) on the GPU machine (device
 # tool), from the repository root, carrying .whl (and, for bench, the GGUF as gpu_setup.sh says):
-#   bash docs/results/token_layer_gpu.sh [exact|tune|steps|bench] [shapes]
+#   bash docs/results/token_layer_gpu.sh [exact|tune|profile|steps|stepmodel|bench] [shapes]
 #   exact: the GPU decoders' tests (greedy speculative = plain greedy, fp32) with the kernels
 #   tune:  vicuna-7b plain steps under launches PAIRS:ROWS:BLOCK_K:WARPS against the regions, 1 round
 #   profile: one plain vicuna-7b step's kernels under the profiler
 #   steps: whole steps (time_graph_steps.py), the kernels against the compiled regions, 3 rounds alternating
 #   bench: specmemo bench on the 20 MT-Bench queries, bf16 and fp32 (bench/)
+#   stepmodel: the planner's step model against whole graph steps of its trees (check_step_model.py)
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -30,6 +31,9 @@ steps)
       --steps 100 --regions compiled,compiled-regions --repeats 3 > "$OUT/$shape-steps.jsonl" 2> "$OUT/$shape-steps.err"
     tail -1 "$OUT/$shape-steps.jsonl"; tail -2 "$OUT/$shape-steps.err" | cut -c 1-300
   done ;;
+stepmodel)
+  timeout ${2:-200} python3 scripts/check_step_model.py ${3:-128,1000} > "$OUT/step_model.jsonl" 2> "$OUT/step_model.err"
+  cat "$OUT/step_model.jsonl" ;;
 bench)  # as the chunked attention's runs: the same methods, files and limits
   bash docs/results/chunked_attention_gpu.sh bench ;;
 esac
