@@ -35,28 +35,13 @@ def tile_matmul(x_ptr, w_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr
     tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=(m < M)[:, None])
 
 
-def graph_ms(fn, replays: int = 20) -> float:
-    """The median of 3 timings of ``replays`` replays of ``fn`` captured as one CUDA graph, ms each."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / replays)
-    return sorted(times)[1]
+def graph_ms(fn) -> float:
+    """The median of 3 timings of 20 replays of ``fn`` captured as one CUDA graph, ms a replay."""
+    from specmemo_core.runtime.step import capture_graph
+    from time_step_parts import replay_ms
+
+    graph = capture_graph(fn, warmup=2)[0]
+    return sorted(replay_ms(graph) for _ in range(3))[1]
 
 
 def main() -> None:

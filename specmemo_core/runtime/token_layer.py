@@ -135,7 +135,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     step of several tokens runs."""
     kernels = _kernels()
     if x.shape[0] > 1:
-        return finish(layer, _attend_rows(kernels, layer, x, cos, sin, bias, cache), x)
+        return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
     h, hkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
@@ -151,7 +151,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return _matmul_add(kernels.matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
 
 
-def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
                  bias: torch.Tensor, cache: "KVCache") -> torch.Tensor:
     """A step of T > 1 tokens up to o_proj: norm, the fused q/k/v matmul, ``rotate_rows`` (q out,
     k and v into the cache at the step's slots) and the attention: [T, H·hd]."""
