@@ -18,8 +18,8 @@ from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import CausalLM
-from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, StepParts, StepUnit, TypicalAcceptance,
-                                         finish_prefill, prefill)
+from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, Launched, StepParts, StepUnit,
+                                         TypicalAcceptance, finish_prefill, prefill)
 from specmemo_core.runtime.tree import Tree, TreeBuffers, load_tree
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
@@ -227,27 +227,51 @@ class Decoder:
         emitted = 1
         stop = root in config.stop_token_ids
         yield Step((root,) if not stop else (), 1, time.perf_counter() - t0, len(new_ids), prefill=True)
-        while not stop and emitted < config.max_new_tokens:
-            if cancel is not None and cancel.is_set():
-                return
-            t0 = time.perf_counter()
-            unit = self._unit(acceptance)
-            tokens = unit()
-            dt = time.perf_counter() - t0
-            self.history.append(root)  # the root's KV is committed now, and the accepted drafts'
-            self.history.extend(tokens[:-1])
-            root = tokens[-1]
-            out, stop = take_tokens(tokens, config, emitted)
-            emitted += len(out)
-            yield Step(tuple(out), len(tokens), dt, unit.nodes)
+        ahead = self._overlaps(acceptance)
+        next_step: tuple[StepUnit, Launched] | None = None
+        try:
+            while not stop and emitted < config.max_new_tokens:
+                if cancel is not None and cancel.is_set():
+                    return
+                if next_step is None:
+                    t0 = time.perf_counter()
+                    next_step = self._launch(acceptance, ahead=0)
+                (unit, launched), next_step = next_step, None
+                if ahead and emitted + 1 < config.max_new_tokens:  # this step may not end the reply:
+                    next_step = self._launch(acceptance, ahead=unit.nodes)  # the next one runs meanwhile
+                tokens = launched.read()
+                dt, t0 = time.perf_counter() - t0, time.perf_counter()  # since the last result
+                self.history.append(root)  # the root's KV is committed now, and the accepted drafts'
+                self.history.extend(tokens[:-1])
+                root = tokens[-1]
+                out, stop = take_tokens(tokens, config, emitted)
+                emitted += len(out)
+                yield Step(tuple(out), len(tokens), dt, unit.nodes)
+        finally:  # a step started for a reply that has ended: its commits undone
+            if next_step is not None:
+                next_step[1].discard()
 
-    def _next_buffers(self) -> TreeBuffers:
-        """The tree of the next step: the decoder's, or the 1-node tree (a plain step)
-        when it does not speculate or its tree no longer fits the cache."""
-        if self.speculative and self.cache.free_slots() >= self.tree.num_nodes:
+    def _overlaps(self, acceptance: Acceptance) -> bool:
+        """Whether each step starts before the last one is read (``StaticDecoder``); a cache
+        whose length lives on the host cannot run ahead of it."""
+        return False
+
+    def _launch(self, acceptance: Acceptance, *, ahead: int) -> tuple[StepUnit, Launched] | None:
+        """Start the next step, ``ahead`` tokens (which a step in flight may commit) after the
+        cache's host length; None where it might not fit then (with none in flight: the
+        unit's ``ContextFullError``)."""
+        if ahead and self.cache.free_slots() < ahead + 1:
+            return None
+        unit = self._unit(acceptance, ahead=ahead)
+        return unit, unit.launch(ahead=ahead)
+
+    def _next_buffers(self, ahead: int = 0) -> TreeBuffers:
+        """The tree of the next step (``ahead``: as in ``_launch``): the decoder's, or the
+        1-node tree (a plain step) when it does not speculate or its tree no longer fits the cache."""
+        if self.speculative and self.cache.free_slots() >= ahead + self.tree.num_nodes:
             return self._buffers
         return self._single
 
-    def _unit(self, acceptance: Acceptance) -> StepUnit:
+    def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit:
         """The step unit of the next step (here made for it: eager units cost nothing)."""
-        return StepUnit(self.parts, self._next_buffers(), acceptance)
+        return StepUnit(self.parts, self._next_buffers(ahead), acceptance)

@@ -136,6 +136,10 @@ class StaticDecoder(Decoder):
     # prompt chunks padded to bucket lengths and replayed as CUDA graphs (``_prefill_chunks``);
     # None: where steps replay graphs (CUDA, one device); True on a CPU runs the same code eagerly
     bucketed_prefill: bool | None = None
+    # each greedy step starts before the last one is read (``Decoder.generate``): the GPU runs
+    # it while the host reads, streams and checks the last; a step started for a reply that
+    # ended is undone. None: where steps replay graphs; True on a CPU runs the same code eagerly
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(home_cache(self.cache), StaticKVCache):
@@ -217,13 +221,20 @@ class StaticDecoder(Decoder):
             self.units[n, span] = unit
         return self.units[n, span]
 
-    def _unit(self, acceptance: Acceptance) -> StepUnit:
+    def _overlaps(self, acceptance: Acceptance) -> bool:
+        """Greedy steps over the static cache, whose length lives on the device: where steps
+        replay graphs (``overlap`` None) or as ``overlap`` says."""
+        graphed = self.graphs and self.model.device.type == "cuda" and self.model.one_device
+        return acceptance.graph_safe and (graphed if self.overlap is None else self.overlap)
+
+    def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit:
         """Greedy with ``graphs``: the kept unit for the next tree over the smallest span
-        that holds the step; otherwise an eager unit, as in ``Decoder``."""
+        that holds the step (``ahead`` tokens later, as in ``_launch``); otherwise an eager
+        unit, as in ``Decoder``."""
         if not (self.graphs and acceptance.graph_safe):
-            return super()._unit(acceptance)
-        buffers = self._next_buffers()
-        return self._greedy_unit(buffers, self.cache.span_for(buffers.depths.shape[0]))
+            return super()._unit(acceptance, ahead=ahead)
+        buffers = self._next_buffers(ahead)
+        return self._greedy_unit(buffers, self.cache.span_for(ahead + buffers.depths.shape[0]))
 
 
 def new_static_cache(model, capacity: int) -> StaticKVCache:

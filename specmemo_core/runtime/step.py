@@ -425,10 +425,36 @@ def capture_graph(run: Callable[[], torch.Tensor], *, warmup: int = 2, pool=None
     return graph, out
 
 
+class Launched:
+    """A step started on the device and not yet read: ``read`` waits for it and settles it
+    (``settle``), ``discard`` waits for it and undoes what it committed on the device."""
+
+    def __init__(self, parts: StepParts, out: torch.Tensor, done: torch.cuda.Event | None) -> None:
+        self.parts, self._out, self._done = parts, out, done
+
+    def _wait(self) -> None:
+        if self._done is not None:
+            self._done.synchronize()
+
+    def read(self) -> list[int] | list[list[int]]:
+        self._wait()
+        return settle(self.parts, self._out)
+
+    def discard(self) -> None:
+        """The step's commits undone: the caches' device lengths back to their host ones (the
+        slots past them are scratch). ``root`` and ``state`` keep what it left: the next
+        prefill writes both."""
+        self._wait()
+        for cache in (self.parts.cache, self.parts.context_cache):
+            if cache is not None:
+                cache.rewind()
+
+
 class StepUnit:
     """One step over one tree (and, on a static cache, one attended ``span``), run eagerly
     or replayed as a captured CUDA graph. Calling it runs a step and returns the tokens it
-    emitted (one list per sequence over a batched cache)."""
+    emitted (one list per sequence over a batched cache); ``launch`` only starts it, so the
+    host can start the next step before it reads this one (``Decoder.generate``)."""
 
     def __init__(self, parts: StepParts, buffers: TreeBuffers, acceptance: Acceptance, *,
                  span: int | None = None) -> None:
@@ -436,6 +462,7 @@ class StepUnit:
         self.nodes = buffers.depths.shape[0]
         self.graph: torch.cuda.CUDAGraph | None = None
         self._out: torch.Tensor | None = None
+        self._host: list[torch.Tensor] = []  # two pinned copies of a graph's output (``launch``)
 
     @torch.inference_mode()
     def _run(self) -> torch.Tensor:
@@ -460,13 +487,25 @@ class StepUnit:
         self.graph, self._out = capture_graph(self._run, warmup=warmup, pool=pool, stream=stream, after_warmup=undo)
 
     def __call__(self) -> list[int] | list[list[int]]:
+        return self.launch().read()
+
+    def launch(self, *, ahead: int = 0) -> Launched:
+        """Start the step: a graph's replay is queued with a copy of its output into pinned
+        host memory (two, taken in turn: the next replay of the same graph rewrites its
+        output before this one is read); an eager step just runs. ``ahead``: tokens a step
+        still in flight may commit before this one runs (its room and span must hold them)."""
         cache = self.parts.cache
-        cache.ensure_room(self.nodes)
-        if self.span is not None and cache.length + self.nodes > self.span:
+        cache.ensure_room(ahead + self.nodes)
+        if self.span is not None and cache.length + ahead + self.nodes > self.span:
             raise ValueError(f"this step unit attends over {self.span} slots; the cache needs a larger span")
         if self.graph is None:
-            out = self._run()
-        else:
-            self.graph.replay()
-            out = self._out
-        return settle(self.parts, out)
+            return Launched(self.parts, self._run(), None)
+        if not self._host:
+            self._host = [torch.empty_like(self._out, device="cpu", pin_memory=True) for _ in range(2)]
+        self.graph.replay()
+        host = self._host[0]
+        self._host.reverse()
+        host.copy_(self._out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Launched(self.parts, host, done)

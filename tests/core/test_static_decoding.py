@@ -6,6 +6,7 @@ import torch
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+from specmemo_core.runtime.step import StepUnit
 from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
 
@@ -179,3 +180,72 @@ def test_bucketed_prefill_decodes_as_the_eager_prefill(heads_kind, device):
         assert steps_b == steps_e
         assert torch.allclose(k_b, k_e, atol=1e-4, rtol=1e-4) and torch.allclose(state_b, state_e, atol=1e-4, rtol=1e-4)
         assert bool(graphs_b) == (device == "cuda" and prompt_len + 512 <= capacity)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("heads_kind,tree_name", [(None, None), ("hydra", "medusa-64"),
+                                                   ("context-next", "1-10-16-17+lookup-8")])
+def test_steps_started_before_the_last_is_read_decode_alike(heads_kind, tree_name, device, monkeypatch):
+    """``overlap``: each step starts before the host reads the one before (on a GPU the graph
+    runs while the host streams the last step; here the same code runs eagerly). Turns that
+    end by their token budget, by a stop token and by the consumer closing the stream each
+    leave one started step to undo: the next turn still decodes exactly as plain greedy,
+    with every cache's device length back at its host length, and a stream closed early
+    leaves the conversation as far as it was read."""
+    torch.set_num_threads(1)
+    launches = []
+    real_launch = StepUnit.launch
+    monkeypatch.setattr(StepUnit, "launch", lambda unit, **kw: launches.append(kw["ahead"]) or real_launch(unit, **kw))
+    model = tiny_model(seed=11, vocab_size=300, device=device)
+    tree = load_tree(tree_name) if tree_name else None
+    heads = (random_heads(4, 64, 300, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16) if "context" in heads_kind
+                          else None, context_next=heads_kind == "context-next").to(device) if heads_kind else None)
+    static = StaticDecoder(model, new_static_cache(model, 400), heads, tree, graphs=True, overlap=True)
+    plain = Decoder(model, model.new_cache(400))
+    prompt = list(range(10, 40))
+    want = _tokens(plain, prompt, 60)
+    for config in (GenerationConfig(max_new_tokens=30), "stop", None):
+        launches.clear()
+        if config == "stop":  # a token the reply reaches after its first steps
+            stop = next(t for i, t in enumerate(want) if i >= 8 and t not in want[:i])
+            config = GenerationConfig(max_new_tokens=60, stop_token_ids={stop})
+        if config is None:  # the consumer stops reading after three steps
+            stream = static.generate(prompt, GenerationConfig(max_new_tokens=60))
+            got = [t for _, s in zip(range(4), stream) for t in s.token_ids]
+            stream.close()
+            assert got == want[:len(got)] and len(static.history) == len(prompt) + len(got) - 1
+        else:
+            steps = list(static.generate(prompt, config))
+            got = [t for s in steps for t in s.token_ids]
+            reference = want[:30] if config.stop_token_ids == frozenset() else want[:want.index(stop)]
+            assert got == reference
+        assert launches.count(0) == 1 and len(launches) >= 3 and all(a > 0 for a in launches[1:])
+        for cache in (static.cache, static.context_cache):
+            if cache is not None:
+                assert int(cache.length_t) == cache.length == len(static.history)
+        prompt = static.history + [3, 4, 5]
+        want = _tokens(plain, prompt, 60)
+    assert _tokens(static, prompt, 60) == want
+
+
+def test_steps_run_ahead_only_where_the_cache_has_room():
+    """Near the cache's end a step is started only once the last is read (its worst-case room
+    must hold both), and the conversation fills the cache exactly as the plain decoder's does."""
+    from specmemo_core.errors import ContextFullError
+
+    torch.set_num_threads(1)
+    model = tiny_model(seed=11, vocab_size=16)
+    heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra")
+    prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    runs = []
+    for decoder in (Decoder(model, model.new_cache(60)),
+                    StaticDecoder(model, new_static_cache(model, 60), heads, load_tree("1-10-16-17"), graphs=True,
+                                  overlap=True)):
+        got = []
+        with pytest.raises(ContextFullError):
+            for step in decoder.generate(prompt, GenerationConfig(max_new_tokens=100)):
+                got += step.token_ids
+        runs.append(got)
+        if isinstance(decoder, StaticDecoder):
+            assert int(decoder.cache.length_t) == decoder.cache.length
+    assert runs[0] == runs[1] and len(runs[0]) > 30

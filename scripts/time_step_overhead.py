@@ -1,0 +1,89 @@
+"""Where a graph-replayed decoding step's wall time goes besides its kernels: the default
+model's shape (random weights), its trained heads, bf16, on a GPU. For each tree, ms per step
+of four loops over the same captured step unit:
+
+- ``loop``: ``Decoder.generate`` (replay, the host read, the loop's bookkeeping);
+- ``replay+read``: replay, then the step's host read (``settle``'s ``tolist``), nothing else;
+- ``replay+sync``: replay, then wait for the GPU;
+- ``replays``: back-to-back replays, one wait at the end (the GPU's time alone).
+
+``replay+sync`` − ``replays`` is the launch latency a step exposes when the host waits for it;
+``loop`` − ``replay+read`` the Python work between steps.
+
+    python3 scripts/time_step_overhead.py [contexts, e.g. 300,1000] > step_overhead.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specmemo_core.planning.memory import known_shape
+from specmemo_core.planning.plan_check import random_model
+from specmemo_core.runtime.decoding import GenerationConfig
+from specmemo_core.runtime.engine import resolve_tree
+from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
+
+TREES = ("single", "lookup-8", "calibrated-16+lookup-8", "medusa-64")
+HEADS = Path("assets/heads/SmolLM2-135M-Instruct")
+STEPS = 100
+
+
+def per_step_ms(run, steps: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def time_tree(model, heads, tree, context: int) -> dict[str, float]:
+    decoder = StaticDecoder(model, new_static_cache(model, 4096), heads, tree, graphs=True)
+    decoder.capture()
+    prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    stream = decoder.generate(prompt, GenerationConfig(max_new_tokens=4 * STEPS))
+    next(stream)  # prefill
+    for _ in range(5):
+        next(stream)
+    out = {"loop": per_step_ms(lambda: next(stream), STEPS)}
+    stream.close()
+    buffers = decoder._next_buffers()
+    unit = decoder.units[buffers.depths.shape[0], decoder.cache.span_for(buffers.depths.shape[0])]
+    start = decoder.cache.length
+    for name, run in (("replay+read", lambda: unit.graph.replay() or unit._out.tolist()),
+                      ("replay+sync", lambda: unit.graph.replay() or torch.cuda.synchronize()),
+                      ("replays", unit.graph.replay)):
+        out[name] = per_step_ms(run, STEPS)  # the device length moves on; the host's stays: rewind
+        decoder.cache.truncate(start)
+        if decoder.context_cache is not None:
+            decoder.context_cache.truncate(start)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def main() -> None:
+    from time_graph_steps import count_kernels, step_heads
+
+    shape = known_shape("smollm2-135m")
+    model = random_model(shape, "bf16", "cuda")
+    model.fuse_projections()
+    model.compile_layers()
+    heads = step_heads(shape, model, "cuda", str(HEADS))
+    contexts = [int(c) for c in (sys.argv[1] if len(sys.argv) > 1 else "300,1000").split(",")]
+    for context in contexts:
+        for name in TREES:
+            tree = None if name == "single" else resolve_tree(name, HEADS)
+            drafts = tree is not None and tree.depth > 0
+            times = time_tree(model, heads if drafts else None, tree, context)
+            print(json.dumps({"ctx": context, "tree": name, **times}), flush=True)
+    if "--kernels" in sys.argv:
+        tree = resolve_tree("calibrated-16+lookup-8", HEADS)
+        print(json.dumps({"tree": "calibrated-16+lookup-8", "kernels": count_kernels(model, heads, tree, 300)}))
+
+
+if __name__ == "__main__":
+    main()
