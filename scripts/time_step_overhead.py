@@ -2,7 +2,8 @@
 model's shape (random weights), its trained heads, bf16, on a GPU. For each tree, ms per step
 of four loops over the same captured step unit:
 
-- ``loop``: ``Decoder.generate`` (replay, the host read, the loop's bookkeeping);
+- ``loop``: ``Decoder.generate`` (replay, the host read, the loop's bookkeeping), each step
+  started before the last is read (``StaticDecoder.overlap``); ``loop-serial``: one at a time;
 - ``replay+read``: replay, then the step's host read (``settle``'s ``tolist``), nothing else;
 - ``replay+sync``: replay, then wait for the GPU;
 - ``replays``: back-to-back replays, one wait at the end (the GPU's time alone).
@@ -29,7 +30,7 @@ from specmemo_core.runtime.engine import resolve_tree
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
 TREES = ("single", "lookup-8", "calibrated-16+lookup-8", "medusa-64")
-HEADS = Path("assets/heads/SmolLM2-135M-Instruct")
+HEADS = Path(__file__).resolve().parents[1] / "assets/heads/SmolLM2-135M-Instruct"
 STEPS = 100
 
 
@@ -42,16 +43,30 @@ def per_step_ms(run, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e3
 
 
-def time_tree(model, heads, tree, context: int) -> dict[str, float]:
-    decoder = StaticDecoder(model, new_static_cache(model, 4096), heads, tree, graphs=True)
-    decoder.capture()
-    prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+def time_loop(decoder, prompt: list[int]) -> float:
     stream = decoder.generate(prompt, GenerationConfig(max_new_tokens=4 * STEPS))
     next(stream)  # prefill
     for _ in range(5):
         next(stream)
-    out = {"loop": per_step_ms(lambda: next(stream), STEPS)}
+    ms = per_step_ms(lambda: next(stream), STEPS)
     stream.close()
+    decoder.reset()
+    return ms
+
+
+def time_tree(model, heads, tree, context: int) -> dict[str, float]:
+    decoder = StaticDecoder(model, new_static_cache(model, 4096), heads, tree, graphs=True)
+    decoder.capture()
+    prompt = torch.randint(0, model.spec.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    out = {}
+    for overlap, name in ((False, "loop-serial"), (True, "loop"), (False, "loop-serial"), (True, "loop")):
+        decoder.overlap = overlap
+        out.setdefault(name, []).append(time_loop(decoder, prompt))
+    out = {k: min(v) for k, v in out.items()}
+    decoder.overlap = False  # no step left in flight under the replays below
+    stream = decoder.generate(prompt, GenerationConfig(max_new_tokens=8))
+    for _ in range(3):
+        next(stream)
     buffers = decoder._next_buffers()
     unit = decoder.units[buffers.depths.shape[0], decoder.cache.span_for(buffers.depths.shape[0])]
     start = decoder.cache.length

@@ -263,7 +263,7 @@ class Decoder:
         if ahead and self.cache.free_slots() < ahead + 1:
             return None
         unit = self._unit(acceptance, ahead=ahead)
-        return unit, unit.launch(ahead=ahead)
+        return None if unit is None else (unit, unit.launch(ahead=ahead))
 
     def _next_buffers(self, ahead: int = 0) -> TreeBuffers:
         """The tree of the next step (``ahead``: as in ``_launch``): the decoder's, or the
@@ -272,6 +272,7 @@ class Decoder:
             return self._buffers
         return self._single
 
-    def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit:
-        """The step unit of the next step (here made for it: eager units cost nothing)."""
+    def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit | None:
+        """The step unit of the next step (here made for it: eager units cost nothing; None
+        only where one would have to be captured while a step is in flight: ``StaticDecoder``)."""
         return StepUnit(self.parts, self._next_buffers(ahead), acceptance)

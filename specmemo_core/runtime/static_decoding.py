@@ -227,14 +227,19 @@ class StaticDecoder(Decoder):
         graphed = self.graphs and self.model.device.type == "cuda" and self.model.one_device
         return acceptance.graph_safe and (graphed if self.overlap is None else self.overlap)
 
-    def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit:
+    def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit | None:
         """Greedy with ``graphs``: the kept unit for the next tree over the smallest span
         that holds the step (``ahead`` tokens later, as in ``_launch``); otherwise an eager
-        unit, as in ``Decoder``."""
+        unit, as in ``Decoder``. None ahead of a step in flight where the unit is not made
+        yet: a capture's trial runs rewind the caches to their host lengths, which the step
+        in flight has not settled."""
         if not (self.graphs and acceptance.graph_safe):
             return super()._unit(acceptance, ahead=ahead)
         buffers = self._next_buffers(ahead)
-        return self._greedy_unit(buffers, self.cache.span_for(ahead + buffers.depths.shape[0]))
+        key = buffers.depths.shape[0], self.cache.span_for(ahead + buffers.depths.shape[0])
+        if ahead and key not in self.units:
+            return None
+        return self._greedy_unit(buffers, key[1])
 
 
 def new_static_cache(model, capacity: int) -> StaticKVCache:

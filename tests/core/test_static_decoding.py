@@ -130,7 +130,8 @@ def test_units_made_before_the_first_turn_decode_alike(tree_name, device):
 def test_steps_attend_over_growing_spans_and_decode_alike(tree_name, device):
     """A conversation that grows past 256 and 512 slots moves to units attending over
     larger spans (256, 512, then the whole cache) and still decodes exactly as plain
-    greedy; here over a model with fused projections and heads with a context layer."""
+    greedy; here over a model with fused projections and heads with a context layer, each
+    step started before the last is read."""
     torch.set_num_threads(1)
     model = tiny_model(seed=11, vocab_size=16, device=device)
     prompt = torch.randint(0, 16, (200,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -138,7 +139,9 @@ def test_steps_attend_over_growing_spans_and_decode_alike(tree_name, device):
     tree = load_tree("1-10-16-17").with_lookup(8) if tree_name else None
     heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra", context=(64, 4, 2, 16)).to(device) if tree else None
     assert model.fuse_projections()
-    static = StaticDecoder(model, new_static_cache(model, 700), heads, tree, graphs=True)
+    # each step started before the last is read (as on a GPU by default): units for the next
+    # span are made (captured, on a GPU) only between steps
+    static = StaticDecoder(model, new_static_cache(model, 700), heads, tree, graphs=True, overlap=True)
     assert static.cache.spans() == [256, 512, 700]
     steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=400)))
     assert [t for s in steps for t in s.token_ids] == plain
