@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "hf,hf-pld,vanilla,medusa-64,1-10-16-17,plan, and on a CPU llamacpp: llama.cpp on the same "
                         "GGUF, skipped with a line where llama-cpp-python is not installed); a name of ours "
                         "+graphs: on the static-shape decoder (CUDA graphs on a GPU); then +compiled: its decoder "
-                        "layers through torch.compile (e.g. vanilla+graphs+compiled)")
+                        "layers through torch.compile (e.g. vanilla+graphs+compiled); then +serial: each step "
+                        "starts only once the last is read (steps overlap by default on a GPU)")
     p.add_argument("--cap-gib", default=None, metavar="GIB",
                    help="offload methods (accelerate-offload, stream-plain, stream-tree, stream-random-heads): plan "
                         "for a GPU of GIB and cap this process's GPU memory to it (as plan --verify does); 'half': "

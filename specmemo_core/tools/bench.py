@@ -19,6 +19,10 @@ plan         our decoder with the tree the planner picks after timing this devic
 <tree name>  our decoder with the loaded heads on that tree: medusa-64, 1-10-16-17,
              calibrated-N, …; ``+lookup-N`` adds a chain copied from the conversation
              (``lookup.py``), and ``lookup-N`` alone needs no heads.
+
+Our methods take suffixes, in this order: ``+graphs`` (the static-shape decoder: CUDA graphs
+on a GPU), ``+compiled`` (its layer regions through torch.compile), ``+serial`` (each step
+waits until the last one is read, as before steps overlapped: ``StaticDecoder.overlap``).
 """
 
 from __future__ import annotations
@@ -102,15 +106,17 @@ class Method:
 
 
 COMPILED = "+compiled"  # a method name's suffix: the same method with compiled layer regions
+SERIAL = "+serial"  # … with each step started only once the last is read (no overlapped steps)
 
 
 # -- runners ------------------------------------------------------------------
 def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, *, max_new_tokens: int,
-                graphs: bool = False, regions: Any = None) -> Callable[[], Pass]:
+                graphs: bool = False, regions: Any = None, serial: bool = False) -> Callable[[], Pass]:
     """Our decoder (plain when ``tree`` is None) over the conversations, via evaluate.run_conversations;
     ``graphs``: the static-shape decoder (CUDA graphs on a GPU, captured on the engine's one
     stream, as the app's sessions are); ``regions``: how the decoder layers run
-    (``model.LayerRegions``; None: eagerly), set at each pass since methods take turns."""
+    (``model.LayerRegions``; None: eagerly), set at each pass since methods take turns;
+    ``serial``: no step starts before the last is read."""
     from specmemo_core.runtime.model import EAGER_REGIONS
 
     heads = engine.heads if tree is not None else None
@@ -119,7 +125,8 @@ def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, 
     def run() -> Pass:
         engine.model.use_regions(regions or EAGER_REGIONS)
         r = run_conversations(engine.model, engine.tokenizer, engine.config, conversations, heads=heads,
-                              tree=tree, max_new_tokens=max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs, capture_stream=capture_stream)
+                              tree=tree, max_new_tokens=max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs,
+                              capture_stream=capture_stream, overlap=False if serial else None)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
 
     return run
@@ -380,23 +387,28 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
     stops = end_of_turn_ids(engine.tokenizer, engine.config)
     methods: list[Method] = []
     # one compiled LayerRegions for every +compiled method (so they share what was compiled)
-    compiled = compiled_regions() if any(n.endswith(COMPILED) for n in names) else None
+    compiled = compiled_regions() if any(n.removesuffix(SERIAL).endswith(COMPILED) for n in names) else None
 
     def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
-        regions = compiled if name.endswith(COMPILED) else None
+        serial = name.endswith(SERIAL)
+        regions = compiled if name.removesuffix(SERIAL).endswith(COMPILED) else None
         if regions is not None:
             note += ("; " if note else "") + "compiled layer regions"
-        run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs, regions=regions)
+        if serial:
+            note += ("; " if note else "") + "serial steps"
+        run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs, regions=regions,
+                          serial=serial)
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
 
     for full_name in names:
         # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU); a
-        # further +compiled: its decoder layers' regions through torch.compile (model.compiled_regions)
-        base = full_name.removesuffix(COMPILED)
+        # further +compiled: its decoder layers' regions through torch.compile (model.compiled_regions);
+        # +serial: no overlapped steps
+        base = full_name.removesuffix(SERIAL).removesuffix(COMPILED)
         if base != full_name and base.split("+", 1)[0] in HF_METHODS:
-            raise SpecMemoError(f"method {full_name}: +compiled applies to our decoder, not to transformers")
+            raise SpecMemoError(f"method {full_name}: +compiled and +serial apply to our decoder, not to transformers")
         name, graphs = (base[: -len("+graphs")], True) if base.endswith("+graphs") else (base, False)
         graphs = graphs or (name == "plan" and kind == "cuda" and engine.model.capturable)  # as the app runs it
         if graphs and kind == "cuda" and not engine.model.capturable:

@@ -42,16 +42,17 @@ def run_conversations(
     model: CausalLM, tokenizer: Any, config: Any, conversations: Sequence[Sequence[str]], *,
     heads: DraftHeads | None, tree: Tree | None, max_new_tokens: int, capacity: int = 4096,
     on_turn: Callable[[], None] | None = None, graphs: bool = False, capture_stream: Any = None,
+    overlap: bool | None = None,
 ) -> RunResult:
     """``graphs``: decode with static shapes (``static_decoding``; CUDA graphs on a GPU,
     captured on ``capture_stream``: pass one stream to every run of a process, see
-    ``Engine.graph_capture_stream``)."""
+    ``Engine.graph_capture_stream``); ``overlap``: ``StaticDecoder.overlap``."""
     scratch = tree.num_nodes if tree is not None else 1
     if graphs:
         from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 
         decoder: Decoder = StaticDecoder(model, new_static_cache(model, capacity + scratch), heads, tree, graphs=True,
-                                         capture_stream=capture_stream)
+                                         capture_stream=capture_stream, overlap=overlap)
     else:
         decoder = Decoder(model, model.new_cache(capacity + scratch), heads, tree)
     gen = GenerationConfig(max_new_tokens=max_new_tokens)

@@ -161,23 +161,26 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
 def test_compiled_methods_reply_like_vanilla_and_others_run_eagerly_beside_them():
     """``+compiled``: the method with its decoder layers' regions compiled (one compiled
     graph for every such method), eager methods taking turns with them stay eager; fp32
-    greedy replies are vanilla's. Refused for transformers' methods."""
+    greedy replies are vanilla's, as are those of ``+serial`` (steps that do not overlap).
+    Refused for transformers' methods."""
     from specmemo_core.runtime.model import EAGER_REGIONS
 
     engine = _engine()
-    names = ["vanilla", "vanilla+compiled", "1-10-16-17+graphs+compiled"]
+    names = ["vanilla", "1-10-16-17+graphs+serial", "vanilla+compiled", "1-10-16-17+graphs+compiled"]
     methods = build_methods(names, engine, None, CONVERSATIONS, max_new_tokens=16, precision="fp32")
     out = report(methods, run_bench(methods, repeats=1, warmup=0))
     assert all(out[n]["identical_to_vanilla"] == 3 for n in names)
     assert "compiled layer regions" in out["vanilla+compiled"]["note"]
+    assert "serial steps" in out["1-10-16-17+graphs+serial"]["note"]
     assert "static shapes" in out["1-10-16-17+graphs+compiled"]["note"]
     assert out["1-10-16-17+graphs+compiled"]["tree"] == "1-10-16-17"
     layer = engine.model.model.layers[0]
     assert layer.regions is not EAGER_REGIONS  # the last pass was a compiled one
     methods[0].run()
     assert layer.regions is EAGER_REGIONS
-    with pytest.raises(SpecMemoError, match="not to transformers"):
-        build_methods(["hf+compiled"], engine, None, CONVERSATIONS, max_new_tokens=4, precision="fp32")
+    for name in ("hf+compiled", "hf+serial"):
+        with pytest.raises(SpecMemoError, match="not to transformers"):
+            build_methods([name], engine, None, CONVERSATIONS, max_new_tokens=4, precision="fp32")
 
 
 def test_plan_may_choose_plain_decoding_and_says_so():
