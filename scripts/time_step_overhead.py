@@ -44,7 +44,7 @@ def per_step_ms(run, steps: int) -> float:
 
 
 def time_loop(decoder, prompt: list[int]) -> float:
-    stream = decoder.generate(prompt, GenerationConfig(max_new_tokens=4 * STEPS))
+    stream = decoder.generate(prompt, GenerationConfig(max_new_tokens=2000))
     next(stream)  # prefill
     for _ in range(5):
         next(stream)

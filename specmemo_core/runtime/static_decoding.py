@@ -27,6 +27,7 @@ decoder's (checked in the tests); the cost on CPU is attention over whole spans.
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass
+from typing import Callable
 
 import torch
 
@@ -36,7 +37,7 @@ from specmemo_core.runtime.split_cache import SplitCache
 from specmemo_core.runtime.heads import ContextLayer
 from specmemo_core.runtime.staged_prefill import prefill_buckets
 from specmemo_core.runtime.step import (Acceptance, GreedyAcceptance, StepUnit, capture_graph, chunk_as_is,
-                                        padded_prefill, prefill)
+                                        padded_prefill, prefill, reads_next)
 from specmemo_core.runtime.tree import TreeBuffers
 
 
@@ -190,27 +191,39 @@ class StaticDecoder(Decoder):
             self._prefill_next[: len(following)] = torch.tensor(following)
         self._prefill_count.fill_(len(ids))
         span = self.cache.span_for(bucket)
-
-        def run() -> torch.Tensor:
-            return padded_prefill(self.parts, self._prefill_ids[:bucket],
-                                  None if following is None else self._prefill_next[:bucket], self._prefill_count, span)
-
         if not self._graph_prefill:
-            return run()
-        if (bucket, span) not in self._prefill_graphs:
-            self._prefill_graphs[bucket, span] = capture_graph(run, pool=self._pool, stream=self._capture_stream)
-        graph, out = self._prefill_graphs[bucket, span]
+            return self._padded_run(bucket, span, following is not None)()
+        graph, out = self._prefill_graph(bucket, span, following is not None)
         graph.replay()
         return out
 
-    def capture(self) -> None:
+    def _padded_run(self, bucket: int, span: int, with_next: bool) -> Callable[[], torch.Tensor]:
+        """``step.padded_prefill`` over the decoder's buffers cut to ``bucket``, attending over ``span``."""
+        return lambda: padded_prefill(self.parts, self._prefill_ids[:bucket],
+                                      self._prefill_next[:bucket] if with_next else None, self._prefill_count, span)
+
+    def _prefill_graph(self, bucket: int, span: int, with_next: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The graph of a padded chunk of ``bucket`` over ``span``, captured on first use (its
+        trial runs write scratch slots and the draft state only, as a chunk does before
+        ``prefill`` commits it)."""
+        if (bucket, span) not in self._prefill_graphs:
+            self._prefill_graphs[bucket, span] = capture_graph(self._padded_run(bucket, span, with_next),
+                                                               pool=self._pool, stream=self._capture_stream)
+        return self._prefill_graphs[bucket, span]
+
+    def capture(self, *, prefill: bool = False) -> None:
         """Make the step units greedy decoding will use (capturing their CUDA graphs) now,
-        one per span, on an empty cache, so no step of a conversation pays for it."""
+        one per span, on an empty cache, so no step of a conversation pays for it; with
+        ``prefill`` the padded prompt chunks' graphs too, every bucket over every span that
+        holds it (a benchmark's turns then time no capture: each costs a few prefills)."""
         if not self.graphs or self.cache.length:
             return
         buffers = self._buffers if self.speculative else self._single
         for span in self.cache.spans():
             self._greedy_unit(buffers, span)
+            for bucket in self._prefill_buckets if prefill and self._graph_prefill else ():
+                if bucket <= span:
+                    self._prefill_graph(bucket, span, reads_next(self.parts))
 
     def _greedy_unit(self, buffers: TreeBuffers, span: int) -> StepUnit:
         n = buffers.depths.shape[0]

@@ -58,7 +58,7 @@ def run_conversations(
     gen = GenerationConfig(max_new_tokens=max_new_tokens)
     stops = end_of_turn_ids(tokenizer, config)
     if graphs:
-        decoder.capture()  # CUDA graphs are made before the clock starts, not in the first turn
+        decoder.capture(prefill=True)  # CUDA graphs are made before the clock starts, not in the turns
     replies: list[list[int]] = []
     new_tokens = steps = step_tokens = prefilled = 0
     decode_s = 0.0

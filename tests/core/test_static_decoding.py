@@ -108,8 +108,8 @@ def test_heads_with_a_context_layer_draft_alike_in_both_decoders(graphs, device,
 @pytest.mark.parametrize("tree_name", [None, "1-10-16-17+lookup-8"])
 def test_units_made_before_the_first_turn_decode_alike(tree_name, device):
     """``capture`` makes the step unit on the empty cache (as the bench does before its
-    clock starts); the conversation then decodes exactly as plain greedy, with the cache
-    and its device length untouched by the capture's trial runs."""
+    clock starts, with its prompt chunks' graphs); the conversation then decodes exactly as
+    plain greedy, with the cache and its device length untouched by the capture's trial runs."""
     torch.set_num_threads(1)
     model = tiny_model(seed=11, vocab_size=16, device=device)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -117,12 +117,16 @@ def test_units_made_before_the_first_turn_decode_alike(tree_name, device):
     tree = load_tree(tree_name) if tree_name else None
     heads = random_heads(4, 64, 16, seed=5, scale=0.5, kind="hydra").to(device) if tree else None
     static = StaticDecoder(model, new_static_cache(model, 300), heads, tree, graphs=True)
-    static.capture()
+    static.capture(prefill=True)
     n = tree.num_nodes if tree else 1
     assert list(static.units) == [(n, span) for span in static.cache.spans()] == [(n, 256), (n, 300)]
     assert int(static.cache.length_t) == static.cache.length == 0
+    # on a GPU every padded prompt chunk's graph too: buckets 16…256 over both spans
+    prefill_graphs = dict(static._prefill_graphs)
+    assert len(prefill_graphs) == (10 if device == "cuda" else 0)
     assert _tokens(static, prompt, 60) == plain
     assert len(static.units) == 2  # the captured units were the ones used
+    assert static._prefill_graphs == prefill_graphs  # and the captured prompt chunks
 
 
 @pytest.mark.parametrize("device", DEVICES)
