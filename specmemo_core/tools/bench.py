@@ -393,19 +393,15 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
         serial = name.endswith(SERIAL)
         regions = compiled if name.removesuffix(SERIAL).endswith(COMPILED) else None
-        if regions is not None:
-            note += ("; " if note else "") + "compiled layer regions"
-        if serial:
-            note += ("; " if note else "") + "serial steps"
+        note = "; ".join(n for n in (note, regions is not None and "compiled layer regions", serial and "serial steps") if n)
         run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs, regions=regions,
                           serial=serial)
         return Method(name, run, tree.name if tree is not None else None, tree.num_nodes if tree is not None else 1,
                       buffers, total, note)
 
     for full_name in names:
-        # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU); a
-        # further +compiled: its decoder layers' regions through torch.compile (model.compiled_regions);
-        # +serial: no overlapped steps
+        # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU); then +compiled:
+        # its layers' regions through torch.compile (model.compiled_regions); then +serial: no overlapped steps
         base = full_name.removesuffix(SERIAL).removesuffix(COMPILED)
         if base != full_name and base.split("+", 1)[0] in HF_METHODS:
             raise SpecMemoError(f"method {full_name}: +compiled and +serial apply to our decoder, not to transformers")

@@ -638,12 +638,52 @@ def test_the_status_line_is_the_newest_runs():
     assert plan["identical_to_vanilla"] == plan["replies"] and cpu["_run"]["dtype"] == "int4"
     assert (f"decodes {plan['vs_hf']:.2f}× faster than transformers' `generate` (fp32) and "
             f"{plan['tokens_per_s']['median'] / ref:.2f}× faster than llama.cpp") in status
-    bench = json.loads((REPO / "docs/results/tree_rows_h200/bench_grown/bench_mtbench20_bf16.json").read_text(
-        encoding="utf-8"))
+    bench = json.loads((REPO / "docs/results/overlap_h200/bench_mtbench20_bf16.json").read_text(encoding="utf-8"))
     gpu, plain = bench["plan"]["tokens_per_s"]["median"], bench["vanilla+graphs"]["tokens_per_s"]["median"]
     assert f"planner chose {bench['plan']['tree']}" in bench["plan"]["note"]
     assert (f"at {gpu:,.0f} tokens/s on the 20-query MT-Bench workload "
-            f"(the planner's `{bench['plan']['tree']}`, {gpu / plain:.2f}× plain decoding") in status
+            f"(the planner's `{bench['plan']['tree']}`, {gpu / plain:.2f}× plain decoding, which runs at "
+            f"{plain:,.0f} with overlapped steps") in status
+
+
+def test_the_overlapped_steps_tables_hold_their_h200_runs():
+    """README's overlapped-steps tables and figures are docs/results/overlap_h200/: the loop
+    timings (step_overhead.jsonl, 300-token context) and the benches, bf16 and fp32, with
+    every method's fp32 replies plain greedy's."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/overlap_h200"
+    rows = [json.loads(line) for line in (d / "step_overhead.jsonl").read_text(encoding="utf-8").splitlines()]
+    for r in (r for r in rows if r["ctx"] == 300):
+        assert (f"| `{r['tree']}` | {r['loop-serial']:.3f} | {r['loop']:.3f} | {r['replay+read']:.3f} | "
+                f"{r['replays']:.3f} |") in readme
+        assert r["loop"] < r["loop-serial"]  # overlapping hid host time in every tree's loop
+    bench = {dt: json.loads((d / f"bench_mtbench20_{dt}.json").read_text(encoding="utf-8")) for dt in ("bf16", "fp32")}
+    for dt, run in bench.items():
+        assert run["_run"]["rounds_done"] == run["_run"]["repeats"] == 3 and run["_run"]["queries"] == 20
+        for name, v in run.items():
+            if name == "_run":
+                continue
+            t = v["tokens_per_s"]
+            assert (f"| {dt} | `{name}` | {v['tree'] or 'plain'} | {t['median']:,.0f} ({t['min']:,.0f}–{t['max']:,.0f}) "
+                    f"| {v['mean_accepted']:.2f} | {v['vs_vanilla+graphs']:.2f}× | {v['identical_to_vanilla']}/20 |") in readme
+            if dt == "fp32":
+                assert v["identical_to_vanilla"] == v["replies"] == 20, name
+
+    def m(dt: str, name: str) -> float:
+        return bench[dt][name]["tokens_per_s"]["median"]
+
+    assert (f"made plain decoding {m('bf16', 'vanilla+graphs') / m('bf16', 'vanilla+graphs+serial'):.2f}× faster in "
+            f"bf16 and {m('fp32', 'vanilla+graphs') / m('fp32', 'vanilla+graphs+serial'):.2f}× in fp32, and the "
+            f"planner's tree {m('bf16', 'plan') / m('bf16', 'plan+serial'):.2f}×") in readme
+    predicted = float(bench["bf16"]["plan"]["note"].split("predicted ")[1].split(" tokens/s")[0])
+    assert (f"`{bench['bf16']['plan']['tree']}` in bf16 ({m('bf16', 'plan') / m('bf16', 'vanilla+graphs'):.2f}×): "
+            f"the planner predicted {predicted:,.0f} tokens/s") in readme
+    v = bench["bf16"]["vanilla+graphs"]
+    loop = next(r["loop"] for r in rows if r["ctx"] == 300 and r["tree"] == "single")
+    assert (f"took {v['new_tokens'] / m('bf16', 'vanilla+graphs'):.2f} s for its {v['new_tokens']:,} tokens, where its "
+            f"steps at the loop's {loop:.2f} ms would take {(v['new_tokens'] - v['replies']) * loop / 1e3:.2f} s") in readme
+    passed = (d / "exact.log").read_text(encoding="utf-8").split()
+    assert f"(`exact.log`: {passed[passed.index('passed') - 1]} passed)" in readme and "failed" not in passed
 
 
 def test_the_step_kernel_tables_hold_their_h200_runs():
