@@ -678,6 +678,11 @@ def test_the_overlapped_steps_tables_hold_their_h200_runs():
     predicted = float(bench["bf16"]["plan"]["note"].split("predicted ")[1].split(" tokens/s")[0])
     assert (f"`{bench['bf16']['plan']['tree']}` in bf16 ({m('bf16', 'plan') / m('bf16', 'vanilla+graphs'):.2f}×): "
             f"the planner predicted {predicted:,.0f} tokens/s") in readme
+    walked = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text(
+        encoding="utf-8"))["tokens_per_step"][bench["bf16"]["plan"]["tree"]]
+    measured = bench["bf16"]["plan"]["mean_accepted"]
+    assert f"{walked:.2f} from the heads' calibration, came within {abs(walked / measured - 1):.0%} of the {measured:.2f}" \
+        in readme and abs(walked / measured - 1) < 0.10
     v = bench["bf16"]["vanilla+graphs"]
     loop = next(r["loop"] for r in rows if r["ctx"] == 300 and r["tree"] == "single")
     assert (f"took {v['new_tokens'] / m('bf16', 'vanilla+graphs'):.2f} s for its {v['new_tokens']:,} tokens, where its "
