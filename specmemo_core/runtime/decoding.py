@@ -157,6 +157,9 @@ class Decoder:
             root=torch.zeros((), dtype=torch.long, device=device),
             state=torch.zeros(self.model.spec.hidden_size, dtype=self.model.dtype, device=device),
         )
+        # a step started ahead and not read (``generate``): undone by the generator that started
+        # it when its reply ends, or, if that generator was dropped unfinished, by the next call
+        self._ahead: Launched | None = None
 
     def _new_context_cache(self, context: ContextLayer) -> KVCache:
         return context.new_cache(self.cache.capacity, self.model.dtype, self.model.device)
@@ -217,6 +220,7 @@ class Decoder:
         """
         if not prompt_ids:
             raise SpecMemoError("the prompt is empty: type a message first")
+        self._drop_ahead()  # left by a reply whose stream was dropped unfinished
         acceptance = acceptance_for(config)
         new_ids = self._reuse_prefix(prompt_ids)
         t0 = time.perf_counter()
@@ -239,6 +243,7 @@ class Decoder:
                 (unit, launched), next_step = next_step, None
                 if ahead and emitted + 1 < config.max_new_tokens:  # this step may not end the reply:
                     next_step = self._launch(acceptance, ahead=unit.nodes)  # the next one runs meanwhile
+                self._ahead = next_step[1] if next_step is not None else None
                 tokens = launched.read()
                 dt, t0 = time.perf_counter() - t0, time.perf_counter()  # since the last result
                 self.history.append(root)  # the root's KV is committed now, and the accepted drafts'
@@ -248,8 +253,13 @@ class Decoder:
                 emitted += len(out)
                 yield Step(tuple(out), len(tokens), dt, unit.nodes)
         finally:  # a step started for a reply that has ended: its commits undone
-            if next_step is not None:
-                next_step[1].discard()
+            if next_step is not None and self._ahead is next_step[1]:
+                self._drop_ahead()
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead, ahead = None, self._ahead
+            ahead.discard()
 
     def _overlaps(self, acceptance: Acceptance) -> bool:
         """Whether each step starts before the last one is read (``StaticDecoder``); a cache

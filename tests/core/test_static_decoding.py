@@ -256,3 +256,26 @@ def test_steps_run_ahead_only_where_the_cache_has_room():
         if isinstance(decoder, StaticDecoder):
             assert int(decoder.cache.length_t) == decoder.cache.length
     assert runs[0] == runs[1] and len(runs[0]) > 30
+
+
+def test_a_reply_stream_dropped_unfinished_leaves_the_next_turn_exact():
+    """A reply's stream left unfinished (not closed: an app that drops it) still holds a
+    step started ahead: the next turn undoes it before it prefills, and when the old stream
+    is closed at last (garbage collection, later) it undoes nothing of the new turn's."""
+    torch.set_num_threads(1)
+    model = tiny_model(seed=11, vocab_size=300)
+    heads = random_heads(4, 64, 300, seed=5, scale=0.5, kind="hydra")
+    static = StaticDecoder(model, new_static_cache(model, 400), heads, load_tree("1-10-16-17+lookup-8"),
+                           graphs=True, overlap=True)
+    plain = Decoder(model, model.new_cache(400))
+    prompt = list(range(10, 40))
+    dropped = static.generate(prompt, GenerationConfig(max_new_tokens=60))
+    got = [t for _, s in zip(range(3), dropped) for t in s.token_ids]
+    assert got == _tokens(plain, prompt, 60)[:len(got)] and static._ahead is not None
+    second = static.history + [3, 4, 5]
+    steps = static.generate(second, GenerationConfig(max_new_tokens=40))
+    first_two = [next(steps), next(steps)]  # the new turn has a step in flight of its own now
+    dropped.close()  # the old stream's cleanup runs late
+    rest = [t for s in first_two for t in s.token_ids] + [t for s in steps for t in s.token_ids]
+    assert rest == _tokens(plain, second, 40)
+    assert int(static.cache.length_t) == static.cache.length == len(static.history)
