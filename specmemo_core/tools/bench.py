@@ -82,6 +82,7 @@ class Pass:
     step_tokens: int  # tokens those forwards emitted
     first_token_s: tuple[float, ...]  # per reply
     peak_bytes: int | None = None
+    decode_seconds: float | None = None  # in the steps after the first tokens (ours; None: not measured apart)
 
     @property
     def tokens_per_s(self) -> float:
@@ -127,7 +128,8 @@ def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, 
         r = run_conversations(engine.model, engine.tokenizer, engine.config, conversations, heads=heads,
                               tree=tree, max_new_tokens=max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs,
                               capture_stream=capture_stream, overlap=False if serial else None)
-        return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s)
+        return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s,
+                    decode_seconds=r.decode_seconds)
 
     return run
 
@@ -282,6 +284,12 @@ def summarize(method: Method, passes: Sequence[Pass], baseline: Sequence[Sequenc
         "mean_accepted": round(statistics.mean(p.mean_accepted for p in passes), 4),
         "time_to_first_token_s": round(statistics.median(t for p in passes for t in p.first_token_s), 4)
         if last.first_token_s else None,
+        # ms a step took (from the last step's result to this one's) and the share of a pass in
+        # steps: the rest is prefills, templating and turn set-up
+        "step_ms": round(statistics.median(1e3 * p.decode_seconds / p.steps for p in passes), 4)
+        if last.decode_seconds is not None and all(p.steps for p in passes) else None,
+        "steps_share": round(statistics.median(p.decode_seconds / p.seconds for p in passes), 4)
+        if last.decode_seconds is not None and all(p.seconds > 0 for p in passes) else None,
         "new_tokens": last.new_tokens,
         "replies": len(last.replies),
         "identical_to_vanilla": identical_count(last.replies, baseline) if baseline is not None else None,

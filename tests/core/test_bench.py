@@ -2,6 +2,7 @@
 JSON report. No timing is asserted."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def test_report_summarises_passes_into_one_object_keyed_by_method():
                Method("medusa-64", lambda: None, "medusa-64", 64, 1000, 5000)]
     passes = {
         "hf": [_pass(2.0), _pass(1.0), _pass(5.0)],  # 5 tokens: 2.5, 5, 1 tokens/s
-        "vanilla": [_pass(1.0, steps=3, step_tokens=3)] * 3,
+        "vanilla": [replace(_pass(1.0, steps=3, step_tokens=3), decode_seconds=0.6)] * 3,
         "medusa-64": [_pass(0.5, replies=((1, 2, 3), (4, 6)), peak=7), _pass(0.25, replies=((1, 2, 3), (4, 6)), peak=8)],
     }
     out = json.loads(json.dumps(report(methods, passes)))
@@ -79,7 +80,9 @@ def test_report_summarises_passes_into_one_object_keyed_by_method():
     assert med["peak_bytes"] == 8 and med["peak_source"].startswith("measured")  # CUDA passes carry their peak
     assert van["peak_bytes"] == 99 and van["peak_source"].startswith("predicted")  # CPU: the memory model
     assert hf["peak_bytes"] is None and hf["tree_buffer_bytes"] is None
-    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "mean_accepted",
+    assert van["step_ms"] == pytest.approx(200.0) and van["steps_share"] == pytest.approx(0.6)  # 0.6 s over 3 steps
+    assert hf["step_ms"] is None and hf["steps_share"] is None  # not measured apart
+    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "mean_accepted", "step_ms", "steps_share",
                 "time_to_first_token_s", "new_tokens", "replies", "identical_to_vanilla", "tree_buffer_bytes",
                 "tree_buffer_source", "peak_bytes", "peak_source", "note", "vs_hf", "vs_vanilla",
                 "identical_baseline"}
@@ -144,6 +147,8 @@ def test_every_method_on_a_tiny_model_and_random_heads_replies_like_vanilla():
     for name in names:
         assert out[name]["replies"] == 3
         assert out[name]["tokens_per_s"]["min"] > 0
+        if not name.startswith("hf"):  # ours time their steps apart from the rest of a pass
+            assert out[name]["step_ms"] > 0 and 0 < out[name]["steps_share"] < 1, name
     for name in ("vanilla", "medusa-64", "1-10-16-17", "plan", "vanilla+graphs", "1-10-16-17+graphs",
                  "1-10-16-17+lookup-8", "lookup-4+graphs"):
         assert out[name]["identical_to_vanilla"] == 3, name
