@@ -505,7 +505,7 @@ class StepUnit:
         self.graph.replay()
         host = self._host[0]
         self._host.reverse()
-        host.copy_(self._out, non_blocking=True)
+        host.copy_(self._out, non_blocking=True)  # on the graph's device's stream, as its replay
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(self._out.device))
         return Launched(self.parts, host, done)
