@@ -11,7 +11,9 @@ of four loops over the same captured step unit:
 ``replay+sync`` − ``replays`` is the launch latency a step exposes when the host waits for it;
 ``loop`` − ``replay+read`` the Python work between steps.
 
-    python3 scripts/time_step_overhead.py [contexts, e.g. 300,1000] > step_overhead.jsonl
+    python3 scripts/time_step_overhead.py [contexts, e.g. 300,1000] [--kernels] > step_overhead.jsonl
+
+``--kernels``: also one eager step of the planner's usual tree under the profiler (where its time goes).
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def main() -> None:
     model.fuse_projections()
     model.compile_layers()
     heads = step_heads(shape, model, "cuda", str(HEADS))
-    contexts = [int(c) for c in (sys.argv[1] if len(sys.argv) > 1 else "300,1000").split(",")]
+    given = [a for a in sys.argv[1:] if not a.startswith("--")]
+    contexts = [int(c) for c in (given[0] if given else "300,1000").split(",")]
     for context in contexts:
         for name in TREES:
             tree = None if name == "single" else resolve_tree(name, HEADS)
