@@ -165,12 +165,17 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Module, fused: bool) -> torch.Tensor:
-    """``residual + linear(x)``; with a plain bias-free weight as one GEMM (the add rides
-    in its epilogue), which saves a kernel twice per layer. x: [..., T, in]."""
+def _linear_add(residual: torch.Tensor, x: torch.Tensor, linear: nn.Module, fused: bool, *,
+                into_residual: bool = False) -> torch.Tensor:
+    """``residual + linear(x)``; with a plain bias-free weight as one GEMM with the add in it
+    (which saves a kernel twice per layer). x: [..., T, in]. ``into_residual``: the sum is
+    written over ``residual`` (one the caller made and reads no more), which also saves the
+    copy of it into a new output that an out-of-place ``addmm`` makes first."""
     if fused and linear.bias is None:
-        out = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), linear.weight.t())
-        return out.view(residual.shape)
+        flat, rows = residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1])
+        if into_residual:
+            return flat.addmm_(rows, linear.weight.t()).view(residual.shape)
+        return torch.addmm(flat, rows, linear.weight.t()).view(residual.shape)
     return residual + linear(x)
 
 
@@ -249,13 +254,14 @@ class MLP(nn.Module):
     def fuse(self) -> None:
         self.gate_up = _fuse([self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual`` + MLP output."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, *, into_residual: bool = False) -> torch.Tensor:
+        """``residual`` + MLP output (written over ``residual`` with ``into_residual``: ``_linear_add``)."""
         if self.gate_up is not None:
             gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return _linear_add(residual, F.silu(gate) * up, self.down_proj, self.gate_up is not None)
+        return _linear_add(residual, F.silu(gate) * up, self.down_proj, self.gate_up is not None,
+                           into_residual=into_residual)
 
 
 def project_layer(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -265,9 +271,10 @@ def project_layer(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin
 
 
 def finish_layer(layer: "DecoderLayer", attended: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A layer after its attention: o_proj and residual, norm, MLP and residual."""
+    """A layer after its attention: o_proj and residual, norm, MLP and residual (added into
+    the attention's sum, which this function made: no copy of it)."""
     x = layer.self_attn.output(attended, x)
-    return layer.mlp(layer.post_attention_layernorm(x), x)
+    return layer.mlp(layer.post_attention_layernorm(x), x, into_residual=True)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specmemo_core.runtime.model import CausalLM, ModelSpec, causal_mask, tree_mask
-from tests.tiny import tiny_config, tiny_hf_model
+from tests.tiny import tiny_config, tiny_hf_model, tiny_model
 
 SHAPES = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -107,6 +107,31 @@ def test_fused_projections_compute_the_same_and_keep_the_parameters(name, hf):
     assert torch.equal(attn.qkv[0][attn.q_proj.out_features:][: attn.k_proj.out_features], attn.k_proj.weight)
     assert list(ours.state_dict()) == keys
     assert (after - before).abs().max().item() <= 1e-5
+
+
+def test_a_layer_finish_adds_its_mlp_into_its_own_sum_and_leaves_its_inputs():
+    """``finish_layer`` (o_proj + residual, norm, MLP + residual) over fused weights writes the
+    MLP's sum over the attention's sum it made (no copy of it), giving what the out-of-place
+    sums give, and leaves the layer's input and the attention's output as they were."""
+    from specmemo_core.runtime.model import finish_layer
+
+    model = tiny_model(seed=3)
+    assert model.fuse_projections()
+    layer = model.model.layers[0]
+    g = torch.Generator().manual_seed(0)
+    x, attended = (torch.randn(5, model.spec.hidden_size, generator=g) for _ in range(2))
+    inputs = (x.clone(), attended.clone())
+    with torch.inference_mode():
+        got = finish_layer(layer, attended, x)
+        mid = x + attended @ layer.self_attn.o_proj.weight.t()
+        want = mid + layer.mlp.down_proj(torch.nn.functional.silu(layer.mlp.gate_proj(
+            layer.post_attention_layernorm(mid))) * layer.mlp.up_proj(layer.post_attention_layernorm(mid)))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(x, inputs[0]) and torch.equal(attended, inputs[1])
+    residual = mid.clone()
+    with torch.inference_mode():
+        out = layer.mlp(layer.post_attention_layernorm(residual), residual, into_residual=True)
+    assert out.data_ptr() == residual.data_ptr() and torch.allclose(out, want, atol=1e-5)
 
 
 def test_packed_linears_are_not_fused():
