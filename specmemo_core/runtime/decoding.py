@@ -245,7 +245,8 @@ class Decoder:
                     next_step = self._launch(acceptance, ahead=unit.nodes)  # the next one runs meanwhile
                 self._ahead = next_step[1] if next_step is not None else None
                 tokens = launched.read()
-                dt, t0 = time.perf_counter() - t0, time.perf_counter()  # since the last result
+                now = time.perf_counter()
+                dt, t0 = now - t0, now  # since the last result
                 self.history.append(root)  # the root's KV is committed now, and the accepted drafts'
                 self.history.extend(tokens[:-1])
                 root = tokens[-1]
@@ -257,8 +258,8 @@ class Decoder:
                 self._drop_ahead()
 
     def _drop_ahead(self) -> None:
-        if self._ahead is not None:
-            self._ahead, ahead = None, self._ahead
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
             ahead.discard()
 
     def _overlaps(self, acceptance: Acceptance) -> bool:

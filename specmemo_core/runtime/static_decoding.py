@@ -153,9 +153,9 @@ class StaticDecoder(Decoder):
         cuda = self.model.device.type == "cuda"
         self._pool = torch.cuda.graph_pool_handle() if cuda else None
         self._capture_stream = self.capture_stream or (torch.cuda.Stream(self.model.device) if cuda else None)
-        graphed = self.graphs and cuda and self.model.one_device
-        self._bucketed = graphed if self.bucketed_prefill is None else self.bucketed_prefill
-        self._graph_prefill = graphed and self._bucketed
+        self._graphed = self.graphs and cuda and self.model.one_device  # steps replay CUDA graphs
+        self._bucketed = self._graphed if self.bucketed_prefill is None else self.bucketed_prefill
+        self._graph_prefill = self._graphed and self._bucketed
         self._prefill_buckets = prefill_buckets(PREFILL_CHUNK)
         device = self.model.device
         self._prefill_ids = torch.zeros(PREFILL_CHUNK, dtype=torch.long, device=device)  # the padded chunk
@@ -192,23 +192,25 @@ class StaticDecoder(Decoder):
         self._prefill_count.fill_(len(ids))
         span = self.cache.span_for(bucket)
         if not self._graph_prefill:
-            return self._padded_run(bucket, span, following is not None)()
-        graph, out = self._prefill_graph(bucket, span, following is not None)
+            return self._padded_run(bucket, span)()
+        graph, out = self._prefill_graph(bucket, span)
         graph.replay()
         return out
 
-    def _padded_run(self, bucket: int, span: int, with_next: bool) -> Callable[[], torch.Tensor]:
-        """``step.padded_prefill`` over the decoder's buffers cut to ``bucket``, attending over ``span``."""
-        return lambda: padded_prefill(self.parts, self._prefill_ids[:bucket],
-                                      self._prefill_next[:bucket] if with_next else None, self._prefill_count, span)
+    def _padded_run(self, bucket: int, span: int) -> Callable[[], torch.Tensor]:
+        """``step.padded_prefill`` over the decoder's buffers cut to ``bucket``, attending over
+        ``span`` (with each position's next token where the context layer reads it: ``prefill``
+        passes them exactly then)."""
+        following = self._prefill_next[:bucket] if reads_next(self.parts) else None
+        return lambda: padded_prefill(self.parts, self._prefill_ids[:bucket], following, self._prefill_count, span)
 
-    def _prefill_graph(self, bucket: int, span: int, with_next: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _prefill_graph(self, bucket: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """The graph of a padded chunk of ``bucket`` over ``span``, captured on first use (its
         trial runs write scratch slots and the draft state only, as a chunk does before
         ``prefill`` commits it)."""
         if (bucket, span) not in self._prefill_graphs:
-            self._prefill_graphs[bucket, span] = capture_graph(self._padded_run(bucket, span, with_next),
-                                                               pool=self._pool, stream=self._capture_stream)
+            self._prefill_graphs[bucket, span] = capture_graph(self._padded_run(bucket, span), pool=self._pool,
+                                                               stream=self._capture_stream)
         return self._prefill_graphs[bucket, span]
 
     def capture(self, *, prefill: bool = False) -> None:
@@ -223,7 +225,7 @@ class StaticDecoder(Decoder):
             self._greedy_unit(buffers, span)
             for bucket in self._prefill_buckets if prefill and self._graph_prefill else ():
                 if bucket <= span:
-                    self._prefill_graph(bucket, span, reads_next(self.parts))
+                    self._prefill_graph(bucket, span)
 
     def _greedy_unit(self, buffers: TreeBuffers, span: int) -> StepUnit:
         n = buffers.depths.shape[0]
@@ -237,8 +239,7 @@ class StaticDecoder(Decoder):
     def _overlaps(self, acceptance: Acceptance) -> bool:
         """Greedy steps over the static cache, whose length lives on the device: where steps
         replay graphs (``overlap`` None) or as ``overlap`` says."""
-        graphed = self.graphs and self.model.device.type == "cuda" and self.model.one_device
-        return acceptance.graph_safe and (graphed if self.overlap is None else self.overlap)
+        return acceptance.graph_safe and (self._graphed if self.overlap is None else self.overlap)
 
     def _unit(self, acceptance: Acceptance, *, ahead: int = 0) -> StepUnit | None:
         """Greedy with ``graphs``: the kept unit for the next tree over the smallest span

@@ -445,9 +445,15 @@ class Launched:
         slots past them are scratch). ``root`` and ``state`` keep what it left: the next
         prefill writes both."""
         self._wait()
-        for cache in (self.parts.cache, self.parts.context_cache):
-            if cache is not None:
-                cache.rewind()
+        rewind(self.parts)
+
+
+def rewind(parts: StepParts) -> None:
+    """The caches' device lengths back to their host ones: undoes commits not settled (a
+    capture's trial runs, a step started for a reply that ended)."""
+    for cache in (parts.cache, parts.context_cache):
+        if cache is not None:
+            cache.rewind()
 
 
 class StepUnit:
@@ -480,9 +486,7 @@ class StepUnit:
         def undo() -> None:
             p.root.copy_(root)
             p.state.copy_(state)
-            for cache in (p.cache, p.context_cache):
-                if cache is not None:
-                    cache.rewind()
+            rewind(p)
 
         self.graph, self._out = capture_graph(self._run, warmup=warmup, pool=pool, stream=stream, after_warmup=undo)
 

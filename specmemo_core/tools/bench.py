@@ -110,6 +110,14 @@ COMPILED = "+compiled"  # a method name's suffix: the same method with compiled 
 SERIAL = "+serial"  # … with each step started only once the last is read (no overlapped steps)
 
 
+def method_suffixes(name: str) -> tuple[str, bool, bool]:
+    """A method name without its ``+compiled`` and ``+serial`` suffixes (in that order), and
+    whether it had each."""
+    serial = name.endswith(SERIAL)
+    base = name.removesuffix(SERIAL)
+    return base.removesuffix(COMPILED), base.endswith(COMPILED), serial
+
+
 # -- runners ------------------------------------------------------------------
 def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, *, max_new_tokens: int,
                 graphs: bool = False, regions: Any = None, serial: bool = False) -> Callable[[], Pass]:
@@ -395,12 +403,12 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
     stops = end_of_turn_ids(engine.tokenizer, engine.config)
     methods: list[Method] = []
     # one compiled LayerRegions for every +compiled method (so they share what was compiled)
-    compiled = compiled_regions() if any(n.removesuffix(SERIAL).endswith(COMPILED) for n in names) else None
+    compiled = compiled_regions() if any(method_suffixes(n)[1] for n in names) else None
 
     def ours(name: str, tree: Any, note: str = "", graphs: bool = False) -> Method:
         buffers, total = predicted_memory(engine.model, engine.heads, tree, precision, kind)
-        serial = name.endswith(SERIAL)
-        regions = compiled if name.removesuffix(SERIAL).endswith(COMPILED) else None
+        _, is_compiled, serial = method_suffixes(name)
+        regions = compiled if is_compiled else None
         note = "; ".join(n for n in (note, regions is not None and "compiled layer regions", serial and "serial steps") if n)
         run = ours_runner(engine, conversations, tree, max_new_tokens=max_new_tokens, graphs=graphs, regions=regions,
                           serial=serial)
@@ -410,7 +418,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
     for full_name in names:
         # NAME+graphs: the same method on the static-shape decoder (CUDA graphs on a GPU); then +compiled:
         # its layers' regions through torch.compile (model.compiled_regions); then +serial: no overlapped steps
-        base = full_name.removesuffix(SERIAL).removesuffix(COMPILED)
+        base = method_suffixes(full_name)[0]
         if base != full_name and base.split("+", 1)[0] in HF_METHODS:
             raise SpecMemoError(f"method {full_name}: +compiled and +serial apply to our decoder, not to transformers")
         name, graphs = (base[: -len("+graphs")], True) if base.endswith("+graphs") else (base, False)
