@@ -103,29 +103,47 @@ def step_heads(shape, model, device: str, path: str = ""):
     return heads
 
 
+def region_kind(kinds: dict, kind: str):
+    """The ``LayerRegions`` that ``--regions`` names ``kind`` (``kinds``: eager and compiled)."""
+    from specmemo_core.runtime import token_layer
+    from specmemo_core.runtime.model import compiled_regions
+
+    if kind in kinds:
+        return kinds[kind]
+    if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
+        return dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
+    if kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
+        return dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
+    if kind.endswith("-cublas"):  # steps of several tokens through cuBLAS and the regions, not the tile kernels
+        return dataclasses.replace(kinds[kind.removesuffix("-cublas")],
+                                   kernels=dataclasses.replace(token_layer.LAUNCH, row_tiles=False))
+    if "#" in kind:  # e.g. compiled#32:64:4:3: the tile kernels launched so (tile_n:tile_k:warps:stages)
+        base, launch = kind.split("#")
+        n, k, warps, stages = (int(v) for v in launch.split(":"))
+        return dataclasses.replace(kinds[base], kernels=dataclasses.replace(
+            token_layer.LAUNCH, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages))
+    if "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
+        base, launch = kind.split("@")
+        pairs, rows, block_k, warps, *pdl = (int(v) for v in launch.split(":"))  # [:0] without PDL
+        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(
+            pairs=pairs, rows=rows, block_k=block_k, warps=warps, pdl=bool(pdl[0]) if pdl else True))
+    if kind == "static1":
+        return compiled_regions(one_token=True)
+    if kind == "autotune1":
+        return compiled_regions(one_token=True, mode="max-autotune-no-cudagraphs")
+    raise SystemExit(f"unknown --regions kind {kind!r}")
+
+
 def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     """Each tree's step, with eager and compiled layer regions in turn, ``args.repeats``
     rounds (a fresh decoder and capture each time): ms per step, median (min–max)."""
     from statistics import median
 
-    from specmemo_core.runtime import token_layer
     from specmemo_core.runtime.model import EAGER_REGIONS, compiled_regions
 
     kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
-    for kind in args.regions.split(","):  # one-token regions compiled for their own shape
-        if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
-            kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
-        elif kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
-            kinds[kind] = dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
-        elif "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
-            base, launch = kind.split("@")
-            pairs, rows, block_k, warps, *pdl = (int(v) for v in launch.split(":"))  # [:0] without PDL
-            kinds[kind] = dataclasses.replace(kinds[base], kernels=token_layer.Launch(
-                pairs=pairs, rows=rows, block_k=block_k, warps=warps, pdl=bool(pdl[0]) if pdl else True))
-        elif kind == "static1":
-            kinds[kind] = compiled_regions(one_token=True)
-        elif kind == "autotune1":
-            kinds[kind] = compiled_regions(one_token=True, mode="max-autotune-no-cudagraphs")
+    for kind in args.regions.split(","):
+        kinds[kind] = region_kind(kinds, kind)
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
@@ -179,7 +197,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled@P:R:K:W]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-cublas,compiled@P:R:K:W,compiled#N:K:W:S]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "
