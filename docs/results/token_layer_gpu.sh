@@ -6,8 +6,6 @@
 #   profile: one plain vicuna-7b step's kernels under the profiler
 #   steps: whole steps (time_graph_steps.py), the kernels against the compiled regions, 3 rounds alternating
 #   bench: specmemo bench on the 20 MT-Bench queries, bf16 and fp32 (bench/)
-#   tiles: steps of several tokens through the tile kernels (norm_pair_rows, matmul_add_rows) against
-#          cuBLAS and the regions (-cublas), and tile launches N:K:WARPS:STAGES (\$T), 2 rounds alternating
 #   stepmodel: the planner's step model against whole graph steps of its trees (check_step_model.py)
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
@@ -32,12 +30,6 @@ steps)
     timeout ${3:-200} python3 scripts/time_graph_steps.py --shape $shape --dtype bf16 --trees single,medusa-64 \
       --steps 100 --regions compiled,compiled-regions --repeats 3 > "$OUT/$shape-steps.jsonl" 2> "$OUT/$shape-steps.err"
     tail -1 "$OUT/$shape-steps.jsonl"; tail -2 "$OUT/$shape-steps.err" | cut -c 1-300
-  done ;;
-tiles)
-  for shape in ${2:-smollm2-135m vicuna-7b}; do
-    timeout ${3:-200} python3 scripts/time_graph_steps.py --shape $shape --dtype bf16 --trees ${TREES:-medusa-64} \
-      --steps 100 --regions compiled,compiled-cublas${T:+,$T} --repeats ${R:-2} > "$OUT/$shape-tiles.jsonl" 2> "$OUT/$shape-tiles.err"
-    grep -v '"shape"' "$OUT/$shape-tiles.jsonl"; tail -2 "$OUT/$shape-tiles.err" | cut -c 1-300
   done ;;
 stepmodel)
   timeout ${2:-200} python3 scripts/check_step_model.py ${3:-128,1000} > "$OUT/step_model.jsonl" 2> "$OUT/step_model.err"

@@ -38,13 +38,12 @@ def test_the_probe_passes_where_the_kernels_run(dtype):
 def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions():
     """Outputs of a one-token step and a three-token step after it, and both caches (the new
     slots written, every other slot untouched) as the eager regions and SDPA give them, fp32:
-    q/k/v biases, o and MLP biases, 3 heads over 1. Within fp32's rounding of sums in another
-    order: a few units of its last place (2⁻²³ ≈ 1.2e-7) relative to the largest value."""
+    q/k/v biases, o and MLP biases, 3 heads over 1."""
     got = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True)
     want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
     for a, b in zip(got, want):
         assert a.shape == b.shape
-        assert ((a - b).abs().max() / b.abs().max()).item() < 4e-6
+        assert (a - b).abs().max().item() < 2e-5
     again = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True)
     assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic: no atomics, one order
 
@@ -96,8 +95,8 @@ def test_plain_and_speculative_static_decoding_match_the_sliced_decoder():
 @kernels
 @pytest.mark.parametrize("tokens", [1, 5, 70])
 def test_a_layer_without_biases_at_the_first_slot_steps_as_its_regions(tokens):
-    """One token (the one-token kernels), a few, and more than one tile of tokens (the tile
-    kernels' second row of programs, the last one part-full): output and cache as the regions'."""
+    """One token (the one-token kernels), a few and seventy (``rotate_rows`` after cuBLAS's q/k/v,
+    the attention's row blocks past the first): output and cache as the regions'."""
     model = _model(seed=4)
     layer = model.model.layers[0]
     off = dataclasses.replace(EAGER_REGIONS, kernels=None)
