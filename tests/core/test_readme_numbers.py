@@ -691,6 +691,35 @@ def test_the_overlapped_steps_tables_hold_their_h200_runs():
     assert f"(`exact.log`: {passed[passed.index('passed') - 1]} passed)" in readme and "failed" not in passed
 
 
+def test_the_h100_bench_paragraph_holds_its_runs():
+    """README's H100 paragraph of "Overlapped steps" is docs/results/overlap_h100/: the plain
+    method's speed and steps' share, the planner's choice of plain decoding (its predicted speed
+    in its note), medusa-64's, and fp32 replies all plain greedy's."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/overlap_h100"
+    bf16, fp32 = (json.loads((d / f"bench_mtbench20_{dt}.json").read_text(encoding="utf-8")) for dt in ("bf16", "fp32"))
+    assert bf16["_run"]["device_name"].startswith("NVIDIA H100") and bf16["_run"]["rounds_done"] == 3
+
+    def tps(v: dict) -> str:
+        t = v["tokens_per_s"]
+        return f"{t['median']:,.0f} tok/s ({t['min']:,.0f}–{t['max']:,.0f})"
+
+    v, plan, medusa = bf16["vanilla+graphs"], bf16["plan"], bf16["medusa-64+graphs"]
+    predicted = float(plan["note"].split("predicted ")[1].split(" tokens/s")[0])
+    assert plan["tree"] is None and fp32["plan"]["tree"] is None
+    assert (f"bf16: `vanilla+graphs` {tps(v)}, {v['steps_share']:.0%} of each pass in its steps (`steps_share`; "
+            f"{v['step_ms']:.3f} ms a step); the planner predicted {predicted:,.0f} tok/s for plain decoding") in readme
+    assert (f"chose plain: {tps(plan)}, {plan['vs_vanilla+graphs']:.2f}×, where `medusa-64+graphs` gave "
+            f"{tps(medusa).replace(' tok/s', '')}, {medusa['vs_vanilla+graphs']:.2f}×, at {medusa['mean_accepted']:.2f} "
+            f"tokens/step and {medusa['step_ms']:.2f} ms a step") in readme
+    assert (f"fp32: `vanilla+graphs` {tps(fp32['vanilla+graphs']).replace(' tok/s', '')}, the planner plain again at "
+            f"{tps(fp32['plan']).replace(' tok/s', '')}, `medusa-64+graphs` "
+            f"{tps(fp32['medusa-64+graphs']).replace(' tok/s', '')}, every reply plain greedy's") in readme
+    assert all(m["identical_to_vanilla"] == m["replies"] == 20 for k, m in fp32.items() if k != "_run")
+    log = (REPO / "docs/results/overlap_h200/session22/exact.log").read_text(encoding="utf-8")
+    assert "52 passed" in log and "failed" not in log and "52 passed (`overlap_h200/session22/exact.log`)" in readme
+
+
 def test_the_step_kernel_tables_hold_their_h200_runs():
     """README's decoding-step-kernels paragraphs: the step A/B and the exactness log are
     docs/results/tree_rows_h200/; the earlier default-model benches (the planner before and
