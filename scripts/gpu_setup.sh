@@ -3,8 +3,10 @@
 # What the GPU image lacks comes in git-ignored folders carried with the call (64 MiB a call):
 #   .whl/       wheels (pip download --no-deps gguf torchao platformdirs accelerate psutil)
 #               and data/mt_bench_question.jsonl (the machine reaches no index)
-#   .gguf1/     the default GGUF's first 50,000,000 bytes (split -b 50000000), carried by one call
-#   .gguf2/     the rest, carried by the next call made at once (the machine keeps /tmp ~30 s)
+#   .gguf1/     the default GGUF's first 51,000,000 bytes (split -b 51000000), carried by one call
+#   .gguf2/     the rest, carried by the next call made at once (the machine keeps /tmp ~30 s) with
+#               .whl beside it: both fit the 64 MiB with the tracked tree (~15 MB), so a fresh
+#               machine needs just the two calls
 # The first call copies its part to /tmp; the call with the second joins them and checks the sha256.
 export SPECMEMO_DATA_DIR=/tmp/smdata PYTHONPATH=/tmp/site:.
 mkdir -p /tmp/smdata/models /tmp/smdata/data /tmp/site
