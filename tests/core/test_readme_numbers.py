@@ -720,6 +720,22 @@ def test_the_h100_bench_paragraph_holds_its_runs():
     assert "52 passed" in log and "failed" not in log and "52 passed (`overlap_h200/session22/exact.log`)" in readme
 
 
+def test_the_tile_trial_sentence_holds_its_h100_runs():
+    """README's sentence on the reverted tile kernels is docs/results/tile_rows_trial/: medusa-64
+    steps of both shapes, the tiles (``compiled``, as that commit's default) against cuBLAS and the
+    regions (``compiled-cublas``), each slower."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/tile_rows_trial"
+    ms = {}
+    for shape in ("smollm2-135m", "vicuna-7b"):
+        runs = _last_json(d / f"{shape}-tiles.jsonl")["alternating"]
+        ms[shape] = [runs[f"medusa-64+graphs {kind}"]["median"] for kind in ("compiled", "compiled-cublas")]
+        assert ms[shape][0] > ms[shape][1]
+    s, v = ms["smollm2-135m"], ms["vicuna-7b"]
+    assert (f"a `medusa-64` step of `smollm2-135m` took {s[0]:.2f} ms against {s[1]:.2f} through cuBLAS and the "
+            f"regions, of `vicuna-7b` {v[0]:.2f} against {v[1]:.2f}") in readme
+
+
 def test_the_step_kernel_tables_hold_their_h200_runs():
     """README's decoding-step-kernels paragraphs: the step A/B and the exactness log are
     docs/results/tree_rows_h200/; the earlier default-model benches (the planner before and
