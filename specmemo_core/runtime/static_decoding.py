@@ -68,10 +68,11 @@ class StaticKVCache(KVCache):
         (itself included) at slots length + j (None: the causal chain) — and ``slots`` is
         set for ``write``. The forward attends over the mask's ``span`` slots only."""
         t = offsets.shape[0]
-        self.slots = self.length_t + torch.arange(t, device=offsets.device)
+        # counting from 0 by ``columns`` (a view): in a GPU step each arange would be a kernel
+        self.slots = self.length_t + self.columns[:t]
         rel = self.columns[None, : span or self.capacity] - self.length_t  # [1, span]
         if ancestors is None:
-            mask = rel <= torch.arange(t, device=offsets.device)[:, None]
+            mask = rel <= self.columns[:t, None]
         else:
             in_new = (rel >= 0) & (rel < t)
             mask = (rel < 0) | (in_new & ancestors[:, rel[0].clamp(0, t - 1)])
@@ -105,7 +106,7 @@ class StaticKVCache(KVCache):
         device-tensor slots and ``length_t`` grows by ``count`` (a tensor inside a step);
         ``settle`` then tells the host."""
         if nodes is not None:
-            dst = self.length_t + torch.arange(nodes.shape[0], device=nodes.device)  # [W]
+            dst = self.length_t + self.columns[: nodes.shape[0]]  # [W]
             src = self.length_t + nodes.to(self.k.device)  # [W]
             self.k.index_copy_(2, dst, self.k.index_select(2, src))
             self.v.index_copy_(2, dst, self.v.index_select(2, src))
