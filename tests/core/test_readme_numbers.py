@@ -700,21 +700,21 @@ def test_the_h100_bench_paragraph_holds_its_runs():
     bf16, fp32 = (json.loads((d / f"bench_mtbench20_{dt}.json").read_text(encoding="utf-8")) for dt in ("bf16", "fp32"))
     assert bf16["_run"]["device_name"].startswith("NVIDIA H100") and bf16["_run"]["rounds_done"] == 3
 
-    def tps(v: dict) -> str:
+    def tps(v: dict, unit: str = "") -> str:
         t = v["tokens_per_s"]
-        return f"{t['median']:,.0f} tok/s ({t['min']:,.0f}–{t['max']:,.0f})"
+        return f"{t['median']:,.0f}{unit} ({t['min']:,.0f}–{t['max']:,.0f})"
 
     v, plan, medusa = bf16["vanilla+graphs"], bf16["plan"], bf16["medusa-64+graphs"]
     predicted = float(plan["note"].split("predicted ")[1].split(" tokens/s")[0])
     assert plan["tree"] is None and fp32["plan"]["tree"] is None
-    assert (f"bf16: `vanilla+graphs` {tps(v)}, {v['steps_share']:.0%} of each pass in its steps (`steps_share`; "
+    assert (f"bf16: `vanilla+graphs` {tps(v, ' tok/s')}, {v['steps_share']:.0%} of each pass in its steps (`steps_share`; "
             f"{v['step_ms']:.3f} ms a step); the planner predicted {predicted:,.0f} tok/s for plain decoding") in readme
-    assert (f"chose plain: {tps(plan)}, {plan['vs_vanilla+graphs']:.2f}×, where `medusa-64+graphs` gave "
-            f"{tps(medusa).replace(' tok/s', '')}, {medusa['vs_vanilla+graphs']:.2f}×, at {medusa['mean_accepted']:.2f} "
+    assert (f"chose plain: {tps(plan, ' tok/s')}, {plan['vs_vanilla+graphs']:.2f}×, where `medusa-64+graphs` gave "
+            f"{tps(medusa)}, {medusa['vs_vanilla+graphs']:.2f}×, at {medusa['mean_accepted']:.2f} "
             f"tokens/step and {medusa['step_ms']:.2f} ms a step") in readme
-    assert (f"fp32: `vanilla+graphs` {tps(fp32['vanilla+graphs']).replace(' tok/s', '')}, the planner plain again at "
-            f"{tps(fp32['plan']).replace(' tok/s', '')}, `medusa-64+graphs` "
-            f"{tps(fp32['medusa-64+graphs']).replace(' tok/s', '')}, every reply plain greedy's") in readme
+    assert (f"fp32: `vanilla+graphs` {tps(fp32['vanilla+graphs'])}, the planner plain again at "
+            f"{tps(fp32['plan'])}, `medusa-64+graphs` "
+            f"{tps(fp32['medusa-64+graphs'])}, every reply plain greedy's") in readme
     assert all(m["identical_to_vanilla"] == m["replies"] == 20 for k, m in fp32.items() if k != "_run")
     log = (REPO / "docs/results/overlap_h200/session22/exact.log").read_text(encoding="utf-8")
     assert "52 passed" in log and "failed" not in log and "52 passed (`overlap_h200/session22/exact.log`)" in readme

@@ -9,7 +9,7 @@ import torch
 from specmemo_core.runtime import token_layer
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import random_heads
-from specmemo_core.runtime.model import EAGER_REGIONS
+from specmemo_core.runtime.model import EAGER_REGIONS, attention_bias
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.tree import load_tree
 from tests.tiny import tiny_model
@@ -102,8 +102,6 @@ def test_a_layer_without_biases_at_the_first_slot_steps_as_its_regions(tokens):
     off = dataclasses.replace(EAGER_REGIONS, kernels=None)
     caches = [new_static_cache(model, 128) for _ in range(2)]
     outs = []
-    from specmemo_core.runtime.model import attention_bias
-
     for cache, regions in zip(caches, (layer.regions, off)):
         positions, mask = cache.prepare(torch.arange(tokens, device=DEVICE), None, 128)
         x = model.model.embed_tokens(torch.arange(3, 3 + tokens, device=DEVICE) % model.spec.vocab_size)
