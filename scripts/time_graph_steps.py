@@ -7,7 +7,7 @@ costs against a plain step. Speed = accepted tokens per step / step time; with t
 accepted lengths of real heads (``specmemo eval-acceptance``) it predicts tokens/s.
 
     python scripts/time_graph_steps.py [--shape smollm2-135m] [--dtype bf16] [--steps 200]
-        [--modes eager,graphs] [--heads DIR] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--topk-chunks 0,512 --repeats 3] [--kernels] [--context N] [--capacity N]
+        [--modes eager,graphs] [--heads DIR] [--no-fuse] [--compile] [--regions eager,compiled --repeats 3] [--topk-chunks 0,512 --repeats 3] [--kernels] [--draft-vocab N] [--context N] [--capacity N]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from specmemo_core.runtime.heads import load_heads, random_heads
 from specmemo_core.planning.memory import known_shape
 from specmemo_core.planning.plan_check import random_model
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
-from specmemo_core.runtime.step import GreedyAcceptance, StepUnit
+from specmemo_core.runtime.step import GreedyAcceptance, StepUnit, commit, draft_tokens, settle, verify
 from specmemo_core.runtime.tree import load_tree
 
 
@@ -42,7 +42,7 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        step()
+        phased_step(step)
         torch.cuda.synchronize()
     # the operators that launch kernels, by calls and by GPU time: where a tree step's extra
     # kernels and microseconds come from
@@ -54,10 +54,32 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     by_name: dict[str, list[float]] = {}
     for e in kernels:
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
+    phases = {e.key: (e.count, round(e.device_time_total, 1)) for e in prof.key_averages() if e.key in PHASES}
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
+                      "phases_us": phases,
                       "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top]}), flush=True)
     return len(kernels)
+
+
+PHASES = ("draft", "verify", "accept", "commit", "settle")
+
+
+@torch.inference_mode()
+def phased_step(step: StepUnit) -> None:
+    """One eager step as ``run_step`` runs it, each phase under a profiler range of its
+    name (``PHASES``): the GPU time each phase's kernels take."""
+    parts, buf = step.parts, step.buffers
+    with torch.profiler.record_function("draft"):
+        proposal = draft_tokens(parts, buf)
+    with torch.profiler.record_function("verify"):
+        verified = verify(parts, proposal, proposal.layout, step.span)
+    with torch.profiler.record_function("accept"):
+        accepted = step.acceptance.accept(parts.model, verified, proposal.layout)
+    with torch.profiler.record_function("commit"):
+        out = commit(parts, verified, accepted, step.span)
+    with torch.profiler.record_function("settle"):
+        settle(parts, out)
 
 
 def time_steps(model, heads, tree, graphs: bool, steps: int, *, context: int = 1000, capacity: int = 4096) -> float:
@@ -91,15 +113,17 @@ def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
     return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
 
 
-def step_heads(shape, model, device: str, path: str = ""):
+def step_heads(shape, model, device: str, path: str = "", draft_vocab: int = 0):
     """What a tree step drafts with: trained heads from ``path`` (of ``shape``'s sizes, with
-    their drafting vocabulary), else random hydra heads with a context layer."""
+    their drafting vocabulary), else random hydra heads with a context layer, drafting among
+    ``draft_vocab`` tokens (0: the whole vocabulary)."""
     if path:
         heads = load_heads(path, shape.hidden_size, shape.vocab_size, dtype=model.dtype, device=device)
-        heads.use_draft_vocab(model.lm_head.weight)
     else:
         heads = random_heads(4, shape.hidden_size, shape.vocab_size, kind="hydra", context=(
-            shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim)).to(device=device, dtype=model.dtype)
+            shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim),
+            draft_vocab=min(draft_vocab, shape.vocab_size)).to(device=device, dtype=model.dtype)
+    heads.use_draft_vocab(model.lm_head.weight)
     return heads
 
 
@@ -139,7 +163,7 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        heads = step_heads(shape, model, args.device, args.heads) if tree else None
+        heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         times: dict[str, list[float]] = {k: [] for k in args.regions.split(",")}
         for _ in range(args.repeats):
             for kind in times:
@@ -163,7 +187,7 @@ def alternate_topk(model, args) -> dict[str, dict[str, float]]:
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
         chunks = [int(c) for c in args.topk_chunks.split(",")] if tree else [0]
-        heads = step_heads(shape, model, args.device, args.heads) if tree else None
+        heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         times: dict[int, list[float]] = {c: [] for c in chunks}
         for _ in range(args.repeats):
             for chunk in chunks:
@@ -196,6 +220,8 @@ def main() -> None:
                     "top-k chunked by each (0: torch.topk alone), alternating in this process (--repeats rounds)")
     ap.add_argument("--heads", default="", help="trained heads of the shape (a folder) instead of random ones, "
                     "e.g. assets/heads/SmolLM2-135M-Instruct on --shape smollm2-135m")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="random heads draft among this many tokens, as trained "
+                    "ones do (train-heads --draft-vocab, default 8192); 0: the whole vocabulary")
     ap.add_argument("--kernels", action="store_true", help="also count the GPU kernels of one step")
     ap.add_argument("--context", type=int, default=1000, help="prompt tokens before the timed steps")
     ap.add_argument("--capacity", type=int, default=4096, help="KV cache slots (a step attends over the smallest span that holds the conversation)")
@@ -219,7 +245,7 @@ def main() -> None:
         return
     for name in args.trees.split(","):
         tree = None if name == "single" else load_tree(name)
-        heads = step_heads(shape, model, args.device, args.heads) if tree else None
+        heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
             ms = time_steps(model, heads, tree, mode != "eager", args.steps, context=args.context, capacity=args.capacity)

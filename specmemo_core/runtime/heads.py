@@ -426,18 +426,21 @@ def new_heads(spec: HeadsSpec) -> HeadsModule:
 def random_heads(
     num_heads: int, hidden_size: int, vocab_size: int, *, seed: int = 0, scale: float = 0.02,
     base_name: str = "", base_fingerprint: str = "", kind: str = "medusa", num_layers: int = 1,
-    context: tuple[int, int, int, int] | None = None, context_next: bool = False,
+    context: tuple[int, int, int, int] | None = None, context_next: bool = False, draft_vocab: int = 0,
 ) -> HeadsModule:
     """Heads with random weights: the decoder's output must not depend on them (tests).
     ``context``: (mlp width, heads, kv heads, head dim) of a context layer, hydra only;
-    ``context_next``: it reads the next token too."""
+    ``context_next``: it reads the next token too; ``draft_vocab``: a drafting vocabulary of
+    that many distinct random token ids (hydra only; ``use_draft_vocab`` then takes their rows)."""
     ctx = dict(zip(("context_mlp", "context_heads", "context_kv_heads", "context_head_dim"), context or (0,) * 4))
     heads = new_heads(HeadsSpec(kind, num_heads, num_layers, hidden_size, vocab_size, False, base_name,
-                                base_fingerprint, **ctx, context_next=context_next))
+                                base_fingerprint, **ctx, context_next=context_next, draft_vocab=draft_vocab))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * scale)
+        if draft_vocab:
+            heads.vocab_ids.copy_(torch.randperm(vocab_size, generator=gen)[:draft_vocab].sort().values)
     return heads.eval().requires_grad_(False)
 
 

@@ -112,6 +112,15 @@ def _with_draft_vocab(ids: list[int], vocab: int = 300):
     return heads
 
 
+def test_random_heads_draft_among_distinct_random_tokens():
+    heads = random_heads(4, 64, 300, kind="hydra", draft_vocab=40)
+    ids = heads.vocab_ids.tolist()
+    assert len(set(ids)) == 40 and ids == sorted(ids) and ids[-1] < 300 and ids != list(range(40))
+    lm_head = torch.randn(300, 64)
+    heads.use_draft_vocab(lm_head)
+    assert torch.equal(heads.vocab_head.weight, lm_head[ids])
+
+
 def test_draft_vocab_round_trip_and_limits(tmp_path):
     heads = _with_draft_vocab([7, 3, 250, 11])
     save_heads(heads, tmp_path / "h")
