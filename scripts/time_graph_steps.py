@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 
@@ -134,6 +135,8 @@ def region_kind(kinds: dict, kind: str):
 
     if kind in kinds:
         return kinds[kind]
+    if kind.endswith("+lt"):  # the same regions; alternate_regions picks cuBLASLt for them
+        return region_kind(kinds, kind.removesuffix("+lt"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
         return dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
     if kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
@@ -147,6 +150,11 @@ def region_kind(kinds: dict, kind: str):
         return compiled_regions(one_token=True)
     if kind == "autotune1":
         return compiled_regions(one_token=True, mode="max-autotune-no-cudagraphs")
+    if kind == "autotune":  # every shape its own region, inductor timing its matmul tiles against cuBLAS's
+        from specmemo_core.runtime.model import LayerRegions, finish_layer, project_layer
+
+        autotuned = functools.partial(torch.compile, dynamic=False, mode="max-autotune-no-cudagraphs")
+        return LayerRegions(autotuned(project_layer), autotuned(finish_layer))
     raise SystemExit(f"unknown --regions kind {kind!r}")
 
 
@@ -168,8 +176,11 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
         for _ in range(args.repeats):
             for kind in times:
                 model.use_regions(kinds[kind])
+                # "+lt": cuBLASLt's matmuls instead of cuBLAS's (the library the capture records)
+                torch.backends.cuda.preferred_blas_library("cublaslt" if kind.endswith("+lt") else "cublas")
                 times[kind].append(time_steps(model, heads, tree, True, args.steps, context=args.context,
                                               capacity=args.capacity))
+            torch.backends.cuda.preferred_blas_library("cublas")
         for kind, ms in times.items():
             out[f"{name}+graphs {kind}"] = {"median": round(median(ms), 3), "min": round(min(ms), 3),
                                             "max": round(max(ms), 3), "runs": len(ms)}
@@ -213,7 +224,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled@P:R:K:W]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled@P:R:K:W,autotune; any +lt: cuBLASLt]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

@@ -1,0 +1,41 @@
+# Issues 23 and 22: where a tree step's time goes on the GPU machine (device tool), from the
+# repository root, carrying .whl:
+#   bash docs/results/tree_step_gpu.sh [profile|blas] [shapes]
+#   profile: plain and medusa-64 steps as graphs, then one eager step of each under the profiler,
+#            by phase (draft, verify, accept, commit) and by kernel; heads drafting over the whole
+#            vocabulary (v0) and over 8,192 tokens as trained heads do (v8192)
+#   blas:    whole steps with the compiled regions' matmuls through cuBLAS, cuBLASLt (+lt), and
+#            inductor's autotuned tiles (autotune), 2 rounds alternating
+source scripts/gpu_setup.sh >/dev/null 2>&1
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+what=${1:-profile}
+case "$what" in
+profile)
+  for shape in ${2:-vicuna-7b smollm2-135m}; do for v in 0 8192; do
+    timeout ${3:-150} python3 scripts/time_graph_steps.py --shape $shape --dtype bf16 --trees single,medusa-64 \
+      --modes graphs --steps 50 --kernels --draft-vocab $v > "$OUT/profile-$shape-v$v.jsonl" 2> "$OUT/profile-$shape-v$v.err"
+    tail -1 "$OUT/profile-$shape-v$v.err" | cut -c 1-300
+  done; done
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+for f in sorted(glob.glob(sys.argv[1] + "/profile-*.jsonl")):
+    print("==", f.rsplit("/", 1)[-1])
+    for line in open(f):
+        d = json.loads(line)
+        if "phases_us" in d:
+            print(d["kernel_us_total"], d["phases_us"])
+            for k in d["top"][:20]:
+                print("   ", k)
+        elif "tree" in d:
+            print(d)
+PY
+  ;;
+blas)
+  for shape in ${2:-vicuna-7b}; do
+    timeout ${3:-400} python3 scripts/time_graph_steps.py --shape $shape --dtype bf16 --trees single,medusa-64 \
+      --steps 100 --regions compiled,compiled+lt,autotune --repeats 2 --draft-vocab 8192 \
+      > "$OUT/blas-$shape.jsonl" 2> "$OUT/blas-$shape.err"
+    grep -v '"shape"' "$OUT/blas-$shape.jsonl"; tail -2 "$OUT/blas-$shape.err" | cut -c 1-300
+  done ;;
+esac
