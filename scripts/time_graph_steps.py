@@ -51,12 +51,19 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
            if e.self_device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CPU]
     print(json.dumps({"ops_by_calls": sorted(ops, key=lambda o: -o[1])[:30],
                       "ops_by_us": sorted(ops, key=lambda o: -o[2])[:30]}), flush=True)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = {e.name: e.time_range for e in events if e.name in PHASES}  # each phase's span on the GPU
+    kernels = [e for e in events if e.name not in PHASES]
     by_name: dict[str, list[float]] = {}
     for e in kernels:
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
-    phases = {e.key: (e.count, round(e.device_time_total, 1)) for e in prof.key_averages() if e.key in PHASES}
+    phases = {name: [0, 0.0] for name in spans}  # kernels and their GPU time, by the phase they ran in
+    for e in kernels:
+        for name, span in spans.items():
+            if span.start <= e.time_range.start < span.end:
+                phases[name][0] += 1
+                phases[name][1] = round(phases[name][1] + e.device_time_total, 1)
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
                       "phases_us": phases,
                       "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top]}), flush=True)
