@@ -79,7 +79,7 @@ def tree_ancestors(n: int) -> torch.Tensor:
 
 
 def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool = True,
-                    variants: tuple[tuple[int, ...], ...] = ()) -> dict[str, Callable[[], None]]:
+                    variants: tuple[tuple[int, int, int], ...] = ()) -> dict[str, Callable[[], None]]:
     """Attention of ``tokens`` new rows (written at slots context..context+T) over ``span`` slots."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -106,16 +106,15 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    def chunked(split, warps, stages, block_m=None):  # ours (``runtime/chunked_attention.py``): the step's own kernel
+    def chunked(split, warps, stages):  # ours (``runtime/chunked_attention.py``): the step's own kernel
         def run():
             for k, v in zip(keys, values):
                 chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split,
-                                         warps=warps, stages=stages, block_m=block_m)
+                                         warps=warps, stages=stages)
         return run
-    out["chunked"] = chunked(None, chunked_attention.WARPS, None)
-    for split, warps, stages, *block_m in variants:  # other chunk sizes and launches, to choose the defaults by
-        out[f"chunked-{split}:{warps}:{stages}" + "".join(f":{b}" for b in block_m)] = chunked(
-            split, warps, stages, *block_m)
+    out["chunked"] = chunked(chunked_attention.SPLIT, chunked_attention.WARPS, None)
+    for split, warps, stages in variants:  # other chunk sizes and launches, to choose the defaults by
+        out[f"chunked-{split}:{warps}:{stages}"] = chunked(split, warps, stages)
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
@@ -167,7 +166,7 @@ def main() -> None:
     ap.add_argument("--parts", default="matmul,attention")
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument("--no-others", action="store_true", help="attention: ours and cuDNN's only (no flex, math, ...)")
-    ap.add_argument("--variants", default="", help="attention: ours at these chunk sizes and launches too (split 0: one pass over the span; an optional 4th: rows a program), "
+    ap.add_argument("--variants", default="", help="attention: ours at these chunk sizes and launches too, "
                     "SPLIT:WARPS:STAGES, e.g. 256:4:3,128:8:2")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()

@@ -6,7 +6,8 @@
 #            vocabulary (v0) and over 8,192 tokens as trained heads do (v8192)
 #   blas:    whole steps with the compiled regions' matmuls through cuBLAS, cuBLASLt (+lt), and
 #            inductor's autotuned tiles (autotune), 2 rounds alternating
-#   attention: the attention alone (32 layers; T = 1 and 64), one pass over the span against the chunks merged
+#   attention: the attention alone (32 layers; T = 1 and 64), one pass over the span against the chunks merged:
+#            a trial at commit 2508796, reverted after (slower); run it at that commit
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

@@ -104,47 +104,31 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-           cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int | None = None,
-           warps: int = WARPS, stages: int | None = None, block_m: int | None = None) -> torch.Tensor:
+           cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
+           warps: int = WARPS, stages: int | None = None) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
-    a program attends over, a multiple of ``CHUNK``, or 0: the whole span, no merge (None:
-    as ``one_pass`` says); ``warps``, ``stages``, ``block_m``: the first kernel's launch (None:
-    by the rows, as ``STAGES_*`` and ``row_block`` say; given only to time the choice:
+    a program attends over, a multiple of ``CHUNK``; ``warps``, ``stages``: the first kernel's
+    launch (``stages`` None: by the rows, as ``STAGES_*`` say; given only to time the choice:
     ``scripts/time_step_parts.py``)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
-    block_m = block_m or row_block(rows)
-    if split is None:
-        split = 0 if one_pass(hkv, rows, span) else SPLIT
-    final = split == 0
-    split = split or triton.cdiv(span, CHUNK) * CHUNK
     splits = triton.cdiv(span, split)
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     if stages is None:
         stages = STAGES_FEW_ROWS if rows <= 16 else STAGES_MANY_ROWS
-    out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
-    m = torch.empty(hkv, 1 if final else splits, rows, dtype=torch.float32, device=q.device)
+    m = torch.empty(hkv, splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    acc = torch.empty(*m.shape, hd, dtype=torch.float32, device=q.device)
+    acc = torch.empty(hkv, splits, rows, hd, dtype=torch.float32, device=q.device)
     attend_chunks[(splits, hkv, triton.cdiv(rows, block_m))](
-        q, keys, values, bias, cache_length, m, l, acc, out, rows, new_tokens, groups, hd ** -0.5,
+        q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-        bias.stride(0), out.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK,
-        IEEE=q.dtype == torch.float32, FINAL=final, num_warps=warps, num_stages=stages,
+        bias.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=stages,
     )
-    if not final:
-        merge_chunks[(hkv, rows)](m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0),
-                                  HD=hd, BLOCK=MERGE_BLOCK)
+    out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
+    merge_chunks[(hkv, rows)](m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0),
+                              HD=hd, BLOCK=MERGE_BLOCK)
     return out
-
-
-def row_block(rows: int) -> int:
-    """Query rows a program of the first kernel takes: all of a plain step's, up to 64 of a tree's."""
-    return 16 if rows <= 16 else (32 if rows <= 32 else 64)
-
-
-def one_pass(hkv: int, rows: int, span: int) -> bool:
-    """Whether a program attends over the whole span (no merge kernel): never, for now."""
-    return False

@@ -9,14 +9,13 @@ import triton.language as tl
 
 
 @triton.jit
-def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr, out_ptr,
-                  rows, new_tokens, groups, scale, stride_qh, stride_qr, stride_kh, stride_ks,
-                  stride_vh, stride_vs, stride_br, stride_ot,
+def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr,
+                  rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
+                  stride_vh, stride_vs, stride_br,
                   HD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
-                  CHUNK: tl.constexpr, IEEE: tl.constexpr, FINAL: tl.constexpr):
+                  CHUNK: tl.constexpr, IEEE: tl.constexpr):
     """One program: SPLIT slots of one key/value head for BLOCK_M of its rows; writes
-    the chunk's row maxima m, sums l and unnormalised outputs acc (fp32), or, ``FINAL``
-    (one chunk holds the whole span), the rows' outputs themselves, as ``merge_chunks`` does."""
+    the chunk's row maxima m, sums l and unnormalised outputs acc (fp32)."""
     c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     splits = tl.num_programs(0)
     end = tl.load(length_ptr) + new_tokens  # slots [0, end) may be visible
@@ -31,7 +30,7 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
         acc = tl.zeros((BLOCK_M, HD), tl.float32)
         q = tl.load(q_ptr + h * stride_qh + r[:, None] * stride_qr + d[None, :],
                     mask=live_rows[:, None], other=0.0)  # [BLOCK_M, HD]
-        for lo in range(start, tl.minimum(start + SPLIT, end), CHUNK):  # no chunk past the end
+        for lo in range(start, start + SPLIT, CHUNK):
             s = lo + tl.arange(0, CHUNK)
             live = s < end
             k = tl.load(k_ptr + h * stride_kh + s[:, None] * stride_ks + d[None, :],
@@ -56,15 +55,9 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        if FINAL:  # a row sees its own slot at least: l_i > 0
-            t, j = r % new_tokens, r // new_tokens
-            at = t[:, None] * stride_ot + (h * groups + j)[:, None] * HD + d[None, :]
-            tl.store(out_ptr + at, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=live_rows[:, None])
-        else:
-            tl.store(l_ptr + out, l_i, mask=live_rows)
-            tl.store(acc_ptr + out[:, None] * HD + d[None, :], acc, mask=live_rows[:, None])
-    if not FINAL:
-        tl.store(m_ptr + out, m_i, mask=live_rows)  # -inf alone past the end: merge_chunks skips it
+        tl.store(l_ptr + out, l_i, mask=live_rows)
+        tl.store(acc_ptr + out[:, None] * HD + d[None, :], acc, mask=live_rows[:, None])
+    tl.store(m_ptr + out, m_i, mask=live_rows)  # -inf alone past the end: merge_chunks skips it
 
 
 @triton.jit
