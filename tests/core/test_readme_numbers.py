@@ -843,3 +843,44 @@ def test_the_tree_step_findings_hold_their_h200_runs():
     assert (f"(`chain-1` {after['chain-1'][0]:.2f} ms, `lookup-8` {after['lookup-8'][0]:.2f} against {plain:.2f})"
             in readme and f"costs at least {min(after['chain-1'][0], after['lookup-8'][0]) / plain:.1f}× a plain one"
             in readme)
+
+
+def test_the_h100_tree_step_paragraph_holds_its_runs():
+    """README's session-23 paragraph is docs/results/tree_step_h100/: the step times and phases,
+    the BLAS A/B, the one-pass attention trial, the layouts and the column kernel."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/tree_step_h100"
+    profile = [json.loads(line) for line in (d / "profile-vicuna-7b-v8192.jsonl").read_text(encoding="utf-8").splitlines()]
+    steps = {r["tree"]: r["ms_per_step"] for r in profile if "mode" in r}
+    plain_phases, tree_phases = (r["phases_us"] for r in profile if "phases_us" in r)
+    assert (f"took {steps['medusa-64']:.2f} ms against a plain step's {steps['single']:.2f} "
+            f"({steps['medusa-64'] / steps['single']:.2f}×)") in readme
+    (v_kernels, v_us), (p_kernels, p_us) = tree_phases["verify"], plain_phases["verify"]
+    assert (f"verifying {v_us / 1e3:.2f} ms in {v_kernels} kernels (a plain step's {p_us / 1e3:.2f} in {p_kernels}), "
+            f"drafting {tree_phases['draft'][1] / 1e3:.2f}, committing {tree_phases['commit'][1] / 1e3:.2f}, "
+            f"accepting {tree_phases['accept'][1] / 1e3:.2f}") in readme
+    blas = _last_json(d / "blas-vicuna-7b.jsonl")["alternating"]
+    ms = {k: blas[f"medusa-64+graphs {k}"]["median"] for k in ("compiled", "compiled+lt", "autotune")}
+    assert ms["compiled+lt"] > 0.99 * ms["compiled"] and ms["autotune"] > ms["compiled"]
+    assert (f"cuBLASLt's matmuls ({ms['compiled+lt']:.2f} ms against cuBLAS's {ms['compiled']:.2f}) or "
+            f"inductor's autotuned tiles ({ms['autotune']:.2f})") in readme
+    parts = _last_json(d / "one_pass_trial/attention-vicuna-7b-span1024.jsonl")["ms_per_step_part"]
+    one_pass = min(v["median"] for k, v in parts.items() if k.startswith("T=64 attention chunked-0:"))
+    merged = parts["T=64 attention chunked"]["median"]
+    assert one_pass > merged and f"attention {one_pass:.2f} ms at best against {merged:.2f})" in readme
+    ab = [json.loads(line) for line in (d / "separate_add_trial/ab.jsonl").read_text(encoding="utf-8").splitlines()]
+    for shape in ("smollm2-135m", "vicuna-7b"):
+        by_code = {c: [r["result"]["ms_per_step"]["medusa-64+graphs"] for r in ab
+                       if r["code"] == c and r["result"]["shape"] == shape] for c in ("before", "after")}
+        assert abs(sum(by_code["after"]) / sum(by_code["before"]) - 1) < 0.01  # "no change"
+    layouts = {(r["rows"], r["layout"]): r["median"] for r in map(json.loads, (
+        d / "gemm-layouts-vicuna-7b.jsonl").read_text(encoding="utf-8").splitlines())}
+    assert (f"({layouts[64, 'kn cublaslt']:.2f} ms through cuBLASLt against {layouts[64, 'nk cublas']:.2f}, "
+            "`scripts/time_gemm_layouts.py`)") in readme
+    gemv = [json.loads(line) for line in (d / "column-gemv-vicuna-7b.jsonl").read_text(encoding="utf-8").splitlines()]
+    shapes = {(r["n"], r["k"]) for r in gemv}
+    rows_ms = sum(r["ms"] for r in gemv if r["kernel"].startswith("matmul_add"))
+    column_ms = sum(min(r["ms"] for r in gemv if (r["n"], r["k"]) == s and r["kernel"].startswith("column"))
+                    for s in shapes)
+    assert len(shapes) == 4 and column_ms > rows_ms
+    assert f"took {column_ms:.2f} ms against `matmul_add`'s {rows_ms:.2f} for the four matmuls" in readme
