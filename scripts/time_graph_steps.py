@@ -25,7 +25,8 @@ from specmemo_core.runtime.heads import load_heads, random_heads
 from specmemo_core.planning.memory import known_shape
 from specmemo_core.planning.plan_check import random_model
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
-from specmemo_core.runtime.step import GreedyAcceptance, StepUnit, commit, draft_tokens, settle, verify
+from specmemo_core.runtime.step import STEP_PHASES as PHASES
+from specmemo_core.runtime.step import GreedyAcceptance, StepUnit
 from specmemo_core.runtime.tree import load_tree
 
 
@@ -43,7 +44,7 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        phased_step(step)
+        step()  # its phases under profiler ranges (``step.STEP_PHASES``)
         torch.cuda.synchronize()
     # the operators that launch kernels, by calls and by GPU time: where a tree step's extra
     # kernels and microseconds come from
@@ -68,26 +69,6 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
                       "phases_us": phases,
                       "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top]}), flush=True)
     return len(kernels)
-
-
-PHASES = ("draft", "verify", "accept", "commit", "settle")
-
-
-@torch.inference_mode()
-def phased_step(step: StepUnit) -> None:
-    """One eager step as ``run_step`` runs it, each phase under a profiler range of its
-    name (``PHASES``): the GPU time each phase's kernels take."""
-    parts, buf = step.parts, step.buffers
-    with torch.profiler.record_function("draft"):
-        proposal = draft_tokens(parts, buf)
-    with torch.profiler.record_function("verify"):
-        verified = verify(parts, proposal, proposal.layout, step.span)
-    with torch.profiler.record_function("accept"):
-        accepted = step.acceptance.accept(parts.model, verified, proposal.layout)
-    with torch.profiler.record_function("commit"):
-        out = commit(parts, verified, accepted, step.span)
-    with torch.profiler.record_function("settle"):
-        settle(parts, out)
 
 
 def time_steps(model, heads, tree, graphs: bool, steps: int, *, context: int = 1000, capacity: int = 4096) -> float:

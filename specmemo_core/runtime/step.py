@@ -381,11 +381,22 @@ def at_last(hidden: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     return hidden.gather(-2, last[..., None].expand(*last.shape, hidden.shape[-1]))
 
 
+STEP_PHASES = ("draft", "verify", "accept", "commit")  # profiler ranges of ``run_step``
+
+
 def run_step(parts: StepParts, buf: TreeBuffers, acceptance: Acceptance, span: int | None) -> torch.Tensor:
-    """The whole step on the device: [..., 1 + W] (see ``commit``), no host read."""
-    proposal = draft_tokens(parts, buf)
-    verified = verify(parts, proposal, proposal.layout, span)
-    return commit(parts, verified, acceptance.accept(parts.model, verified, proposal.layout), span)
+    """The whole step on the device: [..., 1 + W] (see ``commit``), no host read. Each phase
+    runs under a profiler range of its name (``STEP_PHASES``; host-side only, nothing in a
+    captured graph): where a step's kernels go (``scripts/time_graph_steps.py --kernels``)."""
+    phase = torch.profiler.record_function
+    with phase("draft"):
+        proposal = draft_tokens(parts, buf)
+    with phase("verify"):
+        verified = verify(parts, proposal, proposal.layout, span)
+    with phase("accept"):
+        accepted = acceptance.accept(parts.model, verified, proposal.layout)
+    with phase("commit"):
+        return commit(parts, verified, accepted, span)
 
 
 def settle(parts: StepParts, out: torch.Tensor) -> list[int] | list[list[int]]:

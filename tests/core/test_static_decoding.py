@@ -279,3 +279,24 @@ def test_a_reply_stream_dropped_unfinished_leaves_the_next_turn_exact():
     rest = [t for s in first_two for t in s.token_ids] + [t for s in steps for t in s.token_ids]
     assert rest == _tokens(plain, second, 40)
     assert int(static.cache.length_t) == static.cache.length == len(static.history)
+
+
+def test_a_step_names_its_phases_to_the_profiler():
+    """``run_step``'s phases are profiler ranges, in order, each around the operators it runs
+    (``scripts/time_graph_steps.py --kernels`` sums a GPU step's kernels by them)."""
+    from specmemo_core.runtime.step import STEP_PHASES, GreedyAcceptance
+
+    model = tiny_model(seed=2, vocab_size=300)
+    heads = random_heads(4, 64, 300, seed=1, scale=0.5, kind="hydra")
+    static = StaticDecoder(model, new_static_cache(model, 400), heads, load_tree("1-3-2"))
+    next(static.generate(list(range(10, 40)), GenerationConfig(max_new_tokens=2)))
+    step = StepUnit(static.parts, static._buffers, GreedyAcceptance(), span=static.cache.span_for(6))
+    with torch.profiler.profile() as prof:
+        step()
+    ranges = [e for e in prof.events() if e.name in STEP_PHASES]
+    assert [e.name for e in ranges] == list(STEP_PHASES)
+    assert all(a.time_range.end <= b.time_range.start for a, b in zip(ranges, ranges[1:]))
+    for e in ranges:
+        inside = [c for c in prof.events() if c.name.startswith("aten::")
+                  and e.time_range.start <= c.time_range.start < e.time_range.end]
+        assert inside, f"no operator ran inside {e.name}"
