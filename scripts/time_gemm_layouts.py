@@ -16,12 +16,11 @@ import statistics
 import torch
 
 from specmemo_core.planning.memory import known_shape
-from time_step_parts import graph_ms
+from time_step_parts import graph_ms, layer_matmuls
 
 
 def chains(shape, rows: int) -> dict[str, object]:
-    d, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
-    dims = [((shape.num_heads + 2 * shape.num_kv_heads) * hd, d), (d, shape.num_heads * hd), (2 * i, d), (d, i)]
+    dims = layer_matmuls(shape)
     nk = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for n, k in dims]
           for _ in range(shape.num_layers)]
     kn = [[w.t().contiguous() for w in layer] for layer in nk]

@@ -59,12 +59,10 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     for e in kernels:
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
-    phases = {name: [0, 0.0] for name in spans}  # kernels and their GPU time, by the phase they ran in
-    for e in kernels:
-        for name, span in spans.items():
-            if span.start <= e.time_range.start < span.end:
-                phases[name][0] += 1
-                phases[name][1] = round(phases[name][1] + e.device_time_total, 1)
+    # kernels and their GPU µs, by the phase they started in
+    inside = {name: [e.device_time_total for e in kernels if span.start <= e.time_range.start < span.end]
+              for name, span in spans.items()}
+    phases = {name: [len(us), round(sum(us), 1)] for name, us in inside.items()}
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
                       "phases_us": phases,
                       "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top]}), flush=True)

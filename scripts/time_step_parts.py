@@ -44,10 +44,15 @@ def graph_ms(run: Callable[[], None], replays: int = 20) -> float:
     return replay_ms(capture_graph(run, warmup=2)[0], replays)
 
 
-def matmul_parts(shape, tokens: int, autotune: bool) -> dict[str, Callable[[], None]]:
+def layer_matmuls(shape) -> list[tuple[int, int]]:
+    """A decoder layer's four weights [N, K] once fused: q/k/v, o_proj, gate/up, down_proj."""
     d, i, hd = shape.hidden_size, shape.intermediate_size, shape.head_dim
-    qkv = (shape.num_heads + 2 * shape.num_kv_heads) * hd
-    dims = [(qkv, d), (d, shape.num_heads * hd), (2 * i, d), (d, i)]
+    return [((shape.num_heads + 2 * shape.num_kv_heads) * hd, d), (d, shape.num_heads * hd), (2 * i, d), (d, i)]
+
+
+def matmul_parts(shape, tokens: int, autotune: bool) -> dict[str, Callable[[], None]]:
+    d = shape.hidden_size
+    dims = layer_matmuls(shape)
     weights = [[torch.randn(o, k, device="cuda", dtype=torch.bfloat16) * 0.02 for o, k in dims]
                for _ in range(shape.num_layers)]
     head = torch.randn(shape.vocab_size, d, device="cuda", dtype=torch.bfloat16) * 0.02

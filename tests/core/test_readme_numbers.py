@@ -575,8 +575,12 @@ def test_the_native_cpu_tables_hold_their_runs():
         assert r["identical_to_vanilla"] == r["replies"]
 
 
+def _json_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").strip().splitlines()]
+
+
 def _last_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8").strip().splitlines()[-1])
+    return _json_lines(path)[-1]
 
 
 def test_the_chunked_attention_tables_hold_their_h200_runs():
@@ -652,7 +656,7 @@ def test_the_overlapped_steps_tables_hold_their_h200_runs():
     every method's fp32 replies plain greedy's."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     d = REPO / "docs/results/overlap_h200"
-    rows = [json.loads(line) for line in (d / "step_overhead.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows = _json_lines(d / "step_overhead.jsonl")
     for r in (r for r in rows if r["ctx"] == 300):
         assert (f"| `{r['tree']}` | {r['loop-serial']:.3f} | {r['loop']:.3f} | {r['replay+read']:.3f} | "
                 f"{r['replays']:.3f} |") in readme
@@ -809,7 +813,7 @@ def test_the_tree_step_findings_hold_their_h200_runs():
     docs/results/tree_rows_h200/."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     d = REPO / "docs/results/tree_rows_h200"
-    profile = [json.loads(line) for line in (d / "profile/vicuna-7b-before.jsonl").read_text(encoding="utf-8").splitlines()]
+    profile = _json_lines(d / "profile/vicuna-7b-before.jsonl")
     top = dict((name, us) for name, _, us in next(r for r in profile[::-1] if "top" in r)["top"])
     matmuls = sum(us for name, us in top.items() if name.startswith("nvjet") and "64x8_64x16" not in name
                   and "256x16" not in name) + top["void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_"]
@@ -817,7 +821,7 @@ def test_the_tree_step_findings_hold_their_h200_runs():
     assert (f"cuBLAS's four matmuls {matmuls / 1e3:.2f} ms (`o_proj` at "
             f"{top['nvjet_sm90_tst_64x32_64x16_1x2_h_badd_TNT'] / 32:.0f} µs a layer") in readme
     assert f"attention {attention / 1e3:.2f} (its merge of the chunks alone {top['merge_chunks'] / 1e3:.2f})" in readme
-    gemm = [json.loads(line) for line in (d / "profile/tile-gemm-m64.jsonl").read_text(encoding="utf-8").splitlines()]
+    gemm = _json_lines(d / "profile/tile-gemm-m64.jsonl")
     best = min(r["ms"] for r in gemm if "ms" in r)
     assert (f"took at best {best:.2f} ms against cuBLAS's {gemm[0]['cublas']:.2f} and a "
             f"{gemm[0]['floor_ms']:.2f} floor") in readme
@@ -827,7 +831,7 @@ def test_the_tree_step_findings_hold_their_h200_runs():
             f"same kernels at one token, slowed to {trial['single+graphs compiled']['median']:.2f} ms") in readme
 
     def model_check(name: str) -> dict[str, tuple[float, float]]:
-        rows = [json.loads(line) for line in (d / name).read_text(encoding="utf-8").splitlines()]
+        rows = _json_lines(d / name)
         return {r["tree"]: (sum(r["graph_step_ms"]) / 2, r["model_ms"]) for r in rows if r.get("ctx") == 1000}
 
     before, after = model_check("step_model.jsonl"), model_check("step_model_grown.jsonl")
@@ -850,7 +854,7 @@ def test_the_h100_tree_step_paragraph_holds_its_runs():
     the BLAS A/B, the one-pass attention trial, the layouts and the column kernel."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     d = REPO / "docs/results/tree_step_h100"
-    profile = [json.loads(line) for line in (d / "profile-vicuna-7b-v8192.jsonl").read_text(encoding="utf-8").splitlines()]
+    profile = _json_lines(d / "profile-vicuna-7b-v8192.jsonl")
     steps = {r["tree"]: r["ms_per_step"] for r in profile if "mode" in r}
     plain_phases, tree_phases = (r["phases_us"] for r in profile if "phases_us" in r)
     assert (f"took {steps['medusa-64']:.2f} ms against a plain step's {steps['single']:.2f} "
@@ -868,16 +872,15 @@ def test_the_h100_tree_step_paragraph_holds_its_runs():
     one_pass = min(v["median"] for k, v in parts.items() if k.startswith("T=64 attention chunked-0:"))
     merged = parts["T=64 attention chunked"]["median"]
     assert one_pass > merged and f"attention {one_pass:.2f} ms at best against {merged:.2f})" in readme
-    ab = [json.loads(line) for line in (d / "separate_add_trial/ab.jsonl").read_text(encoding="utf-8").splitlines()]
+    ab = _json_lines(d / "separate_add_trial/ab.jsonl")
     for shape in ("smollm2-135m", "vicuna-7b"):
         by_code = {c: [r["result"]["ms_per_step"]["medusa-64+graphs"] for r in ab
                        if r["code"] == c and r["result"]["shape"] == shape] for c in ("before", "after")}
         assert abs(sum(by_code["after"]) / sum(by_code["before"]) - 1) < 0.01  # "no change"
-    layouts = {(r["rows"], r["layout"]): r["median"] for r in map(json.loads, (
-        d / "gemm-layouts-vicuna-7b.jsonl").read_text(encoding="utf-8").splitlines())}
+    layouts = {(r["rows"], r["layout"]): r["median"] for r in _json_lines(d / "gemm-layouts-vicuna-7b.jsonl")}
     assert (f"({layouts[64, 'kn cublaslt']:.2f} ms through cuBLASLt against {layouts[64, 'nk cublas']:.2f}, "
             "`scripts/time_gemm_layouts.py`)") in readme
-    gemv = [json.loads(line) for line in (d / "column-gemv-vicuna-7b.jsonl").read_text(encoding="utf-8").splitlines()]
+    gemv = _json_lines(d / "column-gemv-vicuna-7b.jsonl")
     shapes = {(r["n"], r["k"]) for r in gemv}
     rows_ms = sum(r["ms"] for r in gemv if r["kernel"].startswith("matmul_add"))
     column_ms = sum(min(r["ms"] for r in gemv if (r["n"], r["k"]) == s and r["kernel"].startswith("column"))
