@@ -83,13 +83,14 @@ class SplitK:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         (m, k), n = x.shape, w.shape[0]
-        self.args = dict(BM=64, BN=bn, BK=bk, SPLITS=splits, ST=stages, num_warps=warps)
+        bm = max(16, triton.next_power_of_2(m))
+        self.args = dict(BM=bm, BN=bn, BK=bk, SPLITS=splits, ST=stages, num_warps=warps)
         self.grid = (n // bn, splits)
-        part = torch.empty(splits * 64 * n if splits > 1 else 1, device=x.device, dtype=torch.float32)
+        part = torch.empty(splits * bm * n if splits > 1 else 1, device=x.device, dtype=torch.float32)
         count = torch.zeros(n // bn, device=x.device, dtype=torch.int32)
         if tma:
             self.kernel = splitk_matmul_tma
-            self.params = (TensorDescriptor.from_tensor(x, [64, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+            self.params = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
                            y, part, count, m, n, k // splits)
         else:
             self.kernel = splitk_matmul
@@ -129,6 +130,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--only", default="", help="comma list of matmuls to scan (qkv,o,gate_up,down)")
+    parser.add_argument("--min-programs", type=int, default=100, help="launches of fewer programs are skipped")
     args = parser.parse_args()
     if args.check:
         return check()
@@ -150,8 +152,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         want = x.float() @ weights[0].float().t()
         for tma, bn, bk, splits, stages, warps in itertools.product(
-                (False, True), (32, 64, 128), (64, 128), (1, 2, 4, 8), (3, 5), (4,)):
-            if not fits(n, k, bn, bk, splits, stages) or (n // bn) * splits < 100 or (n // bn) * splits > 1200:
+                (False, True), (32, 64, 128), (64, 128), (1, 2, 3, 4, 8), (3, 5), (4,)):
+            if not fits(n, k, bn, bk, splits, stages) or (n // bn) * splits < args.min_programs or (n // bn) * splits > 1200:
                 continue
             runs = [SplitK(x, w, y, bn=bn, bk=bk, splits=splits, stages=stages, warps=warps, tma=tma)
                     for w in weights]
