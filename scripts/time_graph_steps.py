@@ -125,6 +125,13 @@ def region_kind(kinds: dict, kind: str):
         return region_kind(kinds, kind.removesuffix("+lt"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
         return dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
+    if kind.endswith("-notiles"):  # steps of several tokens through cuBLAS and the regions, never the tiles
+        return dataclasses.replace(kinds[kind.removesuffix("-notiles")], kernels=token_layer.Launch(row_tiles=False))
+    if "#" in kind:  # e.g. compiled#32:128:4:5: always the tile kernels, launched so (tile_n:tile_k:warps:stages)
+        base, launch = kind.split("#")
+        n, k, warps, stages = (int(v) for v in launch.split(":"))
+        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(
+            row_tiles=True, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages))
     if kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
         return dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
     if "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
@@ -210,7 +217,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled@P:R:K:W,autotune; any +lt: cuBLASLt]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled@P:R:K:W,compiled#N:K:W:S,autotune; any +lt: cuBLASLt]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

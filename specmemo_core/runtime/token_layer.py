@@ -12,11 +12,14 @@ neighbours' work on the way in or out (``token_layer_kernels``):
 4. rmsnorm → gate/up → silu(gate)·up;
 5. down_proj + the residual.
 
-A step of several tokens (a tree's nodes, a short prompt chunk) keeps cuBLAS's matmuls
-(their weights are read once for all the rows) and the compiled regions after the
-attention, but its first half is three kernels: the norm, the q/k/v matmul and
-``rotate_rows`` (1's rotary and cache write, for every token), where the regions ran
-seven (the rotary, copies of q, k and v out of the fused output, two cache writes).
+A step of several tokens (a tree's nodes, a short prompt chunk) of a small layer runs the
+same five steps as tiles on the tensor cores (``norm_pair_rows``, ``matmul_add_rows``: each
+weight tile read once for up to 64 tokens), its kernels as many as a one-token step's, where
+cuBLAS's matmuls and the regions around them ran about twelve: such a step is bound by
+launches, not by weight reads. A large layer's (``Launch.tile_layer_bytes``) keeps cuBLAS's matmuls,
+which read its weights faster than these tiles, and the compiled regions after the attention,
+but its first half is three kernels: the norm, the q/k/v matmul and ``rotate_rows`` (1's
+rotary and cache write, for every token), where the regions ran seven.
 
 Where: a step over a static cache (its slots a device tensor), fused plain weights
 (``DecoderLayer.fuse``) on the same GPU, unbatched, the attention that
@@ -64,6 +67,19 @@ class Launch:
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton and the GPU have it (``_dependent_launch``)
     pdl: bool = True
+    # a step of several tokens through the tile kernels (``norm_pair_rows``, ``matmul_add_rows``):
+    # five kernels and the attention's two a layer, where cuBLAS's matmuls, ``rotate_rows`` and
+    # the compiled regions run about twelve. None: for 16-bit layers of at most ``tile_layer_bytes``
+    # of weights (launch-bound steps; cuBLAS reads a large layer's weights as fast, and fp32's IEEE
+    # products on the tensor cores are slow); True or False: always or never (tests, timings)
+    row_tiles: bool | None = None
+    # the largest layer (its four matmuls' weights) whose steps take tiles by default: the default
+    # model's 7 MB layers gain; a 7B layer's 400 MB reads faster through cuBLAS (tree_step_h100/)
+    tile_layer_bytes: int = 64 << 20
+    tile_n: int = 32  # weight rows (pairs of them for the norm's kernels) a tile program finishes
+    tile_k: int = 0  # input columns it reads at once (also its sums' order); 0: 128 for K ≥ 1,024, else 64
+    tile_warps: int = 4
+    tile_stages: int = 5  # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's)
 
 
 LAUNCH = Launch()
@@ -74,6 +90,8 @@ class _Kernels(NamedTuple):
     norm_pair_matmul: Any
     matmul_add: Any
     rotate_rows: Any
+    norm_pair_rows: Any
+    matmul_add_rows: Any
     dependent_launch: bool  # this Triton has programmatic dependent launch
 
 
@@ -83,10 +101,12 @@ def _kernels() -> _Kernels | None:
     try:
         import triton
 
-        from specmemo_core.runtime.token_layer_kernels import gdc_wait, matmul_add, norm_pair_matmul, rotate_rows
+        from specmemo_core.runtime.token_layer_kernels import (gdc_wait, matmul_add, matmul_add_rows, norm_pair_matmul,
+                                                               norm_pair_rows, rotate_rows)
     except ImportError:
         return None
-    return _Kernels(triton, norm_pair_matmul, matmul_add, rotate_rows, gdc_wait is not None)
+    return _Kernels(triton, norm_pair_matmul, matmul_add, rotate_rows, norm_pair_rows, matmul_add_rows,
+                    gdc_wait is not None)
 
 
 @functools.cache
@@ -134,6 +154,8 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     ``finish``: the layer's region after the attention (``LayerRegions.finish``), which a
     step of several tokens runs."""
     kernels = _kernels()
+    if x.shape[0] > 1 and row_tiles(layer, x, launch):
+        return _run_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache, launch=launch)
     if x.shape[0] > 1:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
@@ -149,6 +171,79 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     hidden = torch.empty(mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     _norm_pairs(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch, pdl=pdl)
     return _matmul_add(kernels.matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
+
+
+def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
+    """Whether a step of several tokens x [T, D] of ``layer`` runs as tiles (``Launch.row_tiles``)."""
+    if launch.row_tiles is not None:
+        return launch.row_tiles
+    weights = (layer.self_attn.qkv[0], layer.self_attn.o_proj.weight, layer.mlp.gate_up[0], layer.mlp.down_proj.weight)
+    size = sum(w.numel() * w.element_size() for w in weights)
+    return x.dtype in (torch.bfloat16, torch.float16) and size <= launch.tile_layer_bytes
+
+
+def _run_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+              bias: torch.Tensor, cache: "KVCache", launch: Launch) -> torch.Tensor:
+    """The layer's step for T > 1 tokens x [T, D] in tiles: ``norm_pair_rows`` (q/k/v, rotary,
+    cache writes), the attention, ``matmul_add_rows`` (o_proj + residual), ``norm_pair_rows``
+    (gate/up, SiLU) and ``matmul_add_rows`` (down + residual)."""
+    attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
+    h, hkv, hd, t = s.num_heads, s.num_kv_heads, s.head_dim, x.shape[0]
+    keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
+    q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
+    rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
+    _norm_pair_rows(kernels, x, layer.input_layernorm, attn.qkv, q, rope=rope, launch=launch)
+    attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
+                                        new_tokens=t, groups=h // hkv)  # [T, H·hd]
+    mid = _matmul_add_rows(kernels, attended, attn.o_proj, x, launch)
+    hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
+    _norm_pair_rows(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch)
+    return _matmul_add_rows(kernels, hidden, mlp.down_proj, mid, launch)
+
+
+def _tile_m(tokens: int) -> int:
+    """Tokens a tile program takes: the tensor cores' least (16) up to 64."""
+    return 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
+
+
+def _tile_k(launch: Launch, k_cols: int) -> int:
+    return launch.tile_k or (128 if k_cols >= 1024 else 64)
+
+
+def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
+                    rope: tuple | None, launch: Launch) -> None:
+    """``_norm_pairs`` for x [T, D] through ``norm_pair_rows``: with ``rope`` q into out
+    [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
+    weight, bias = fused
+    if rope is not None:
+        cos, sin, slots, keys, values, heads, kv_heads = rope
+        half, group, groups = keys.shape[-1] // 2, keys.shape[-1], heads + 2 * kv_heads
+        strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1))
+    else:  # the rotary's and cache's arguments go unread
+        cos = sin = slots = keys = values = x
+        heads = kv_heads = group = 0
+        half, groups, strides = weight.shape[0] // 2, 1, (0, 0, 0, 0)
+    cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0])
+    kernels.norm_pair_rows[(groups * cdiv(half, launch.tile_n), cdiv(x.shape[0], block_m))](
+        x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
+        x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
+        *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=launch.tile_n, BLOCK_K=_tile_k(launch, x.shape[-1]),
+        ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        num_warps=launch.tile_warps, num_stages=launch.tile_stages)
+
+
+def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
+                     launch: Launch) -> torch.Tensor:
+    """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
+    out = torch.empty_like(residual)
+    (n, k), tokens = linear.weight.shape, a.shape[0]
+    cdiv, block_m = kernels.triton.cdiv, _tile_m(tokens)
+    kernels.matmul_add_rows[(cdiv(n, launch.tile_n), cdiv(tokens, block_m))](
+        a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
+        a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
+        BLOCK_N=launch.tile_n, BLOCK_K=_tile_k(launch, k), HAS_BIAS=linear.bias is not None,
+        IEEE=a.dtype == torch.float32, num_warps=launch.tile_warps, num_stages=launch.tile_stages)
+    return out
 
 
 def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
@@ -234,10 +329,11 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     return error < 0.02 or kernel_probe.wrong(FAMILY, device, error, FALLBACK)
 
 
-def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tuple[torch.Tensor, ...]:
+def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool,
+               launch: Launch = LAUNCH) -> tuple[torch.Tensor, ...]:
     """The probe's layer steps: the outputs of a one-token step [1, D] and of the three-token step
-    after it [3, D], and the cache's keys and values [1, Hkv, C, hd], by ``run`` (``kernels``) or
-    by the layer's eager regions."""
+    after it [3, D], and the cache's keys and values [1, Hkv, C, hd], by ``run`` (``kernels``,
+    launched so) or by the layer's eager regions."""
     import dataclasses
 
     from specmemo_core.runtime.model import (EAGER_REGIONS, DecoderLayer, ModelSpec, attention_bias,
@@ -266,7 +362,7 @@ def probe_step(device: torch.device, dtype: torch.dtype, *, kernels: bool) -> tu
         bias = attention_bias(mask, spec, dtype)
         x = torch.randn(tokens, 96, generator=g).to(device, dtype)
         with torch.no_grad():
-            outs.append(run(layer, x, cos, sin, bias, cache, finish=layer.regions.finish) if kernels
+            outs.append(run(layer, x, cos, sin, bias, cache, finish=layer.regions.finish, launch=launch) if kernels
                         else layer(x, cos, sin, bias, cache))
         cache.commit_prefix(1)  # the one token kept: the three attend over it
     return (*outs, cache.k, cache.v)

@@ -4,8 +4,10 @@ A one-token step's matmuls are matrix-vector products bound by reading the weigh
 read it once, with what cuBLAS would leave to kernels of their own (the norm before, the
 rotary, cache write, SiLU or residual add after) done on the way in or out. Weights are
 loaded to be evicted first: each is read once a step, and the activations and the cache
-are what L2 should keep. A step of several tokens keeps cuBLAS's matmul and ends it with
-``rotate_rows``: the one-token kernel's rotary and cache write, for every token.
+are what L2 should keep. A step of several tokens of a small layer runs the same work as
+tiles on the tensor cores (``norm_pair_rows``, ``matmul_add_rows``: each weight tile read once
+for all the tokens); a large layer's keeps cuBLAS's matmul and ends it with ``rotate_rows``:
+the one-token kernel's rotary and cache write, for every token.
 Parameters are positional pointers, sizes and strides, as Triton kernels take them
 (``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
 """
@@ -150,3 +152,116 @@ def rotate_rows(qkv_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, toke
     _rotate_and_store(ya, yb, j, live, grp, half, tokens * 2 * half, heads, kv_heads, out_ptr + t * 2 * half,
                       cos_ptr + t * stride_c, sin_ptr + t * stride_c, slot_ptr + t, k_ptr, v_ptr,
                       stride_kh, stride_ks, stride_vh, stride_vs)
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """acc + a·b on the tensor cores; fp32 operands as IEEE products (no TF32)."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _weight_tile_t(w_ptr, cols, live, k, k_cols, stride_w):
+    """W[cols, k] transposed, [len(k), len(cols)]: a matmul's right operand, evicted first."""
+    return tl.load(w_ptr + cols[None, :] * stride_w + k[:, None], mask=live[None, :] & (k < k_cols)[:, None],
+                   other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
+                   tokens, d_model, half, group, eps, stride_x, stride_w, stride_c, stride_o,
+                   stride_kh, stride_ks, stride_vh, stride_vs, heads, kv_heads,
+                   BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+    """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS
+    weight-row pairs for BLOCK_M tokens (grid: pair tiles × token tiles), reading each weight
+    tile once for them all. The norm's weight g scales x before the tensor cores' products
+    (x·g in x's precision), its 1/rms, one per token, the sums after. Endings as the one-token
+    kernel's, per token: ROPE stores q at out [H, T, hd] and k, v at the cache slots
+    ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o`` apart."""
+    p, mt = tl.program_id(0), tl.program_id(1)
+    per_group = tl.cdiv(half, PAIRS)
+    grp = p // per_group
+    j = (p % per_group) * PAIRS + tl.arange(0, PAIRS)
+    live = j < half
+    rows_a = grp * group + j
+    t = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_t = t < tokens
+    squares = tl.zeros((BLOCK_M,), tl.float32)
+    acc_a = tl.zeros((BLOCK_M, PAIRS), tl.float32)
+    acc_b = tl.zeros((BLOCK_M, PAIRS), tl.float32)
+    for k0 in range(0, d_model, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        in_k = k < d_model
+        x = tl.load(x_ptr + t[:, None] * stride_x + k[None, :], mask=in_t[:, None] & in_k[None, :],
+                    other=0.0).to(tl.float32)
+        squares += tl.sum(x * x, 1)
+        xg = (x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(w_ptr.dtype.element_ty)
+        acc_a = _dot(xg, _weight_tile_t(w_ptr, rows_a, live, k, d_model, stride_w), acc_a, IEEE)
+        acc_b = _dot(xg, _weight_tile_t(w_ptr, rows_a + half, live, k, d_model, stride_w), acc_b, IEEE)
+    rstd = 1.0 / tl.sqrt(squares / d_model + eps)
+    ya = acc_a * rstd[:, None]
+    yb = acc_b * rstd[:, None]
+    if HAS_BIAS:
+        ya += tl.load(b_ptr + rows_a, mask=live, other=0.0).to(tl.float32)[None, :]
+        yb += tl.load(b_ptr + rows_a + half, mask=live, other=0.0).to(tl.float32)[None, :]
+    ya = ya.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection's output, as stored
+    yb = yb.to(out_ptr.dtype.element_ty).to(tl.float32)
+    both = in_t[:, None] & live[None, :]
+    if ROPE:
+        _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, kv_heads, out_ptr,
+                               cos_ptr, sin_ptr, stride_c, slot_ptr, k_ptr, v_ptr,
+                               stride_kh, stride_ks, stride_vh, stride_vs)
+    else:
+        tl.store(out_ptr + t[:, None] * stride_o + j[None, :],
+                 (ya / (1.0 + tl.exp(-ya)) * yb).to(out_ptr.dtype.element_ty), mask=both)
+
+
+@triton.jit
+def _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, kv_heads, out_ptr,
+                           cos_ptr, sin_ptr, stride_c, slot_ptr, k_ptr, v_ptr,
+                           stride_kh, stride_ks, stride_vh, stride_vs):
+    """``_rotate_and_store`` for a tile of tokens t × pair columns j (ya, yb [len(t), len(j)]):
+    q at out [H, T, hd], k and v at each token's cache slot."""
+    rotate = grp < heads + kv_heads
+    at_a = t[:, None] * stride_c + j[None, :]
+    cos_a = tl.load(cos_ptr + at_a, mask=both, other=0.0).to(tl.float32)
+    sin_a = tl.load(sin_ptr + at_a, mask=both, other=0.0).to(tl.float32)
+    cos_b = tl.load(cos_ptr + at_a + half, mask=both, other=0.0).to(tl.float32)
+    sin_b = tl.load(sin_ptr + at_a + half, mask=both, other=0.0).to(tl.float32)
+    ra = tl.where(rotate, ya * cos_a + yb * sin_a, ya).to(out_ptr.dtype.element_ty)
+    rb = tl.where(rotate, yb * cos_b + ya * sin_b, yb).to(out_ptr.dtype.element_ty)
+    slot = tl.load(slot_ptr + t, mask=t < tokens, other=0)[:, None]
+    if grp < heads:
+        at = out_ptr + grp * tokens * group + t[:, None] * group + j[None, :]
+    elif grp < heads + kv_heads:
+        at = k_ptr + (grp - heads) * stride_kh + slot * stride_ks + j[None, :]
+    else:
+        at = v_ptr + (grp - heads - kv_heads) * stride_vh + slot * stride_vs + j[None, :]
+    tl.store(at, ra, mask=both)
+    tl.store(at + half, rb, mask=both)
+
+
+@triton.jit
+def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols, stride_a, stride_w, stride_r,
+                    stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+    """``matmul_add`` for T tokens a [T, K] at once, as tiles (grid: output tiles × token
+    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    live, in_t = n < n_rows, t < tokens
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, k_cols, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + t[:, None] * stride_a + k[None, :], mask=in_t[:, None] & (k < k_cols)[None, :],
+                    other=0.0)
+        acc = _dot(a, _weight_tile_t(w_ptr, n, live, k, k_cols, stride_w), acc, IEEE)
+    both = in_t[:, None] & live[None, :]
+    if HAS_BIAS:
+        acc = (acc + tl.load(b_ptr + n, mask=live, other=0.0).to(tl.float32)[None, :]).to(out_ptr.dtype.element_ty)
+        acc = acc.to(tl.float32)
+    acc += tl.load(r_ptr + t[:, None] * stride_r + n[None, :], mask=both, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty), mask=both)
