@@ -11,14 +11,14 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 case "${1:-steps}" in
 steps)
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py > "$OUT/exact_token_layer.log" 2>&1
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py > "$OUT/exact_token_layer.log" 2>&1
   tail -2 "$OUT/exact_token_layer.log"
-  timeout 260 python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --trees single,1-10-16-17,medusa-64 \
-    --steps 100 --repeats 3 --regions compiled-notiles,compiled#32:0:4:5,compiled#16:0:4:5,compiled#32:0:4:4,compiled#64:0:4:5 \
+  timeout 200 python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --trees single,1-10-16-17,medusa-64 \
+    --steps 100 --repeats 3 --regions compiled-notiles,compiled#32:0:4:5,compiled#16:0:4:5,compiled#64:0:4:5 \
     > "$OUT/smollm2-135m-tiles.jsonl" 2> "$OUT/smollm2-135m-tiles.err"
   tail -2 "$OUT/smollm2-135m-tiles.err" | cut -c 1-300
-  timeout 150 python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --trees medusa-64 \
-    --steps 60 --repeats 3 --regions compiled-notiles,compiled#32:0:4:5 \
+  timeout 100 python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --trees medusa-64 \
+    --steps 40 --repeats 2 --regions compiled-notiles,compiled#32:0:4:5 \
     > "$OUT/vicuna-7b-tiles.jsonl" 2> "$OUT/vicuna-7b-tiles.err"
   tail -2 "$OUT/vicuna-7b-tiles.err" | cut -c 1-300 ;;
 bench)
