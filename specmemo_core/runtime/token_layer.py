@@ -215,14 +215,7 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
     """``_norm_pairs`` for x [T, D] through ``norm_pair_rows``: with ``rope`` q into out
     [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
     weight, bias = fused
-    if rope is not None:
-        cos, sin, slots, keys, values, heads, kv_heads = rope
-        half, group, groups = keys.shape[-1] // 2, keys.shape[-1], heads + 2 * kv_heads
-        strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1))
-    else:  # the rotary's and cache's arguments go unread
-        cos = sin = slots = keys = values = x
-        heads = kv_heads = group = 0
-        half, groups, strides = weight.shape[0] // 2, 1, (0, 0, 0, 0)
+    (cos, sin, slots, keys, values, heads, kv_heads), (half, group, groups), strides = _ending(x, weight, rope)
     cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0])
     kernels.norm_pair_rows[(groups * cdiv(half, launch.tile_n), cdiv(x.shape[0], block_m))](
         x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
@@ -264,20 +257,25 @@ def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, c
                                     new_tokens=t, groups=h // hkv)  # [T, H·hd]
 
 
+def _ending(x: torch.Tensor, weight: torch.Tensor, rope: tuple | None) -> tuple[tuple, tuple, tuple]:
+    """The norm kernels' ending arguments: ``rope`` (cos, sin, slots, keys, values, heads, kv
+    heads; x in their place where there is none: they go unread), then the pair count, the
+    head dim and the head groups (the programs' first axis: one for gate/up), then the cache's
+    strides."""
+    if rope is None:
+        return (x,) * 5 + (0, 0), (weight.shape[0] // 2, 0, 1), (0, 0, 0, 0)
+    keys, values, heads, kv_heads = rope[3], rope[4], rope[5], rope[6]
+    return (rope, (keys.shape[-1] // 2, keys.shape[-1], heads + 2 * kv_heads),
+            (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)))
+
+
 def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
                 rope: tuple | None, launch: Launch, pdl: bool) -> None:
     """out = ``norm_pair_matmul`` over rmsnorm(x [1, D]) and the fused weight (and bias)
     ``fused``: with ``rope`` (cos, sin, slot, keys, values, heads, kv heads) the q/k/v one,
     else the gate/up one."""
     weight, bias = fused
-    if rope is not None:
-        cos, sin, slot, keys, values, heads, kv_heads = rope
-        half, group, programs = keys.shape[-1] // 2, keys.shape[-1], heads + 2 * kv_heads
-        strides = (keys.stride(0), keys.stride(1), values.stride(0), values.stride(1))
-    else:  # the rotary's and cache's arguments go unread
-        cos = sin = slot = keys = values = x
-        heads = kv_heads = group = 0
-        half, programs, strides = weight.shape[0] // 2, 1, (0, 0, 0, 0)
+    (cos, sin, slot, keys, values, heads, kv_heads), (half, group, programs), strides = _ending(x, weight, rope)
     kernels.norm_pair_matmul[(programs * kernels.triton.cdiv(half, launch.pairs),)](
         x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slot, keys, values,
         x.shape[-1], half, group, norm.eps, weight.stride(0), *strides, heads, kv_heads,
