@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 case "${1:-steps}" in
 steps)
   timeout ${2:-180} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --trees 1-10-16-17,medusa-64 \
-    --steps 100 --repeats 3 --regions compiled-notiles,compiled#32:0:4:5,compiled#16:0:4:5 \
+    --steps 100 --repeats 3 --draft-vocab 8192 --regions compiled-notiles,compiled#32:0:4:5,compiled#16:0:4:5 \
     > "$OUT/smollm2-135m-tiles.jsonl" 2> "$OUT/smollm2-135m-tiles.err"
   cat "$OUT/smollm2-135m-tiles.jsonl" | cut -c 1-400; tail -2 "$OUT/smollm2-135m-tiles.err" | cut -c 1-300 ;;
 exact)
