@@ -51,19 +51,21 @@ def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles):
 
 
 def test_several_tokens_run_as_tiles_for_small_16_bit_layers_only():
-    """By default a step of several tokens takes the tile kernels where launches bound it: a
-    small layer in bf16 or fp16; not in fp32 (the tensor cores' IEEE products are slow) nor for
-    a layer past ``tile_layer_bytes`` (cuBLAS reads it faster); a launch may say either."""
+    """Under ``row_tiles=None`` a step of several tokens takes the tile kernels where launches
+    bound it: a small layer in bf16 or fp16; not in fp32 (the tensor cores' IEEE products are
+    slow) nor for a layer past ``tile_layer_bytes`` (cuBLAS reads it faster); True or False say
+    either; the default is False (no GPU run has shown the tiles faster yet)."""
     model = _model(seed=4)
     layer = model.model.layers[0]
     x = torch.zeros(3, model.spec.hidden_size, device=DEVICE)
-    auto, on, off = token_layer.Launch(), token_layer.Launch(row_tiles=True), token_layer.Launch(row_tiles=False)
+    auto, on, off = (token_layer.Launch(row_tiles=v) for v in (None, True, False))
     assert token_layer.row_tiles(layer, x.bfloat16(), auto) and token_layer.row_tiles(layer, x.half(), auto)
     assert not token_layer.row_tiles(layer, x, auto)
     assert token_layer.row_tiles(layer, x, on) and not token_layer.row_tiles(layer, x.bfloat16(), off)
     size = sum(p.numel() * 4 for name, p in layer.named_parameters() if "layernorm" not in name)
-    assert token_layer.row_tiles(layer, x.half(), token_layer.Launch(tile_layer_bytes=size))
-    assert not token_layer.row_tiles(layer, x.half(), token_layer.Launch(tile_layer_bytes=size - 1))
+    assert token_layer.row_tiles(layer, x.half(), token_layer.Launch(row_tiles=None, tile_layer_bytes=size))
+    assert not token_layer.row_tiles(layer, x.half(), token_layer.Launch(row_tiles=None, tile_layer_bytes=size - 1))
+    assert not token_layer.row_tiles(layer, x.bfloat16(), token_layer.LAUNCH)
 
 
 def _model(seed: int, **kw):
