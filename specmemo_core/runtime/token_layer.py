@@ -16,9 +16,9 @@ A step of several tokens (a tree's nodes, a short prompt chunk) may run the same
 steps as tiles on the tensor cores (``Launch.row_tiles``; ``norm_pair_rows``,
 ``matmul_add_rows``: each weight tile read once for up to 64 tokens), its kernels as many as
 a one-token step's, where cuBLAS's matmuls and the regions around them run about twelve: for
-a small layer such a step is bound by launches, not by weight reads. Otherwise (by default,
-until a GPU run shows the tiles faster) it keeps cuBLAS's matmuls, which read a large layer's
-weights faster than these tiles, and the compiled regions after the attention, but its first
+a small 16-bit layer (the default) such a step is bound by launches, not by weight reads.
+A large layer's step keeps cuBLAS's matmuls, which read its weights faster than these tiles, and
+the compiled regions after the attention, but its first
 half is three kernels: the norm, the q/k/v matmul and ``rotate_rows`` (1's
 rotary and cache write, for every token), where the regions ran seven.
 
@@ -73,13 +73,12 @@ class Launch:
     # the compiled regions run about twelve. None: for 16-bit layers of at most ``tile_layer_bytes``
     # of weights (launch-bound steps; cuBLAS reads a large layer's weights as fast, and fp32's IEEE
     # products on the tensor cores are slow); True or False: always or never (tests, timings).
-    # False until a GPU run shows the tiles faster (docs/results/tile_rows_gpu.sh: session 25
-    # got no GPU; session 22's tiles, 3 stages, lost: tile_rows_trial/)
-    row_tiles: bool | None = False
-    # the largest layer (its four matmuls' weights) whose steps take tiles under None: the default
-    # model's 7 MB layers are launch-bound; a 7B layer's 400 MB reads faster through cuBLAS (tree_step_h100/)
+    # On an H100 the default model's medusa-64 step ran 1.63 ms against 1.80 (tile_rows_h100/)
+    row_tiles: bool | None = None
+    # the largest layer (its four matmuls' weights) whose steps take tiles by default: the default
+    # model's 7 MB layers gain; a 7B layer's 400 MB reads faster through cuBLAS (tree_step_h100/)
     tile_layer_bytes: int = 64 << 20
-    tile_n: int = 32  # weight rows (pairs of them for the norm's kernels) a tile program finishes
+    tile_n: int = 16  # weight rows (pairs of them for the norm's kernels) a tile program finishes (32: 10% slower)
     tile_k: int = 0  # input columns it reads at once (also its sums' order); 0: 128 for K ≥ 1,024, else 64
     tile_warps: int = 4
     tile_stages: int = 5  # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's)
