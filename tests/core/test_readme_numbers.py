@@ -740,6 +740,27 @@ def test_the_tile_trial_sentence_holds_its_h100_runs():
             f"regions, of `vicuna-7b` {v[0]:.2f} against {v[1]:.2f}") in readme
 
 
+def test_the_kept_tiles_paragraph_holds_its_h100_runs():
+    """README's session-25 paragraph is docs/results/tile_rows_h100/: the alternating medusa-64
+    steps (tiles faster), the two medusa-64 benches, and the planner's plain choice beside
+    vanilla's speed."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/tile_rows_h100"
+    runs = _last_json(d / "smollm2-135m-tiles.jsonl")["alternating"]
+    tiles, cublas = (runs[f"medusa-64+graphs {k}"]["median"] for k in ("compiled#16:0:4:5", "compiled-notiles"))
+    assert tiles < cublas and f"took {tiles:.3f} ms against {cublas:.3f} through cuBLAS and the regions" in readme
+    bench = {v: json.loads((d / f"bench_mtbench20_bf16_medusa64_{v}.json").read_text())["medusa-64+graphs"]
+             for v in ("tiles", "notiles")}
+    fast, slow = (f"{bench[v]['tokens_per_s']['median']:,.0f}" for v in ("tiles", "notiles"))
+    assert f"on the default model gave {fast} tok/s against {slow}" in readme
+    plain = json.loads((d / "bench_mtbench20_bf16_tiles.json").read_text())
+    assert plain["plan"]["note"].startswith("planner chose plain decoding")
+    vanilla = plain["vanilla+graphs"]
+    assert (f"(`vanilla+graphs` {vanilla['tokens_per_s']['median']:,.0f} tok/s at {vanilla['step_ms']:.2f} ms a step)"
+            in readme)
+    assert f"a tree step there costs {bench['tiles']['step_ms'] / vanilla['step_ms']:.1f}× a plain one" in readme
+
+
 def test_the_step_kernel_tables_hold_their_h200_runs():
     """README's decoding-step-kernels paragraphs: the step A/B and the exactness log are
     docs/results/tree_rows_h200/; the earlier default-model benches (the planner before and
