@@ -154,25 +154,30 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """The layer's step for the tokens x [T, D] (cos, signed sin [T, hd]: ``rope_tables``;
     ``bias`` [groups·T, S]: ``attention_bias``): its output [T, D], its k and v in the cache.
     ``finish``: the layer's region after the attention (``LayerRegions.finish``), which a
-    step of several tokens runs."""
+    step of several tokens runs where it keeps cuBLAS (``row_tiles``)."""
     kernels = _kernels()
-    if x.shape[0] > 1 and row_tiles(layer, x, launch):
-        return _run_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache, launch=launch)
-    if x.shape[0] > 1:
+    tiles = x.shape[0] > 1 and row_tiles(layer, x, launch)
+    if x.shape[0] > 1 and not tiles:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
-    pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
+    if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
+        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch)
+        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch)
+    else:
+        pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
+        norm_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
+        matmul_add = functools.partial(_matmul_add, kernels.matmul_add, launch=launch, pdl=pdl)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
-    h, hkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-    keys, values, slot = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [1]
-    q = torch.empty(h * hd, dtype=x.dtype, device=x.device)
-    rope = (cos, sin, slot, keys, values, h, hkv)
-    _norm_pairs(kernels, x, layer.input_layernorm, attn.qkv, q, rope=rope, launch=launch, pdl=pdl)
-    attended = chunked_attention.attend(q.view(hkv, h // hkv, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=1, groups=h // hkv)  # [1, H·hd]
-    mid = _matmul_add(kernels.matmul_add, attended, attn.o_proj, x, launch, pdl)
-    hidden = torch.empty(mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
-    _norm_pairs(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch, pdl=pdl)
-    return _matmul_add(kernels.matmul_add, hidden, mlp.down_proj, mid, launch, pdl)
+    h, hkv, hd, t = s.num_heads, s.num_kv_heads, s.head_dim, x.shape[0]
+    keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
+    q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
+    rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
+    norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
+    attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
+                                        new_tokens=t, groups=h // hkv)  # [T, H·hd]
+    mid = matmul_add(attended, attn.o_proj, x)
+    hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
+    norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
+    return matmul_add(hidden, mlp.down_proj, mid)
 
 
 def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
@@ -182,25 +187,6 @@ def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
     weights = (layer.self_attn.qkv[0], layer.self_attn.o_proj.weight, layer.mlp.gate_up[0], layer.mlp.down_proj.weight)
     size = sum(w.numel() * w.element_size() for w in weights)
     return x.dtype in (torch.bfloat16, torch.float16) and size <= launch.tile_layer_bytes
-
-
-def _run_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
-              bias: torch.Tensor, cache: "KVCache", launch: Launch) -> torch.Tensor:
-    """The layer's step for T > 1 tokens x [T, D] in tiles: ``norm_pair_rows`` (q/k/v, rotary,
-    cache writes), the attention, ``matmul_add_rows`` (o_proj + residual), ``norm_pair_rows``
-    (gate/up, SiLU) and ``matmul_add_rows`` (down + residual)."""
-    attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
-    h, hkv, hd, t = s.num_heads, s.num_kv_heads, s.head_dim, x.shape[0]
-    keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
-    q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
-    rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
-    _norm_pair_rows(kernels, x, layer.input_layernorm, attn.qkv, q, rope=rope, launch=launch)
-    attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=t, groups=h // hkv)  # [T, H·hd]
-    mid = _matmul_add_rows(kernels, attended, attn.o_proj, x, launch)
-    hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
-    _norm_pair_rows(kernels, mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, launch=launch)
-    return _matmul_add_rows(kernels, hidden, mlp.down_proj, mid, launch)
 
 
 def _tile_m(tokens: int) -> int:
@@ -287,7 +273,7 @@ def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused
 
 def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
                 launch: Launch, pdl: bool) -> torch.Tensor:
-    """residual [1, N] + linear(a [K]): one kernel."""
+    """residual [1, N] + linear(a [1, K]): one kernel."""
     out = torch.empty_like(residual)
     n, k = linear.weight.shape
     matmul_add[((n + launch.rows - 1) // launch.rows,)](
