@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import time
 
 import torch
@@ -123,15 +124,17 @@ def region_kind(kinds: dict, kind: str):
         return kinds[kind]
     if kind.endswith("+lt"):  # the same regions; alternate_regions picks cuBLASLt for them
         return region_kind(kinds, kind.removesuffix("+lt"))
+    if kind.endswith("-noglue"):  # the same regions; alternate_regions turns the step's glue kernels off
+        return region_kind(kinds, kind.removesuffix("-noglue"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
         return dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
     if kind.endswith("-notiles"):  # steps of several tokens through cuBLAS and the regions, never the tiles
         return dataclasses.replace(kinds[kind.removesuffix("-notiles")], kernels=token_layer.Launch(row_tiles=False))
-    if "#" in kind:  # e.g. compiled#32:128:4:5: always the tile kernels, launched so (tile_n:tile_k:warps:stages)
+    if "#" in kind:  # e.g. compiled#32:128:4:5[:16]: always the tile kernels, launched so (tile_n:tile_k:warps:stages[:tile_m])
         base, launch = kind.split("#")
-        n, k, warps, stages = (int(v) for v in launch.split(":"))
+        n, k, warps, stages, *m = (int(v) for v in launch.split(":"))
         return dataclasses.replace(kinds[base], kernels=token_layer.Launch(
-            row_tiles=True, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages))
+            row_tiles=True, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages, tile_m=m[0] if m else 0))
     if kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
         return dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
     if "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
@@ -171,6 +174,8 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
                 model.use_regions(kinds[kind])
                 # "+lt": cuBLASLt's matmuls instead of cuBLAS's (the library the capture records)
                 torch.backends.cuda.preferred_blas_library("cublaslt" if kind.endswith("+lt") else "cublas")
+                # "-noglue": the step's drafting top-k, acceptance and commit as torch ops (step_kernels.py)
+                os.environ["SPECMEMO_STEP_KERNELS"] = "0" if kind.endswith("-noglue") else "1"
                 times[kind].append(time_steps(model, heads, tree, True, args.steps, context=args.context,
                                               capacity=args.capacity))
             torch.backends.cuda.preferred_blas_library("cublas")
@@ -217,7 +222,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled@P:R:K:W,compiled#N:K:W:S,autotune; any +lt: cuBLASLt]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

@@ -10,6 +10,7 @@
 #   bench:  specmemo bench bf16, 20 MT-Bench queries, the code as it is (tiles by default for the
 #           default model) and a copy whose Launch.row_tiles default is False, one after the other
 #   vicuna: the steps for vicuna-7b's shape (where the default keeps cuBLAS)
+#   tile_m: session 26: tokens a tile program takes (compiled#N:K:W:S:M), 16 and 32 against the auto 64
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -39,5 +40,8 @@ bench)
       echo "$name rc=$?"
     done
   done ;;
+tile_m) steps smollm2-135m medusa-64,1-10-16-17 \
+  compiled#16:0:4:5,compiled#16:0:4:5:16,compiled#16:0:4:5:32,compiled#32:0:4:5:16,compiled#16:0:2:5:16,compiled#16:64:4:4:16 \
+  smollm2-135m-tile-m 150 ;;
 vicuna) steps vicuna-7b medusa-64 compiled-notiles,compiled#16:0:4:5 vicuna-7b-tiles 100 40 2 ;;
 esac

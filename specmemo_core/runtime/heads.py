@@ -67,6 +67,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specmemo_core.errors import HeadsError, TreeError
+from specmemo_core.runtime import step_kernels
 from specmemo_core.runtime.growth import DEPTH_TIEBREAK, MIN_SCORE, Growth, pick_nodes
 from specmemo_core.runtime.kv_cache import KVCache
 from specmemo_core.runtime.model import DecoderLayer, ModelSpec, RMSNorm, apply_rope, attention_bias
@@ -92,13 +93,21 @@ def chunked_topk(x: torch.Tensor, k: int, *, chunk: int = TOPK_CHUNK) -> tuple[t
     return values, (part.indices + offsets).flatten(-2).gather(-1, pick)
 
 
-def draft_topk(x: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The drafting top-k of ``x`` [..., V] (values, indices): two-stage on a GPU
-    (``chunked_topk`` with ``chunk``; 0: one stage), torch.topk elsewhere."""
+def draft_topk(x: torch.Tensor, k: int, chunk: int, *, ids: torch.Tensor | None = None,
+               log_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafting top-k of ``x`` [..., V] (values, indices; the indices as ``ids`` [V] names
+    them if given; with ``log_softmax`` the values are log-probabilities, fp32): one kernel
+    where ``step_kernels.top_k`` takes the rows (a GPU, a drafting vocabulary), else two-stage
+    on a GPU (``chunked_topk`` with ``chunk``; 0: one stage), torch.topk elsewhere."""
+    if step_kernels.takes_top_k(x, k):
+        return step_kernels.top_k(x, k, ids=ids, log_softmax=log_softmax)
+    if log_softmax:
+        x = torch.log_softmax(x.float(), dim=-1)
     if chunk and x.device.type == "cuda":
-        return chunked_topk(x, k, chunk=chunk)
-    top = x.topk(k, dim=-1)
-    return top.values, top.indices
+        values, index = chunked_topk(x, k, chunk=chunk)
+    else:
+        values, index = x.topk(k, dim=-1)
+    return values, (index if ids is None else ids[index])
 
 
 FORMAT_NAME = "specmemo-heads"
@@ -305,7 +314,7 @@ class HydraHeads(nn.Module):
         """Each state's top-``k`` next tokens [.., k], through the drafting vocabulary if set."""
         if self.vocab_head is None:
             return draft_topk(lm_head(states), k, self.topk_chunk)[1]
-        return self.vocab_ids[draft_topk(self.vocab_head(states), k, self.topk_chunk)[1]]
+        return draft_topk(self.vocab_head(states), k, self.topk_chunk, ids=self.vocab_ids)[1]
 
     @property
     def num_heads(self) -> int:
@@ -388,9 +397,9 @@ class HydraHeads(nn.Module):
     def scored(self, states: torch.Tensor, lm_head: nn.Module, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each state's top-``k`` next tokens [.., k] and their log-probabilities [.., k]
         (fp32) under the heads, through the drafting vocabulary if set."""
-        logits = (lm_head if self.vocab_head is None else self.vocab_head)(states).float()
-        score, index = draft_topk(torch.log_softmax(logits, dim=-1), k, self.topk_chunk)
-        return score, (index if self.vocab_head is None else self.vocab_ids[index])
+        logits = (lm_head if self.vocab_head is None else self.vocab_head)(states)
+        ids = None if self.vocab_head is None else self.vocab_ids
+        return draft_topk(logits, k, self.topk_chunk, ids=ids, log_softmax=True)
 
 
 class DraftHeads(Protocol):

@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from specmemo_core.runtime import step_kernels
 from specmemo_core.runtime.decoding import PREFILL_CHUNK, Decoder
 from specmemo_core.runtime.kv_cache import KVCache, span_ladder
 from specmemo_core.runtime.split_cache import SplitCache
@@ -105,7 +106,9 @@ class StaticKVCache(KVCache):
         """``KVCache.commit_row`` in fixed shapes, on the device only: the entries move by
         device-tensor slots and ``length_t`` grows by ``count`` (a tensor inside a step);
         ``settle`` then tells the host."""
-        if nodes is not None:
+        if nodes is not None and nodes.dim() == 1 and step_kernels.applies(self.k):  # one kernel for the three
+            step_kernels.move_entries(self.k, self.v, self.ids, nodes, self.length_t)
+        elif nodes is not None:
             dst = self.length_t + self.columns[: nodes.shape[0]]  # [W]
             src = self.length_t + nodes.to(self.k.device)  # [W]
             self.k.index_copy_(2, dst, self.k.index_select(2, src))

@@ -37,6 +37,7 @@ from typing import Callable, ClassVar, Protocol, Sequence
 
 import torch
 
+from specmemo_core.runtime import step_kernels
 from specmemo_core.runtime.batch_cache import BatchKVCache
 from specmemo_core.runtime.growth import grown_layout
 from specmemo_core.runtime.heads import ContextLayer, DraftHeads
@@ -78,6 +79,7 @@ class Accepted:
     nodes: torch.Tensor  # [..., W] the accepted path's row of ``retrieve_indices``, padding clamped to 0
     count: torch.Tensor  # [...] nodes of ``nodes`` accepted, the root included (1…W)
     picks: torch.Tensor  # [..., N] the base model's own pick after each node
+    path: step_kernels.PathTokens | None = None  # the path's tokens, where ``greedy_path`` found them
 
 
 # -- propose and verify -------------------------------------------------------
@@ -171,6 +173,9 @@ class GreedyAcceptance:
         picks = model.greedy_picks(verified.hidden)  # [..., N]
         if verified.tokens.shape[-1] == 1:
             return root_only(picks)
+        if step_kernels.applies(picks):  # one kernel for what follows and ``accepted_path``'s gathers
+            nodes, count, path = step_kernels.greedy_path(verified.tokens, picks, buf.retrieve_indices)
+            return Accepted(nodes, count, picks, path)
         nodes = buf.retrieve_indices.clamp(min=0)  # [L, d+1] ([..., L, d+1]: grown per sequence)
         # [..., L, d]: a child equals its parent's argmax
         ok = at_nodes(verified.tokens, nodes[..., 1:]) == at_nodes(picks, nodes[..., :-1])
@@ -347,6 +352,8 @@ def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int |
         parts.context_cache.commit_row(None, count)
     parts.root.copy_(bonus[..., 0])
     parts.state.copy_(at_last(path_hidden, last)[..., 0, :])
+    if accepted.path is not None:
+        return accepted.path.out
     return torch.cat((count.unsqueeze(-1), emitted), dim=-1)  # [..., 1 + W]
 
 
@@ -358,10 +365,13 @@ def accepted_path(verified: Verified, accepted: Accepted) -> tuple[torch.Tensor,
     step, ``root_only``) needs none of a longer path's gathers: its root and the pick after
     it, ``last`` None."""
     nodes = accepted.nodes  # [..., W]
-    w = nodes.shape[-1]
+    w, d = nodes.shape[-1], verified.hidden.shape[-1]
     if w == 1:
         bonus = accepted.picks[..., :1]  # [..., 1]
         return bonus, bonus, verified.hidden[..., :1, :], None
+    path_hidden = verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d))  # [..., W, D]
+    if accepted.path is not None:  # found by ``step_kernels.greedy_path``
+        return accepted.path.out[..., 1:], accepted.path.bonus, path_hidden, accepted.path.last
     # gather, not x[t]: indexing by a 0-dim tensor reads it on the host (a sync, which
     # graph capture forbids)
     last = (accepted.count - 1).unsqueeze(-1)  # [..., 1]
@@ -369,8 +379,7 @@ def accepted_path(verified: Verified, accepted: Accepted) -> tuple[torch.Tensor,
     j = torch.arange(w, device=nodes.device)  # [W]
     drafted = verified.tokens.gather(-1, nodes[..., (j + 1).clamp(max=w - 1)])  # [..., W] the token after each node
     emitted = torch.where(j < last, drafted, bonus)  # [..., W]: the token after each path node
-    d = verified.hidden.shape[-1]
-    return emitted, bonus, verified.hidden.gather(-2, nodes[..., None].expand(*nodes.shape, d)), last
+    return emitted, bonus, path_hidden, last
 
 
 def at_last(hidden: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:

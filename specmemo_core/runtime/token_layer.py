@@ -82,6 +82,7 @@ class Launch:
     tile_k: int = 0  # input columns it reads at once (also its sums' order); 0: 128 for K ≥ 1,024, else 64
     tile_warps: int = 4
     tile_stages: int = 5  # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's)
+    tile_m: int = 0  # tokens a tile program takes (16, 32 or 64); 0: as few tiles as hold the step's tokens
 
 
 LAUNCH = Launch()
@@ -189,9 +190,9 @@ def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
     return x.dtype in (torch.bfloat16, torch.float16) and size <= launch.tile_layer_bytes
 
 
-def _tile_m(tokens: int) -> int:
-    """Tokens a tile program takes: the tensor cores' least (16) up to 64."""
-    return 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
+def _tile_m(tokens: int, launch: Launch) -> int:
+    """Tokens a tile program takes: ``launch.tile_m``, else the tensor cores' least (16) up to 64."""
+    return launch.tile_m or (16 if tokens <= 16 else (32 if tokens <= 32 else 64))
 
 
 def _tile_k(launch: Launch, k_cols: int) -> int:
@@ -204,7 +205,7 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
     [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
     weight, bias = fused
     (cos, sin, slots, keys, values, heads, kv_heads), (half, group, groups), strides = _ending(x, weight, rope)
-    cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0])
+    cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0], launch)
     kernels.norm_pair_rows[(groups * cdiv(half, launch.tile_n), cdiv(x.shape[0], block_m))](
         x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
@@ -218,7 +219,7 @@ def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear
     """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
     out = torch.empty_like(residual)
     (n, k), tokens = linear.weight.shape, a.shape[0]
-    cdiv, block_m = kernels.triton.cdiv, _tile_m(tokens)
+    cdiv, block_m = kernels.triton.cdiv, _tile_m(tokens, launch)
     kernels.matmul_add_rows[(cdiv(n, launch.tile_n), cdiv(tokens, block_m))](
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,

@@ -1,0 +1,146 @@
+"""A step's glue in one kernel each (Triton): the drafting top-k, the greedy acceptance of a
+path, the accepted entries' move in the cache.
+
+Why: around the verify forward a tree step ran ~170 small kernels (a `medusa-64` step of the
+default model on an H100: drafting 75, accepting 27, committing 70; its verify 209), each a
+few microseconds on a GPU whatever its size: a step of a small model is bound by launches.
+Here three pieces of it are one kernel each:
+
+- ``top_k``: a tree level's top-k over the drafting vocabulary (torch's sort-based top-k
+  ran two kernels and the chunked two-stage one six, ~25 µs a level), the drafting
+  vocabulary's token ids looked up in the same pass; with the log-softmax a grown tree
+  scores by.
+- ``greedy_path``: which path is accepted, how far, and the tokens it emits (the
+  comparisons, cumulative product, argmax and gathers: ~25 kernels).
+- ``move_entries``: the accepted nodes' keys, values and token ids to the committed slots
+  of every layer (an index_select and an index_copy for each of the three).
+
+Each answers what the torch ops it stands for answer, in the same integer arithmetic (the
+drafting top-k may order equal values otherwise: that changes a draft, never a reply). Where
+Triton is missing, or fails to build or answer right on a device (``kernel_probe``), and on
+CPUs, the torch ops run; so they do with ``SPECMEMO_STEP_KERNELS=0`` in the environment (read
+at each step's capture: an escape hatch, and how ``scripts/time_graph_steps.py --glue`` times
+both in one process).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, NamedTuple
+
+import torch
+
+from specmemo_core.runtime import kernel_probe
+
+FAMILY, FALLBACK = "decoding-step glue kernels", "the step's glue runs as torch ops"
+TOP_K_COLUMNS = 16384  # the longest rows ``top_k`` takes (whole in a program's registers): drafting vocabularies
+
+
+class PathTokens(NamedTuple):
+    """What ``greedy_path`` leaves beside the accepted nodes: [..., 1 + W] the count and the
+    emitted tokens (``step.commit``'s output), the bonus pick [..., 1] and the last accepted
+    node's index on the path [..., 1]."""
+
+    out: torch.Tensor
+    bonus: torch.Tensor
+    last: torch.Tensor
+
+
+@functools.cache
+def _kernels() -> Any:
+    """The kernels' module, or None where Triton is not installed (CPU-only torch)."""
+    try:
+        from specmemo_core.runtime import step_kernels_triton
+    except ImportError:
+        return None
+    return step_kernels_triton
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether the kernels run for a step whose tensors sit where ``x`` does: a GPU where
+    they build and answer right (or Triton's interpreter, for tests)."""
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") or _kernels() is None:
+        return False
+    if os.environ.get("SPECMEMO_STEP_KERNELS") == "0":
+        return False
+    return not x.is_cuda or kernel_probe.runs_on(FAMILY, x.device, torch.long, _probe)
+
+
+def greedy_path(tokens: torch.Tensor, picks: torch.Tensor,
+                retrieve: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, PathTokens]:
+    """The greedy acceptance of ``tokens`` [..., N] against ``picks`` [..., N] over the paths
+    ``retrieve`` [L, W] (or per sequence [..., L, W]): the accepted path's nodes [..., W]
+    (padding clamped to 0), its count [...] (root included) and its tokens (``PathTokens``)."""
+    lead, (paths, width) = tokens.shape[:-1], retrieve.shape[-2:]
+    tokens, picks = tokens.reshape(-1, tokens.shape[-1]), picks.reshape(-1, picks.shape[-1])
+    rows = tokens.shape[0]
+    retrieve = retrieve.reshape(-1, paths, width) if retrieve.dim() > 2 else retrieve[None]
+    nodes = tokens.new_empty(rows, width)
+    out = tokens.new_empty(rows, 1 + width)
+    bonus, last = tokens.new_empty(rows, 1), tokens.new_empty(rows, 1)
+    _kernels().greedy_path[(rows,)](
+        tokens, picks, retrieve, nodes, out, bonus, last, paths, width, tokens.stride(0),
+        retrieve.stride(0) if retrieve.shape[0] > 1 else 0, nodes.stride(0), out.stride(0),
+        BLOCK_L=_pow2(paths), BLOCK_W=_pow2(width))
+    out = out.view(*lead, 1 + width)
+    return nodes.view(*lead, width), out[..., 0], PathTokens(out, bonus.view(*lead, 1), last.view(*lead, 1))
+
+
+def move_entries(keys: torch.Tensor, values: torch.Tensor, ids: torch.Tensor, nodes: torch.Tensor,
+                 length: torch.Tensor) -> None:
+    """The entries at slots ``length`` + ``nodes`` [W] (increasing from 0) of every plane of
+    ``keys`` and ``values`` [layers, kvh, C, hd] and of ``ids`` [C] moved to ``length`` + 0…W-1."""
+    planes, width, hd = keys.shape[0] * keys.shape[1], nodes.shape[0], keys.shape[-1]
+    k, v = keys.view(planes, *keys.shape[2:]), values.view(planes, *values.shape[2:])
+    _kernels().move_entries[(planes,)](
+        k, v, ids, nodes, length, width, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        HD=hd, BLOCK_W=_pow2(width), BLOCK_D=_pow2(hd))
+
+
+def takes_top_k(x: torch.Tensor, k: int) -> bool:
+    """Whether ``top_k`` takes rows like ``x`` [..., V]: V within ``TOP_K_COLUMNS``, k within V."""
+    return x.shape[-1] <= TOP_K_COLUMNS and k <= x.shape[-1] and applies(x)
+
+
+def top_k(x: torch.Tensor, k: int, *, ids: torch.Tensor | None = None,
+          log_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of each row of ``x`` [..., V] (``takes_top_k``): their values [..., k]
+    (fp32, descending; with ``log_softmax`` the rows' log-probabilities) and their indices
+    [..., k], as ``ids`` [V] names them if given."""
+    lead, cols = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, cols)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=x.device)
+    index = torch.empty(rows.shape[0], k, dtype=torch.long, device=x.device)
+    _kernels().top_k[(rows.shape[0],)](
+        rows, rows if ids is None else ids, values, index, cols, k, rows.stride(0), values.stride(0),
+        BLOCK=_pow2(cols), MAP_IDS=ids is not None, LOG_SOFTMAX=log_softmax, num_warps=8 if cols > 4096 else 4)
+    return values.view(*lead, k), index.view(*lead, k)
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the kernels build and give the torch ops' answers on ``device``
+    (``kernel_probe``): a 3-path tree accepted, 3 entries moved over 2 planes, a top-3."""
+    try:
+        tokens = torch.tensor([[5, 7, 8, 9, 4], [5, 7, 6, 9, 9]], device=device)
+        picks = torch.tensor([[7, 9, 1, 2, 3], [6, 0, 9, 9, 1]], device=device)
+        retrieve = torch.tensor([[0, 1, 3], [0, 2, -1], [0, 4, -1]], device=device)
+        nodes, count, path = greedy_path(tokens, picks, retrieve)
+        cache = torch.arange(2 * 8 * 4, device=device, dtype=torch.float32).view(1, 2, 8, 4)
+        moved, ids = cache.clone(), torch.arange(8, device=device)
+        move_entries(moved, moved.clone(), ids, torch.tensor([0, 2, 3], device=device),
+                     torch.tensor(1, device=device))
+        values, index = top_k(torch.tensor([[0.5, 2.0, -1.0, 2.0, 1.5]], device=device), 3)
+    except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the torch ops
+        return kernel_probe.failed(FAMILY, device, e, FALLBACK)
+    right = (nodes.tolist() == [[0, 1, 3], [0, 2, 0]] and count.tolist() == [3, 2]
+             and path.out.tolist() == [[3, 7, 9, 2], [2, 6, 9, 9]] and path.last.tolist() == [[2], [1]]
+             and torch.equal(moved[..., 2:4, :], cache[..., 3:5, :]) and ids.tolist()[1:4] == [1, 3, 4]
+             and index.tolist() == [[1, 3, 4]] and values.tolist() == [[2.0, 2.0, 1.5]])
+    return right or kernel_probe.wrong(FAMILY, device, 1.0, FALLBACK)

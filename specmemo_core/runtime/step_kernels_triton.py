@@ -1,0 +1,95 @@
+"""The Triton kernels of ``step_kernels`` (imported only where Triton is installed).
+
+Their parameters are positional pointers, sizes and strides, as Triton kernels take them
+(``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def greedy_path(tokens_ptr, picks_ptr, retrieve_ptr, nodes_ptr, out_ptr, bonus_ptr, last_ptr,
+                paths, width, stride_t, stride_r, stride_n, stride_o,
+                BLOCK_L: tl.constexpr, BLOCK_W: tl.constexpr):
+    """One program per sequence b: its tree's paths ``retrieve`` [L, W] (-1 padded; a row of
+    them ``stride_r`` apart, 0 for one tree shared by the batch), the node tokens [N] and the
+    base model's pick after each node [N]. A path's draft j is accepted while every draft
+    up to it equals its parent's pick; the path accepted furthest (the first of equals)
+    gives nodes [W] (clamped to 0), and out [1 + W]: the count (root included), then the
+    token after each of its nodes (the next accepted draft, then the bonus pick), the bonus
+    [1] and the last accepted node's index on the path [1]."""
+    b = tl.program_id(0)
+    row = tl.arange(0, BLOCK_L)[:, None]
+    col = tl.arange(0, BLOCK_W)[None, :]
+    inside = (row < paths) & (col < width)
+    paths_ptr = retrieve_ptr + b * stride_r
+    node = tl.load(paths_ptr + row * width + col, mask=inside, other=-1)  # [L, W]
+    parent = tl.load(paths_ptr + row * width + col - 1, mask=inside & (col > 0), other=0)  # [L, W]
+    token = tl.load(tokens_ptr + b * stride_t + tl.maximum(node, 0))
+    pick = tl.load(picks_ptr + b * stride_t + tl.maximum(parent, 0))
+    refused = (col > 0) & ((node < 0) | (token != pick) | ~inside)  # [L, W]
+    drafts = tl.min(tl.where(refused, col, BLOCK_W), axis=1) - 1  # [L] accepted drafts of each path
+    drafts = tl.where(tl.arange(0, BLOCK_L) < paths, tl.minimum(drafts, width - 1), -1)
+    best = tl.argmax(drafts, axis=0, tie_break_left=True)
+    count = tl.max(drafts, axis=0) + 1
+    j = tl.arange(0, BLOCK_W)
+    best_ptr = paths_ptr + best * width
+    nodes = tl.maximum(tl.load(best_ptr + j, mask=j < width, other=0), 0)  # [W]
+    bonus = tl.load(picks_ptr + b * stride_t + tl.load(best_ptr + count - 1))
+    following = tl.maximum(tl.load(best_ptr + j + 1, mask=j + 1 < width, other=0), 0)  # the node after each
+    drafted = tl.load(tokens_ptr + b * stride_t + following)
+    tl.store(nodes_ptr + b * stride_n + j, nodes, mask=j < width)
+    tl.store(out_ptr + b * stride_o, count.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + b * stride_o + 1 + j, tl.where(j < count - 1, drafted, bonus), mask=j < width)
+    tl.store(bonus_ptr + b, bonus)
+    tl.store(last_ptr + b, count - 1)
+
+
+@triton.jit
+def move_entries(k_ptr, v_ptr, ids_ptr, nodes_ptr, length_ptr, width, stride_kp, stride_ks, stride_vp, stride_vs,
+                 HD: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (layer, key/value head) plane of the keys and values [planes, C, hd]:
+    the entries at slots length + nodes[j] move to length + j (j < W; nodes increasing from
+    0, so a slot is written only after every read of it: the whole tile is read, then, past
+    a barrier, written). The first program moves the token ids [C] too."""
+    p = tl.program_id(0)
+    length = tl.load(length_ptr)
+    j = tl.arange(0, BLOCK_W)
+    live = j < width
+    src = length + tl.load(nodes_ptr + j, mask=live, other=0)  # [W]
+    dst = length + j
+    d = tl.arange(0, BLOCK_D)
+    both = live[:, None] & (d < HD)[None, :]
+    k_at, v_at = k_ptr + p * stride_kp, v_ptr + p * stride_vp
+    keys = tl.load(k_at + src[:, None] * stride_ks + d[None, :], mask=both)
+    values = tl.load(v_at + src[:, None] * stride_vs + d[None, :], mask=both)
+    first = live & (j * 0 + p == 0)  # the first program's ids
+    ids = tl.load(ids_ptr + src, mask=first)
+    tl.debug_barrier()
+    tl.store(k_at + dst[:, None] * stride_ks + d[None, :], keys, mask=both)
+    tl.store(v_at + dst[:, None] * stride_vs + d[None, :], values, mask=both)
+    tl.store(ids_ptr + dst, ids, mask=first)
+
+
+@triton.jit
+def top_k(x_ptr, ids_ptr, values_ptr, index_ptr, n_cols, k, stride_x, stride_o,
+          BLOCK: tl.constexpr, MAP_IDS: tl.constexpr, LOG_SOFTMAX: tl.constexpr):
+    """One program per row of x [R, V] (V ≤ BLOCK): its ``k`` largest values (fp32, in
+    descending order; equals by their lowest index first) and their indices, mapped through
+    ``ids`` [V] if MAP_IDS; with LOG_SOFTMAX the values are the row's log-probabilities."""
+    r = tl.program_id(0)
+    col = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + r * stride_x + col, mask=col < n_cols, other=float("-inf")).to(tl.float32)
+    shift = 0.0
+    if LOG_SOFTMAX:
+        top = tl.max(x, axis=0)
+        shift = top + tl.log(tl.sum(tl.exp(x - top), axis=0))
+    for i in range(k):
+        value, at = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(values_ptr + r * stride_o + i, value - shift)
+        if MAP_IDS:
+            tl.store(index_ptr + r * stride_o + i, tl.load(ids_ptr + at))
+        else:
+            tl.store(index_ptr + r * stride_o + i, at.to(tl.int64))
+        x = tl.where(col == at, float("-inf"), x)

@@ -1,0 +1,129 @@
+"""The step's glue kernels (``runtime/step_kernels.py``) against the torch ops they stand for
+(``SPECMEMO_STEP_KERNELS=0`` runs those): on the GPU where there is one, else in Triton's
+interpreter on the CPU, in a process of their own."""
+
+import pytest
+import torch
+
+from specmemo_core.runtime import step_kernels
+from specmemo_core.runtime.decoding import Decoder, GenerationConfig
+from specmemo_core.runtime.heads import draft_topk, random_heads
+from specmemo_core.runtime.static_decoding import StaticDecoder, StaticKVCache, new_static_cache
+from specmemo_core.runtime.step import GreedyAcceptance, Verified, accepted_path
+from specmemo_core.runtime.tree import load_tree
+from tests.tiny import tiny_model
+from tests.triton_kernels import DEVICE, assert_probe_falls_back, elsewhere, kernels, run_in_interpreter
+
+pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch): the GPU kernels cannot be run")
+
+
+@elsewhere
+def test_in_tritons_interpreter():
+    run_in_interpreter(__file__, passed=10)
+
+
+@elsewhere
+def test_where_the_kernels_cannot_run_the_probe_says_why_and_torch_stays(caplog):
+    assert_probe_falls_back(step_kernels._probe, caplog, says=("decoding-step glue kernels unavailable", "torch ops"))
+
+
+@kernels
+def test_the_probe_passes_where_the_kernels_run():
+    assert step_kernels._probe(torch.device(DEVICE), torch.long) is True
+
+
+def _accept(model, tokens, hidden, buf, monkeypatch, on: bool):
+    monkeypatch.setenv("SPECMEMO_STEP_KERNELS", "1" if on else "0")
+    accepted = GreedyAcceptance().accept(model, Verified(tokens, hidden), buf)
+    assert (accepted.path is not None) == on
+    return (accepted.nodes, accepted.count, *accepted_path(Verified(tokens, hidden), accepted))
+
+
+@kernels
+@pytest.mark.parametrize("tree_name,rows,per_row", [
+    ("medusa-64", 0, False), ("1-10-16-17+lookup-8", 0, False), ("1-3-2", 3, False), ("medusa-64", 4, True)])
+def test_the_greedy_path_kernel_accepts_as_the_torch_ops(tree_name, rows, per_row, monkeypatch):
+    """Random trees' drafts, most a copy of their parent's pick (long paths accepted, ties
+    between paths): the accepted nodes, count, emitted tokens, bonus, last node and path
+    hidden states as the torch ops give them; one sequence, a batch sharing the tree, a batch
+    with a tree per row (``retrieve_indices`` [B, L, W], as grown trees have)."""
+    model = tiny_model(seed=2, vocab_size=16, device=DEVICE)
+    buf = load_tree(tree_name).buffers.to(DEVICE)
+    n, g = buf.depths.shape[0], torch.Generator().manual_seed(len(tree_name) + rows)
+    lead = (rows,) if rows else ()
+    if per_row:  # each row its own order of the same paths: ties go to another path
+        order = torch.stack([torch.randperm(buf.retrieve_indices.shape[0], generator=g) for _ in range(rows)])
+        buf = type(buf)(**{**vars(buf), "retrieve_indices": buf.retrieve_indices[order.to(DEVICE)]})
+    for trial in range(4):
+        hidden = torch.randn(*lead, n, 64, generator=g).to(DEVICE)
+        picks = model.greedy_picks(hidden)
+        parents = buf.parents.clamp(min=0)
+        copy = torch.rand(*lead, n, generator=g).to(DEVICE) < 0.8
+        tokens = torch.where(copy, picks[..., parents], torch.randint(0, 16, (*lead, n), generator=g).to(DEVICE))
+        got = _accept(model, tokens, hidden, buf, monkeypatch, on=True)
+        want = _accept(model, tokens, hidden, buf, monkeypatch, on=False)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert int(want[1].max()) > 2  # some paths accepted far
+
+
+@kernels
+def test_the_move_kernel_commits_as_index_copy(monkeypatch):
+    """A static cache's accepted entries (keys, values and token ids of every layer) move to the
+    committed slots as the index_select and index_copy did, and its device length grows."""
+    caches = []
+    for on in (True, False):
+        monkeypatch.setenv("SPECMEMO_STEP_KERNELS", "1" if on else "0")
+        cache = StaticKVCache(3, 2, 24, 64, torch.float32, DEVICE)
+        g = torch.Generator().manual_seed(1)
+        cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+        cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+        cache.ids.copy_(torch.randint(0, 99, (64,), generator=g))
+        cache.commit_prefix(10)
+        for nodes, count in (([0, 2, 3, 7, 0], 4), ([0, 1, 2, 3, 4], 5), ([0, 5, 0, 0, 0], 2)):
+            cache.commit_row(torch.tensor(nodes, device=DEVICE), torch.tensor(count, device=DEVICE))
+            cache.settle(count)
+        caches.append(cache)
+    for a, b in zip((caches[0].k, caches[0].v, caches[0].ids), (caches[1].k, caches[1].v, caches[1].ids)):
+        assert torch.equal(a, b)
+    assert int(caches[0].length_t) == caches[0].length == 21
+
+
+@kernels
+@pytest.mark.parametrize("cols,k,dtype", [(5000, 10, torch.float32), (8192, 3, torch.bfloat16)])
+def test_the_top_k_kernel_gives_torchs_top_k(cols, k, dtype):
+    """Distinct largest values: the same indices and values in the same order as torch.topk,
+    through a drafting vocabulary's ids, and log-probabilities as log_softmax gives them; equal
+    values by their lowest index first."""
+    g = torch.Generator().manual_seed(cols)
+    x = torch.randn(3, cols, generator=g).clamp(max=2.0)
+    for row in x:  # the k largest at random places, 0.25 apart (distinct in bf16 too)
+        row[torch.randperm(cols, generator=g)[:k]] = 3.0 + 0.25 * torch.arange(k).float()
+    x = x.to(DEVICE, dtype)
+    ids = torch.randperm(60000, generator=g)[:cols].to(DEVICE)
+    assert step_kernels.takes_top_k(x, k)
+    values, index = step_kernels.top_k(x, k, ids=ids)
+    want = x.float().topk(k, dim=-1)
+    assert torch.equal(index, ids[want.indices]) and torch.equal(values, want.values)
+    scores, _ = draft_topk(x, k, 512, log_softmax=True)
+    assert (scores - torch.log_softmax(x.float(), -1).topk(k, dim=-1).values).abs().max().item() < 1e-5
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]], device=DEVICE, dtype=dtype)
+    assert step_kernels.top_k(ties, 4)[1].tolist() == [[1, 2, 4, 0]]
+
+
+@kernels
+@pytest.mark.parametrize("tree", ["1-3-2+lookup-3", "dynamic-8+lookup-3"])
+def test_steps_with_the_kernels_decode_as_plain_greedy(tree):
+    """fp32, greedy: hydra heads drafting over a drafting vocabulary (the top-k kernel), the
+    greedy path and the move kernels in every step, a static tree and a grown one: the
+    tokens of plain greedy decoding."""
+    model = tiny_model(seed=11, vocab_size=40, device=DEVICE)
+    prompt = torch.randint(0, 40, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, GenerationConfig(max_new_tokens=30))
+             for t in s.token_ids]
+    heads = random_heads(4, 64, 40, seed=5, scale=0.5, kind="hydra", draft_vocab=24).to(DEVICE)
+    heads.use_draft_vocab(model.lm_head.weight)
+    static = StaticDecoder(model, new_static_cache(model, 128), heads, load_tree(tree))
+    steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=30)))
+    assert [t for s in steps for t in s.token_ids] == plain
+    assert max(s.accepted for s in steps) > 1
