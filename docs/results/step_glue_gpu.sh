@@ -7,6 +7,8 @@
 #            kernels on (compiled) and off (compiled-noglue), 3 rounds alternating in one process
 #   vicuna:  the same for vicuna-7b's shape, random hydra heads drafting over 8,192 tokens, 2 rounds
 #   profile: one eager step of each tree under the profiler: kernels and GPU µs by phase
+#   bench:   specmemo bench bf16, 20 MT-Bench queries, the shipped heads, the glue kernels on and
+#            off (SPECMEMO_STEP_KERNELS=0), one process after the other (needs the GGUF: gpu_setup.sh)
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -41,4 +43,12 @@ for line in open(sys.argv[1]):
         print(d)
 PY
   ;;
+bench)
+  for glue in 1 0; do
+    name=bench_mtbench20_bf16_glue$glue
+    SPECMEMO_STEP_KERNELS=$glue timeout ${2:-250} python3 -m specmemo_core.cli bench --device cuda --dtype bf16 \
+      --methods vanilla+graphs,medusa-64+graphs,plan --queries 20 --max-new-tokens 128 --repeats 3 --warmup 1 --json \
+      --save "$OUT/$name.json" > /dev/null 2> "$OUT/$name.err"
+    echo "$name rc=$?"; grep -i "tok/s\|plan\|chose" "$OUT/$name.err" | tail -6 | cut -c 1-250
+  done ;;
 esac

@@ -761,6 +761,39 @@ def test_the_kept_tiles_paragraph_holds_its_h100_runs():
     assert f"a tree step there costs {bench['tiles']['step_ms'] / vanilla['step_ms']:.1f}× a plain one" in readme
 
 
+def test_the_step_glue_paragraph_holds_its_h100_runs():
+    """README's session-26 paragraph is docs/results/step_glue_h100/: the kernels by phase before
+    and after, the alternating steps (the glue kernels faster), the two benches and the log."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/step_glue_h100"
+
+    def phases(name: str) -> dict:
+        rows = [json.loads(line) for line in (d / name).read_text().splitlines()]
+        return [r["phases_us"] for r in rows if "phases_us" in r and "draft" in r["phases_us"]][0]
+
+    before, after = phases("profile-smollm2-135m-before.jsonl"), phases("profile-smollm2-135m.jsonl")
+    glue = ("draft", "accept", "commit")
+    assert before["verify"][0] == after["verify"][0]
+    assert "ran {} small kernels on that H100 (drafting {}, accepting {}, committing {};".format(
+        sum(before[p][0] for p in glue), *(before[p][0] for p in glue)) in readme
+    assert "drafting {} kernels, accepting {}, committing {}.".format(*(after[p][0] for p in glue)) in readme
+    steps = _last_json(d / "smollm2-135m-glue.jsonl")["alternating"]
+    vicuna = _last_json(d / "vicuna-7b-glue.jsonl")["alternating"]
+    for tree, runs in (("medusa-64", steps), ("1-10-16-17+lookup-8", steps), ("dynamic-16+lookup-8", steps),
+                       ("medusa-64", vicuna)):
+        on, off = (runs[f"{tree}+graphs {k}"]["median"] for k in ("compiled", "compiled-noglue"))
+        assert on < off and (f"{on:.3f} ms against {off:.3f}" in readme or f"{on:.3f} against {off:.3f}" in readme)
+    bench = {g: json.loads((d / f"bench_mtbench20_bf16_glue{g}.json").read_text()) for g in (1, 0)}
+    speed = {g: {m: f"{b[m]['tokens_per_s']['median']:,.0f}" for m in b if not m.startswith("_")} for g, b in bench.items()}
+    assert f"`medusa-64+graphs` {speed[1]['medusa-64+graphs']} tok/s against {speed[0]['medusa-64+graphs']}" in readme
+    tree = bench[1]["plan"]["tree"]
+    assert tree == bench[0]["plan"]["tree"]
+    assert f"the planner's `{tree}` {speed[1]['plan']} against {speed[0]['plan']}" in readme
+    assert f"`vanilla+graphs`' {speed[1]['vanilla+graphs']} ({bench[1]['plan']['vs_vanilla+graphs']:.2f}×" in readme
+    assert f"and {bench[0]['plan']['vs_vanilla+graphs']:.2f}×)" in readme
+    assert "`exact.log`: 94 passed)" in readme and "94 passed" in (d / "exact.log").read_text(encoding="utf-8")
+
+
 def test_the_step_kernel_tables_hold_their_h200_runs():
     """README's decoding-step-kernels paragraphs: the step A/B and the exactness log are
     docs/results/tree_rows_h200/; the earlier default-model benches (the planner before and
