@@ -112,6 +112,8 @@ def step_heads(shape, model, device: str, path: str = "", draft_vocab: int = 0):
             shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim),
             draft_vocab=min(draft_vocab, shape.vocab_size)).to(device=device, dtype=model.dtype)
     heads.use_draft_vocab(model.lm_head.weight)
+    if heads.context is not None and device != "cpu":
+        heads.context.fuse()  # as the engine does on a GPU
     return heads
 
 
@@ -126,6 +128,8 @@ def region_kind(kinds: dict, kind: str):
         return region_kind(kinds, kind.removesuffix("+lt"))
     if kind.endswith("-noglue"):  # the same regions; alternate_regions turns the step's glue kernels off
         return region_kind(kinds, kind.removesuffix("-noglue"))
+    if kind.endswith("-ctxregions"):  # the same regions; the heads' context layer runs its own (no token_layer)
+        return region_kind(kinds, kind.removesuffix("-ctxregions"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
         return dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
     if kind.endswith("-notiles"):  # steps of several tokens through cuBLAS and the regions, never the tiles
@@ -159,6 +163,7 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
     rounds (a fresh decoder and capture each time): ms per step, median (min–max)."""
     from statistics import median
 
+    from specmemo_core.runtime import token_layer
     from specmemo_core.runtime.model import EAGER_REGIONS, compiled_regions
 
     kinds = {"eager": EAGER_REGIONS, "compiled": compiled_regions()}
@@ -175,7 +180,10 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
                 # "+lt": cuBLASLt's matmuls instead of cuBLAS's (the library the capture records)
                 torch.backends.cuda.preferred_blas_library("cublaslt" if kind.endswith("+lt") else "cublas")
                 # "-noglue": the step's drafting top-k, acceptance and commit as torch ops (step_kernels.py)
-                os.environ["SPECMEMO_STEP_KERNELS"] = "0" if kind.endswith("-noglue") else "1"
+                os.environ["SPECMEMO_STEP_KERNELS"] = "0" if "-noglue" in kind else "1"
+                if heads is not None and heads.context is not None:  # "-ctxregions": its layer without token_layer
+                    heads.context.layer.regions = dataclasses.replace(
+                        EAGER_REGIONS, kernels=None if "-ctxregions" in kind else token_layer.LAUNCH)
                 times[kind].append(time_steps(model, heads, tree, True, args.steps, context=args.context,
                                               capacity=args.capacity))
             torch.backends.cuda.preferred_blas_library("cublas")
@@ -222,7 +230,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

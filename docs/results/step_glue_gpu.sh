@@ -4,7 +4,8 @@
 #   bash docs/results/step_glue_gpu.sh [exact|steps|vicuna|profile]
 #   exact:   the kernels' tests, the static decoder's and the layer kernels' on the GPU
 #   steps:   whole graph steps of the default model's shape with the shipped heads, the glue
-#            kernels on (compiled) and off (compiled-noglue), 3 rounds alternating in one process
+#            kernels on (compiled) and off (compiled-noglue), the heads' context layer through
+#            token_layer's kernels or its regions (-ctxregions), 3 rounds alternating in one process
 #   vicuna:  the same for vicuna-7b's shape, random hydra heads drafting over 8,192 tokens, 2 rounds
 #   profile: one eager step of each tree under the profiler: kernels and GPU µs by phase
 #   bench:   specmemo bench bf16, 20 MT-Bench queries, the shipped heads, the glue kernels on and
@@ -20,7 +21,7 @@ exact)
   tail -3 "$OUT/exact.log" ;;
 steps)
   timeout ${2:-240} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads $HEADS --steps 100 \
-    --repeats 3 --trees medusa-64,1-10-16-17+lookup-8,dynamic-16+lookup-8 --regions compiled,compiled-noglue \
+    --repeats 3 --trees medusa-64,1-10-16-17+lookup-8,dynamic-16+lookup-8 --regions ${REGIONS:-compiled,compiled-noglue} \
     > "$OUT/smollm2-135m-glue.jsonl" 2> "$OUT/smollm2-135m-glue.err"
   grep -v '"shape"' "$OUT/smollm2-135m-glue.jsonl"; tail -2 "$OUT/smollm2-135m-glue.err" | cut -c 1-300 ;;
 vicuna)

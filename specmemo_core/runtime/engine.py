@@ -199,6 +199,8 @@ class Engine:
                 pack_linears(draft)
         else:
             lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
+            if draft is not None and draft.context is not None:
+                draft.context.fuse()
         name = precision if precision in ("int8", "int4") else _DTYPE_NAMES.get(dtype, str(dtype))
         engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, name)
         return engine.with_tree(tree)

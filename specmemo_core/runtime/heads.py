@@ -200,6 +200,12 @@ class ContextLayer(nn.Module):
             raise ValueError("this context layer reads each position's next token: pass its embedding")
         return hidden + self.next_proj(self.next_norm(next_emb))
 
+    def fuse(self) -> bool:
+        """On a GPU, as the model's layers (``CausalLM.fuse_projections``): one matmul for q/k/v
+        and one for gate/up, and so ``token_layer``'s kernels for its steps over a static cache
+        (a step's accepted path: five kernels and the attention's two, where its regions ran ~30)."""
+        return self.layer.fuse()
+
     def new_cache(self, capacity: int, dtype: torch.dtype, device: torch.device | str) -> KVCache:
         m = self.mspec
         return KVCache(1, m.num_kv_heads, m.head_dim, capacity, dtype, device)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from specmemo_core.runtime import step_kernels
+
 MAX_NGRAM = 3  # the longest suffix matched; a longer match wins over a more recent shorter one
 
 
@@ -35,7 +37,12 @@ def lookup_draft(ids: torch.Tensor, length: torch.Tensor | int, root: torch.Tens
     With no match at all the draft is arbitrary (verification rejects it).
 
     Batched: ``ids`` [B, C], ``length`` and ``root`` [B] give [B, count], each row its own.
+    On a GPU, with ``length`` and ``root`` device tensors (a static cache's step): one kernel
+    (``step_kernels.lookup_chain``), where the torch ops below run ~45.
     """
+    if (isinstance(length, torch.Tensor) and isinstance(root, torch.Tensor) and length.device == ids.device
+            and step_kernels.applies(ids)):
+        return step_kernels.lookup_chain(ids, length, root, count, max_ngram=max_ngram)
     if ids.dim() == 2:
         return lookup_candidates(ids, torch.as_tensor(length, device=ids.device),
                                  torch.as_tensor(root, device=ids.device), count, max_ngram=max_ngram, chains=1)[:, 0]

@@ -98,6 +98,19 @@ def move_entries(keys: torch.Tensor, values: torch.Tensor, ids: torch.Tensor, no
         HD=hd, BLOCK_W=_pow2(width), BLOCK_D=_pow2(hd))
 
 
+def lookup_chain(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, count: int, *,
+                 max_ngram: int) -> torch.Tensor:
+    """``lookup.lookup_draft``'s chain [..., count] after ``root`` [...] over the committed
+    tokens ``ids`` [..., C] up to ``length`` [...] (device tensors)."""
+    lead, capacity = ids.shape[:-1], ids.shape[-1]
+    rows = ids.reshape(-1, capacity)
+    out = torch.empty(rows.shape[0], count, dtype=ids.dtype, device=ids.device)
+    _kernels().lookup_chain[(rows.shape[0],)](
+        rows, length.reshape(-1), root.reshape(-1), out, capacity, count, rows.stride(0), out.stride(0),
+        MAX_NGRAM=max_ngram, BLOCK=1024, BLOCK_J=_pow2(count))
+    return out.view(*lead, count)
+
+
 def takes_top_k(x: torch.Tensor, k: int) -> bool:
     """Whether ``top_k`` takes rows like ``x`` [..., V]: V within ``TOP_K_COLUMNS``, k within V."""
     return x.shape[-1] <= TOP_K_COLUMNS and k <= x.shape[-1] and applies(x)

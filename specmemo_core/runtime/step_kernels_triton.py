@@ -93,3 +93,42 @@ def top_k(x_ptr, ids_ptr, values_ptr, index_ptr, n_cols, k, stride_x, stride_o,
         else:
             tl.store(index_ptr + r * stride_o + i, at.to(tl.int64))
         x = tl.where(col == at, float("-inf"), x)
+
+
+@triton.jit
+def lookup_chain(ids_ptr, length_ptr, root_ptr, out_ptr, capacity, count, stride_i, stride_o,
+                 MAX_NGRAM: tl.constexpr, BLOCK: tl.constexpr, BLOCK_J: tl.constexpr):
+    """One program per sequence b: ``lookup.lookup_draft``'s chain [count]. The committed tokens
+    ids [C] up to ``length``, the root after them: among the positions p < length whose token
+    ends a match of the sequence's last 1…MAX_NGRAM tokens (the root the last), the longest
+    match wins, then the latest; the chain is what followed it, repeating with the match's
+    period where it runs into the root (no match: position 0's)."""
+    b = tl.program_id(0)
+    row = ids_ptr + b * stride_i
+    length = tl.load(length_ptr + b)
+    root = tl.load(root_ptr + b)
+    best_score = tl.full((), -1, tl.int64)
+    best = tl.full((), 0, tl.int64)
+    for start in range(0, capacity, BLOCK):
+        p = start + tl.arange(0, BLOCK).to(tl.int64)
+        run = p < length
+        matched = tl.zeros((BLOCK,), tl.int64)
+        for k in tl.static_range(MAX_NGRAM):
+            if k == 0:
+                key = root
+            else:  # no k-th last token: a key no token equals (-1 is what a masked load gives)
+                key = tl.where(length >= k, tl.load(row + tl.maximum(length - k, 0)), -2)
+            token = tl.load(row + p - k, mask=run & (p >= k), other=-1)
+            run = run & (token == key)
+            matched += run.to(tl.int64)
+        score = tl.where((p < length) & (matched > 0), matched * capacity + p, -1)
+        top = tl.max(score, axis=0)
+        at = tl.argmax(score, axis=0, tie_break_left=True).to(tl.int64)
+        if top > best_score:
+            best = start + at
+            best_score = top
+    period = tl.maximum(length - best, 1)
+    j = tl.arange(0, BLOCK_J)
+    take = tl.minimum(best + 1 + j % period, capacity - 1)
+    token = tl.load(row + take, mask=j < count, other=0)
+    tl.store(out_ptr + b * stride_o + j, tl.where(take == length, root, token), mask=j < count)

@@ -8,6 +8,7 @@ import torch
 from specmemo_core.runtime import step_kernels
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import draft_topk, random_heads
+from specmemo_core.runtime.lookup import lookup_draft
 from specmemo_core.runtime.static_decoding import StaticDecoder, StaticKVCache, new_static_cache
 from specmemo_core.runtime.step import GreedyAcceptance, Verified, accepted_path
 from specmemo_core.runtime.tree import load_tree
@@ -19,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=10)
+    run_in_interpreter(__file__, passed=14)
 
 
 @elsewhere
@@ -112,18 +113,42 @@ def test_the_top_k_kernel_gives_torchs_top_k(cols, k, dtype):
 
 
 @kernels
-@pytest.mark.parametrize("tree", ["1-3-2+lookup-3", "dynamic-8+lookup-3"])
-def test_steps_with_the_kernels_decode_as_plain_greedy(tree):
+@pytest.mark.parametrize("tree,context", [("1-3-2+lookup-3", False), ("dynamic-8+lookup-3", False),
+                                          ("1-3-2+lookup-3", True)])
+def test_steps_with_the_kernels_decode_as_plain_greedy(tree, context):
     """fp32, greedy: hydra heads drafting over a drafting vocabulary (the top-k kernel), the
-    greedy path and the move kernels in every step, a static tree and a grown one: the
-    tokens of plain greedy decoding."""
+    greedy path, lookup and move kernels in every step, a static tree and a grown one, and
+    heads whose context layer is fused as the engine fuses it on a GPU (its steps then
+    through ``token_layer``): the tokens of plain greedy decoding."""
     model = tiny_model(seed=11, vocab_size=40, device=DEVICE)
     prompt = torch.randint(0, 40, (20,), generator=torch.Generator().manual_seed(3)).tolist()
     plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, GenerationConfig(max_new_tokens=30))
              for t in s.token_ids]
-    heads = random_heads(4, 64, 40, seed=5, scale=0.5, kind="hydra", draft_vocab=24).to(DEVICE)
+    heads = random_heads(4, 64, 40, seed=5, scale=0.5, kind="hydra", draft_vocab=24,
+                         context=(128, 4, 2, 16) if context else None).to(DEVICE)
     heads.use_draft_vocab(model.lm_head.weight)
+    if context:
+        assert heads.context.fuse()
     static = StaticDecoder(model, new_static_cache(model, 128), heads, load_tree(tree))
     steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=30)))
     assert [t for s in steps for t in s.token_ids] == plain
     assert max(s.accepted for s in steps) > 1
+
+
+@kernels
+@pytest.mark.parametrize("capacity,rows", [(300, 0), (2500, 0), (300, 3)])
+def test_the_lookup_kernel_drafts_the_torch_chain(capacity, rows, monkeypatch):
+    """Sequences that repeat themselves (matches of 1–3 tokens, near the start, across the
+    kernel's 1,024-position blocks, running into the root, none at all, an empty cache): the
+    chain ``lookup_draft`` gives through the torch ops; one sequence and a batch."""
+    g = torch.Generator().manual_seed(capacity + rows)
+    for trial in range(12):
+        lead = (rows,) if rows else ()
+        ids = torch.randint(0, 4 if trial % 3 else 50, (*lead, capacity), generator=g)
+        length = torch.randint(0, capacity - 8, lead, generator=g) if trial else torch.zeros(lead, dtype=torch.long)
+        root = torch.randint(0, 4, lead, generator=g)
+        chains = []
+        for on in ("1", "0"):
+            monkeypatch.setenv("SPECMEMO_STEP_KERNELS", on)
+            chains.append(lookup_draft(ids.to(DEVICE), length.to(DEVICE), root.to(DEVICE), 8))
+        assert torch.equal(*chains), (trial, chains)
