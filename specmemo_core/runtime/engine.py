@@ -111,6 +111,19 @@ def default_heads_dir(identity: ModelIdentity) -> Path | None:
     return trained if finished(trained) else shipped_heads_dir(identity)
 
 
+def _set_for_device(lm: CausalLM, draft: "DraftHeads | None", device: torch.device, precision: str | None) -> None:
+    """The weights in the form they run in: on a CPU packed for oneDNN (``cpu_linear.py``); on a
+    GPU, launch-bound, one matmul for q/k/v and one for gate/up, the heads' context layer's too."""
+    if device.type == "cpu":
+        pack_linears(lm, int8_head=precision == "int4")
+        if draft is not None:
+            pack_linears(draft)
+        return
+    lm.fuse_projections()
+    if draft is not None and draft.context is not None:
+        draft.context.fuse()
+
+
 def load_draft_heads(source: HeadsSource, spec: ModelSpec, identity: ModelIdentity, dtype: torch.dtype,
                      device: str | torch.device) -> tuple[DraftHeads | None, Path | None]:
     """The draft heads ``source`` names for the model of ``spec``, and the folder they came from."""
@@ -193,14 +206,7 @@ class Engine:
         draft, folder = load_draft_heads(heads_source(heads), lm.spec, opened.identity, dtype, device)
         if draft is not None and draft.spec.draft_vocab:
             draft.use_draft_vocab(lm.lm_head.weight)  # before packing: it copies the LM head's rows
-        if torch.device(device).type == "cpu":
-            pack_linears(lm, int8_head=precision == "int4")
-            if draft is not None:
-                pack_linears(draft)
-        else:
-            lm.fuse_projections()  # GPUs: launch-bound, one matmul for q/k/v and one for gate/up
-            if draft is not None and draft.context is not None:
-                draft.context.fuse()
+        _set_for_device(lm, draft, torch.device(device), precision)
         name = precision if precision in ("int8", "int4") else _DTYPE_NAMES.get(dtype, str(dtype))
         engine = cls(lm, opened.tokenizer, opened.config, opened.identity, draft, None, folder, name)
         return engine.with_tree(tree)
