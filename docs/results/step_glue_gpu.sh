@@ -26,7 +26,7 @@ steps)
   grep -v '"shape"' "$OUT/smollm2-135m-glue.jsonl"; tail -2 "$OUT/smollm2-135m-glue.err" | cut -c 1-300 ;;
 vicuna)
   timeout ${2:-200} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --draft-vocab 8192 --steps 40 \
-    --repeats 2 --trees medusa-64 --regions ${REGIONS:-compiled,compiled-noglue} > "$OUT/vicuna-7b-glue.jsonl" 2> "$OUT/vicuna-7b-glue.err"
+    --repeats 2 --trees ${TREES:-medusa-64} --regions ${REGIONS:-compiled,compiled-noglue} > "$OUT/vicuna-7b-glue.jsonl" 2> "$OUT/vicuna-7b-glue.err"
   grep -v '"shape"' "$OUT/vicuna-7b-glue.jsonl"; tail -2 "$OUT/vicuna-7b-glue.err" | cut -c 1-300 ;;
 profile)
   timeout ${2:-150} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads $HEADS --steps 50 \
