@@ -30,7 +30,7 @@ vicuna)
   grep -v '"shape"' "$OUT/vicuna-7b-glue.jsonl"; tail -2 "$OUT/vicuna-7b-glue.err" | cut -c 1-300 ;;
 profile)
   timeout ${2:-150} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads $HEADS --steps 50 \
-    --trees single,medusa-64,dynamic-16+lookup-8 --modes graphs --kernels > "$OUT/profile-smollm2-135m.jsonl" \
+    --trees ${TREES:-single,medusa-64,1-10-16-17+lookup-8} --modes graphs --kernels > "$OUT/profile-smollm2-135m.jsonl" \
     2> "$OUT/profile-smollm2-135m.err"
   python3 - "$OUT/profile-smollm2-135m.jsonl" <<'PY'
 import json, sys
