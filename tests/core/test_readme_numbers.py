@@ -781,17 +781,25 @@ def test_the_step_glue_paragraph_holds_its_h100_runs():
     vicuna = _last_json(d / "vicuna-7b-glue.jsonl")["alternating"]
     for tree, runs in (("medusa-64", steps), ("1-10-16-17+lookup-8", steps), ("dynamic-16+lookup-8", steps),
                        ("medusa-64", vicuna)):
-        on, off = (runs[f"{tree}+graphs {k}"]["median"] for k in ("compiled", "compiled-noglue"))
+        on, off = (runs[f"{tree}+graphs {k}"]["median"] for k in ("compiled", "compiled-noglue-ctxregions"))
         assert on < off and (f"{on:.3f} ms against {off:.3f}" in readme or f"{on:.3f} against {off:.3f}" in readme)
+    plain = vicuna["single+graphs compiled"]["median"]
+    assert f"{vicuna['medusa-64+graphs compiled']['median'] / plain:.2f}× its plain step" in readme
     bench = {g: json.loads((d / f"bench_mtbench20_bf16_glue{g}.json").read_text()) for g in (1, 0)}
     speed = {g: {m: f"{b[m]['tokens_per_s']['median']:,.0f}" for m in b if not m.startswith("_")} for g, b in bench.items()}
-    assert f"`medusa-64+graphs` {speed[1]['medusa-64+graphs']} tok/s against {speed[0]['medusa-64+graphs']}" in readme
+    assert f"`medusa-64+graphs` {speed[1]['medusa-64+graphs']} against {speed[0]['medusa-64+graphs']}" in readme
     tree = bench[1]["plan"]["tree"]
     assert tree == bench[0]["plan"]["tree"]
-    assert f"the planner's `{tree}` {speed[1]['plan']} against {speed[0]['plan']}" in readme
+    assert f"the planner's `{tree}` {speed[1]['plan']} tok/s against {speed[0]['plan']}" in readme
     assert f"`vanilla+graphs`' {speed[1]['vanilla+graphs']} ({bench[1]['plan']['vs_vanilla+graphs']:.2f}×" in readme
-    assert f"and {bench[0]['plan']['vs_vanilla+graphs']:.2f}×)" in readme
-    assert "`exact.log`: 94 passed)" in readme and "94 passed" in (d / "exact.log").read_text(encoding="utf-8")
+    assert f"and {bench[0]['plan']['vs_vanilla+graphs']:.2f}×; it predicted" in readme
+    predicted = float(bench[1]["plan"]["note"].split("predicted ")[1].split()[0])
+    assert f"it predicted {predicted:,.0f})" in readme
+    assert "`exact.log`: 98 passed)" in readme and "98 passed" in (d / "exact.log").read_text(encoding="utf-8")
+    assert "takes 1.14 ms of kernels (a plain step's 0.61)" in readme
+    plain_phases = [json.loads(line) for line in (d / "profile-smollm2-135m.jsonl").read_text().splitlines()]
+    plain_verify = next(r["phases_us"]["verify"][1] for r in plain_phases if "phases_us" in r)
+    assert f"{after['verify'][1] / 1000:.2f} ms of kernels (a plain step's {plain_verify / 1000:.2f})" in readme
 
 
 def test_the_step_kernel_tables_hold_their_h200_runs():
