@@ -32,17 +32,7 @@ profile)
   timeout ${2:-150} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads $HEADS --steps 50 \
     --trees ${TREES:-single,medusa-64,1-10-16-17+lookup-8} --modes graphs --kernels > "$OUT/profile-smollm2-135m.jsonl" \
     2> "$OUT/profile-smollm2-135m.err"
-  python3 - "$OUT/profile-smollm2-135m.jsonl" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    if "phases_us" in d:
-        print(d["kernel_us_total"], d["phases_us"])
-        for k in d["top"][:25]:
-            print("   ", k)
-    elif "tree" in d:
-        print(d)
-PY
+  python3 scripts/show_step_profile.py "$OUT/profile-smollm2-135m.jsonl"
   ;;
 bench)
   for glue in 1 0; do

@@ -19,19 +19,7 @@ profile)
       --modes graphs --steps 50 --kernels --compile --draft-vocab $v > "$OUT/profile-$shape-v$v.jsonl" 2> "$OUT/profile-$shape-v$v.err"
     tail -1 "$OUT/profile-$shape-v$v.err" | cut -c 1-300
   done; done
-  python3 - "$OUT" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/profile-*.jsonl")):
-    print("==", f.rsplit("/", 1)[-1])
-    for line in open(f):
-        d = json.loads(line)
-        if "phases_us" in d:
-            print(d["kernel_us_total"], d["phases_us"])
-            for k in d["top"][:30]:
-                print("   ", k)
-        elif "tree" in d:
-            print(d)
-PY
+  python3 scripts/show_step_profile.py "$OUT"/profile-*.jsonl
   ;;
 blas)
   for shape in ${2:-vicuna-7b}; do
