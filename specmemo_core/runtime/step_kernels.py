@@ -64,6 +64,8 @@ def applies(x: torch.Tensor) -> bool:
         return False
     if os.environ.get("SPECMEMO_STEP_KERNELS") == "0":
         return False
+    if x.is_cuda and x.device.index not in (None, torch.cuda.current_device()):
+        return False  # a split's other card: Triton launches on the current one
     return not x.is_cuda or kernel_probe.runs_on(FAMILY, x.device, torch.long, _probe)
 
 
