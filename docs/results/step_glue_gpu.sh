@@ -10,6 +10,7 @@
 #   profile: one eager step of each tree under the profiler: kernels and GPU µs by phase
 #   bench:   specmemo bench bf16, 20 MT-Bench queries, the shipped heads, the glue kernels on and
 #            off (SPECMEMO_STEP_KERNELS=0), one process after the other (needs the GGUF: gpu_setup.sh)
+#   fp32:    specmemo bench fp32, the kernels on, 1 round: every reply against plain greedy's
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -42,4 +43,9 @@ bench)
       --save "$OUT/$name.json" > /dev/null 2> "$OUT/$name.err"
     echo "$name rc=$?"; grep -i "tok/s\|plan\|chose" "$OUT/$name.err" | tail -6 | cut -c 1-250
   done ;;
+fp32)
+  timeout ${2:-200} python3 -m specmemo_core.cli bench --device cuda --dtype fp32 \
+    --methods vanilla+graphs,medusa-64+graphs,plan --queries 20 --max-new-tokens 128 --repeats 1 --warmup 0 --json \
+    --save "$OUT/bench_mtbench20_fp32_glue1.json" > /dev/null 2> "$OUT/bench_mtbench20_fp32_glue1.err"
+  echo "rc=$?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(m, d[m]['tree'], d[m]['identical_to_vanilla'], d[m]['replies'], d[m]['tokens_per_s']['median']) for m in d if m[0] != '_']" "$OUT/bench_mtbench20_fp32_glue1.json" ;;
 esac

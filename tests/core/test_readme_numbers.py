@@ -797,6 +797,8 @@ def test_the_step_glue_paragraph_holds_its_h100_runs():
     assert f"it predicted {predicted:,.0f})" in readme
     assert "`exact.log`: 98 passed)" in readme and "98 passed" in (d / "exact.log").read_text(encoding="utf-8")
     assert "takes 1.14 ms of kernels (a plain step's 0.61)" in readme
+    fp32 = json.loads((d / "bench_mtbench20_fp32_glue1.json").read_text())["medusa-64+graphs"]
+    assert fp32["identical_to_vanilla"] == fp32["replies"] == 20 and "equal to plain greedy, 20/20)" in readme
     plain_phases = [json.loads(line) for line in (d / "profile-smollm2-135m.jsonl").read_text().splitlines()]
     plain_verify = next(r["phases_us"]["verify"][1] for r in plain_phases if "phases_us" in r)
     assert f"{after['verify'][1] / 1000:.2f} ms of kernels (a plain step's {plain_verify / 1000:.2f})" in readme
