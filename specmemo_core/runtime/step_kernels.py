@@ -1,15 +1,18 @@
-"""A step's glue in one kernel each (Triton): the drafting top-k, the greedy acceptance of a
-path, the accepted entries' move in the cache.
+"""A step's glue in one kernel each (Triton): the drafting top-k, the lookup chain, the greedy
+acceptance of a path, the accepted entries' move in the cache.
 
 Why: around the verify forward a tree step ran ~170 small kernels (a `medusa-64` step of the
 default model on an H100: drafting 75, accepting 27, committing 70; its verify 209), each a
 few microseconds on a GPU whatever its size: a step of a small model is bound by launches.
-Here three pieces of it are one kernel each:
+Here four pieces of it are one kernel each (docs/results/step_glue_h100/: that step 1.40 ms
+against 1.69, with the heads' context layer through ``token_layer`` too):
 
 - ``top_k``: a tree level's top-k over the drafting vocabulary (torch's sort-based top-k
   ran two kernels and the chunked two-stage one six, ~25 µs a level), the drafting
   vocabulary's token ids looked up in the same pass; with the log-softmax a grown tree
   scores by.
+- ``lookup_chain``: ``lookup.lookup_draft``'s chain (the longest, latest match of the last
+  tokens, and what followed it: ~45 kernels over the whole cache's ids).
 - ``greedy_path``: which path is accepted, how far, and the tokens it emits (the
   comparisons, cumulative product, argmax and gathers: ~25 kernels).
 - ``move_entries``: the accepted nodes' keys, values and token ids to the committed slots
@@ -17,10 +20,10 @@ Here three pieces of it are one kernel each:
 
 Each answers what the torch ops it stands for answer, in the same integer arithmetic (the
 drafting top-k may order equal values otherwise: that changes a draft, never a reply). Where
-Triton is missing, or fails to build or answer right on a device (``kernel_probe``), and on
-CPUs, the torch ops run; so they do with ``SPECMEMO_STEP_KERNELS=0`` in the environment (read
-at each step's capture: an escape hatch, and how ``scripts/time_graph_steps.py --glue`` times
-both in one process).
+Triton is missing, or fails to build or answer right on a device (``kernel_probe``), on
+CPUs and on a split's other card, the torch ops run; so they do with
+``SPECMEMO_STEP_KERNELS=0`` in the environment (read as each step is captured: an escape
+hatch, and how ``scripts/time_graph_steps.py``'s ``-noglue`` regions time both in one process).
 """
 
 from __future__ import annotations
