@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specmemo_core.runtime import step_kernels
+from specmemo_core.runtime.batch import BatchDecoder
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import draft_topk, random_heads
 from specmemo_core.runtime.lookup import lookup_draft
@@ -20,7 +21,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=14)
+    run_in_interpreter(__file__, passed=16)
 
 
 @elsewhere
@@ -152,3 +153,27 @@ def test_the_lookup_kernel_drafts_the_torch_chain(capacity, rows, monkeypatch):
             monkeypatch.setenv("SPECMEMO_STEP_KERNELS", on)
             chains.append(lookup_draft(ids.to(DEVICE), length.to(DEVICE), root.to(DEVICE), 8))
         assert torch.equal(*chains), (trial, chains)
+
+
+@kernels
+@pytest.mark.parametrize("tree", ["1-3-2+lookup-4", "dynamic-8+lookup-3"])
+def test_a_batch_with_the_kernels_decodes_each_sequence_as_alone(tree):
+    """fp32, greedy, three sequences at their own lengths in one batch: the greedy path and
+    lookup kernels over [B, ·] rows (a grown tree: a layout per row), the drafting top-k over
+    a drafting vocabulary; each sequence's tokens are its plain greedy ones alone."""
+    model = tiny_model(seed=11, vocab_size=40, device=DEVICE)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (5, 20, 12)]
+    alone = [[t for s in Decoder(model, model.new_cache(128)).generate(p, GenerationConfig(max_new_tokens=16))
+              for t in s.token_ids] for p in prompts]
+    heads = random_heads(4, 64, 40, seed=5, scale=0.5, kind="hydra", draft_vocab=24).to(DEVICE)
+    heads.use_draft_vocab(model.lm_head.weight)
+    batch = BatchDecoder(model, slots=3, capacity=128, heads=heads, tree=load_tree(tree))
+    for i, prompt in enumerate(prompts):
+        batch.add(i, prompt, max_new_tokens=16)
+    outs, most = {i: [] for i in range(3)}, 1
+    while batch.active:
+        for i, tokens in batch.step().items():
+            outs[i] += tokens
+            most = max(most, len(tokens) - 1)
+    assert [outs[i] for i in range(3)] == alone and most > 1
