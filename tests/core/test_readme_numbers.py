@@ -795,6 +795,8 @@ def test_the_step_glue_paragraph_holds_its_h100_runs():
     assert f"and {bench[0]['plan']['vs_vanilla+graphs']:.2f}×; it predicted" in readme
     predicted = float(bench[1]["plan"]["note"].split("predicted ")[1].split()[0])
     assert f"it predicted {predicted:,.0f})" in readme
+    assert (f"the planner's `{tree}` decodes that workload at {speed[1]['plan']} tokens/s there, "
+            f"{bench[1]['plan']['vs_vanilla+graphs']:.2f}× plain decoding's {speed[1]['vanilla+graphs']}.") in readme
     assert "`exact.log`: 98 passed;" in readme and "98 passed" in (d / "exact.log").read_text(encoding="utf-8")
     assert "takes 1.14 ms of kernels (a plain step's 0.61)" in readme
     fp32 = json.loads((d / "bench_mtbench20_fp32_glue1.json").read_text())["medusa-64+graphs"]
