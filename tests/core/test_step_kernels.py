@@ -10,6 +10,8 @@ from specmemo_core.runtime.batch import BatchDecoder
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import draft_topk, random_heads
 from specmemo_core.runtime.lookup import lookup_draft
+from specmemo_core.runtime.split import LayerSplit, split_model
+from specmemo_core.runtime.split_cache import SplitCache
 from specmemo_core.runtime.static_decoding import StaticDecoder, StaticKVCache, new_static_cache
 from specmemo_core.runtime.step import GreedyAcceptance, Verified, accepted_path
 from specmemo_core.runtime.tree import load_tree
@@ -21,7 +23,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=16)
+    run_in_interpreter(__file__, passed=17)
 
 
 @elsewhere
@@ -177,3 +179,20 @@ def test_a_batch_with_the_kernels_decodes_each_sequence_as_alone(tree):
             outs[i] += tokens
             most = max(most, len(tokens) - 1)
     assert [outs[i] for i in range(3)] == alone and most > 1
+
+
+@kernels
+def test_a_split_model_with_the_kernels_decodes_as_plain_greedy():
+    """The layers split in two segments on one device (each its own static cache, each moved by
+    ``move_entries``): a tree with a lookup chain gives plain greedy decoding's tokens."""
+    model = tiny_model(seed=11, vocab_size=40, layers=4, device=DEVICE)
+    prompt = torch.randint(0, 40, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, GenerationConfig(max_new_tokens=24))
+             for t in s.token_ids]
+    split_model(model, LayerSplit.even((DEVICE, DEVICE), 4))
+    heads = random_heads(4, 64, 40, seed=5, scale=0.5, kind="hydra", draft_vocab=24).to(DEVICE)
+    heads.use_draft_vocab(model.lm_head.weight)
+    static = StaticDecoder(model, new_static_cache(model, 128), heads, load_tree("1-3-2+lookup-3"))
+    assert isinstance(static.cache, SplitCache)
+    steps = list(static.generate(prompt, GenerationConfig(max_new_tokens=24)))
+    assert [t for s in steps for t in s.token_ids] == plain and max(s.accepted for s in steps) > 1
