@@ -106,7 +106,7 @@ class StaticKVCache(KVCache):
         """``KVCache.commit_row`` in fixed shapes, on the device only: the entries move by
         device-tensor slots and ``length_t`` grows by ``count`` (a tensor inside a step);
         ``settle`` then tells the host."""
-        if nodes is not None and nodes.dim() == 1 and step_kernels.applies(self.k):  # one kernel for the three
+        if nodes is not None and step_kernels.applies(self.k):  # one kernel for the three
             step_kernels.move_entries(self.k, self.v, self.ids, nodes, self.length_t)
         elif nodes is not None:
             dst = self.length_t + self.columns[: nodes.shape[0]]  # [W]
