@@ -84,7 +84,7 @@ def tree_ancestors(n: int) -> torch.Tensor:
 
 
 def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool = True,
-                    variants: tuple[tuple[int, int, int], ...] = ()) -> dict[str, Callable[[], None]]:
+                    variants: tuple[str, ...] = ()) -> dict[str, Callable[[], None]]:
     """Attention of ``tokens`` new rows (written at slots context..context+T) over ``span`` slots."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -101,6 +101,7 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
     mask = cache.prepare(torch.zeros(tokens, dtype=torch.long, device="cuda"), anc, span)[1]  # [T, S]
     bias = attention_bias(mask, shape, torch.bfloat16)  # [g·T, S], as Attention takes it
     out = {}
+    variant_errors = {}
 
     def sdpa(backend):
         def run():
@@ -111,19 +112,26 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    def chunked(split, warps, stages):  # ours (``runtime/chunked_attention.py``): the step's own kernel
+    def chunked(split, warps, stages, bias_reads="tail"):  # ours (``runtime/chunked_attention.py``)
         def run():
             for k, v in zip(keys, values):
                 chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split,
-                                         warps=warps, stages=stages)
+                                         warps=warps, stages=stages, tail_bias=bias_reads == "tail")
         return run
     out["chunked"] = chunked(chunked_attention.SPLIT, chunked_attention.WARPS, None)
-    for split, warps, stages in variants:  # other chunk sizes and launches, to choose the defaults by
-        out[f"chunked-{split}:{warps}:{stages}"] = chunked(split, warps, stages)
+    for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS], to choose the defaults by
+        split, warps, stages, *bias_reads = variant.split(":")
+        out[f"chunked-{variant}"] = chunked(int(split), int(warps), None if stages == "auto" else int(stages),
+                                            *bias_reads)
+        variant_errors[variant] = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens,
+                                                           groups=g, split=int(split), tail_bias=bias_reads != ["all"])
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
     print(json.dumps({"chunked_vs_sdpa_max_abs": float((got.float() - ref_rows.float()).abs().max())}), flush=True)
+    for variant, got in variant_errors.items():
+        print(json.dumps({"tokens": tokens, f"chunked-{variant}_vs_sdpa_max_abs":
+                          float((got.float() - ref_rows.float()).abs().max())}), flush=True)
     out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
     if not with_flex:  # the others, as measured before the chunked kernel
         return out
@@ -172,7 +180,8 @@ def main() -> None:
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument("--no-others", action="store_true", help="attention: ours and cuDNN's only (no flex, math, ...)")
     ap.add_argument("--variants", default="", help="attention: ours at these chunk sizes and launches too, "
-                    "SPLIT:WARPS:STAGES, e.g. 256:4:3,128:8:2")
+                    "SPLIT:WARPS:STAGES[:BIAS] (STAGES auto: by the rows; BIAS all: the bias read at every "
+                    "slot, tail: at the step's own only, the default), e.g. 256:4:3,128:4:auto:all")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     shape = known_shape(args.shape)
@@ -184,7 +193,7 @@ def main() -> None:
         if "attention" in args.parts:
             parts.update({f"attention {k}": f for k, f in attention_parts(
                 shape, tokens, args.context, args.span, not args.no_others,
-                tuple(tuple(int(x) for x in v.split(":")) for v in args.variants.split(",") if v)).items()})
+                tuple(v for v in args.variants.split(",") if v)).items()})
         for name, run in parts.items():
             try:
                 ms = [graph_ms(run) for _ in range(args.repeats)]

@@ -105,7 +105,8 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
-           warps: int = WARPS, stages: int | None = None) -> torch.Tensor:
+           warps: int = WARPS, stages: int | None = None,
+           tail_bias: bool = True) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -126,7 +127,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         bias.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
-        num_warps=warps, num_stages=stages,
+        TAIL_BIAS=tail_bias, num_warps=warps, num_stages=stages,
     )
     out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
     merge_chunks[(hkv, rows)](m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0),

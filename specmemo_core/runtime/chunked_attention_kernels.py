@@ -13,12 +13,15 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
                   rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
                   stride_vh, stride_vs, stride_br,
                   HD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
-                  CHUNK: tl.constexpr, IEEE: tl.constexpr):
+                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr):
     """One program: SPLIT slots of one key/value head for BLOCK_M of its rows; writes
-    the chunk's row maxima m, sums l and unnormalised outputs acc (fp32)."""
+    the chunk's row maxima m, sums l and unnormalised outputs acc (fp32). Every row sees
+    the committed slots (before the cache's length): with TAIL_BIAS the bias is read only
+    at the step's own slots (length and after), where the tree's mask differs by row."""
     c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     splits = tl.num_programs(0)
-    end = tl.load(length_ptr) + new_tokens  # slots [0, end) may be visible
+    length = tl.load(length_ptr)
+    end = length + new_tokens  # slots [0, end) may be visible
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     live_rows = r < rows
     out = (h * splits + c) * rows + r  # [BLOCK_M] into m, l: [Hkv, splits, rows]
@@ -41,9 +44,14 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 scores = tl.dot(q, tl.trans(k))
-            bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],
-                           mask=live_rows[:, None] & live[None, :], other=float("-inf"))
-            scores = scores * scale + bias.to(tl.float32)  # [BLOCK_M, CHUNK]
+            if TAIL_BIAS:  # no read where every row sees the slot (0 there)
+                bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],
+                               mask=live_rows[:, None] & (live & (s >= length))[None, :], other=0.0)
+                scores = tl.where(live[None, :], scores * scale + bias.to(tl.float32), float("-inf"))
+            else:
+                bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],
+                               mask=live_rows[:, None] & live[None, :], other=float("-inf"))
+                scores = scores * scale + bias.to(tl.float32)  # [BLOCK_M, CHUNK]
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp(scores - m_safe[:, None])

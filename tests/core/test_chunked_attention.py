@@ -18,7 +18,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=6)
+    run_in_interpreter(__file__, passed=7)
 
 
 @elsewhere
@@ -45,13 +45,14 @@ def _tree_bias(length: int, tokens: int, span: int, groups: int, seed: int) -> t
 
 
 @kernels
-@pytest.mark.parametrize("hkv,groups,tokens,hd,length,span", [
-    (2, 1, 1, 64, 300, 512),  # a plain step, chunks past the end skipped
-    (3, 3, 5, 64, 200, 256),  # grouped heads (SmolLM2's 9 over 3), a small tree
-    (2, 2, 20, 32, 129, 256),  # a tree across a chunk boundary
-    (1, 1, 3, 16, 0, 128),  # the first forward of an empty cache
+@pytest.mark.parametrize("hkv,groups,tokens,hd,length,span,tail_bias", [
+    (2, 1, 1, 64, 300, 512, True),  # a plain step, chunks past the end skipped
+    (3, 3, 5, 64, 200, 256, True),  # grouped heads (SmolLM2's 9 over 3), a small tree
+    (2, 2, 20, 32, 129, 256, True),  # a tree across a chunk boundary
+    (2, 2, 20, 32, 129, 256, False),  # the same, its bias read at every slot (as timed against)
+    (1, 1, 3, 16, 0, 128, True),  # the first forward of an empty cache
 ])
-def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, length, span):
+def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, length, span, tail_bias):
     g = torch.Generator().manual_seed(hkv * 100 + tokens)
     capacity = span + 64
     keys = torch.randn(hkv, capacity, hd, generator=g).to(DEVICE)
@@ -61,7 +62,7 @@ def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, le
     q = torch.randn(hkv, groups * tokens, hd, generator=g).to(DEVICE)
     bias = _tree_bias(length, tokens, span, groups, seed=tokens).to(DEVICE)
     got = chunked_attention.attend(q, keys, values, bias, torch.tensor(length, device=DEVICE),
-                                   new_tokens=tokens, groups=groups)  # [T, H·hd]
+                                   new_tokens=tokens, groups=groups, tail_bias=tail_bias)  # [T, H·hd]
     end = length + tokens
     want = F.scaled_dot_product_attention(q[None], keys[None, :, :end], values[None, :, :end],
                                           attn_mask=bias[:, :end])[0]  # [Hkv, g·T, hd]
