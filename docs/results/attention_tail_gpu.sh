@@ -4,7 +4,7 @@
 #   bash docs/results/attention_tail_gpu.sh [parts|steps|profile|exact]
 #   parts:   the attention alone, 32 layers a CUDA graph (scripts/time_step_parts.py), plain and
 #            64-node steps, the bias read at every slot (:all) or at the step's own (:tail)
-#   steps:   whole graph steps, one process each way (SPECMEMO_TRIAL_TAIL=0/1) in turn, twice:
+#   steps:   whole graph steps of the code as it is (not run yet in session 27: no device came):
 #            vicuna-7b's shape (random hydra heads drafting over 8,192 tokens) and the default
 #            model's with the shipped heads
 #   profile: one eager vicuna-7b step of each tree under the profiler: kernels and GPU µs by phase
@@ -23,12 +23,12 @@ parts)
     tail -1 "$OUT/parts-$shape.err" | cut -c 1-300
   done ;;
 steps)
-  for round in ${ROUNDS:-1 2}; do for tail in 0 1; do
-    SPECMEMO_TRIAL_TAIL=$tail timeout ${2:-120} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 \
+  for round in ${ROUNDS:-1 2}; do for tail in 1; do
+    timeout ${2:-120} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 \
       --draft-vocab 8192 --steps 40 --repeats 2 --trees single,medusa-64 --regions compiled \
       > "$OUT/vicuna-7b-tail$tail-$round.jsonl" 2> "$OUT/vicuna-7b-tail$tail-$round.err"
     echo "vicuna tail=$tail round $round rc=$?"; grep -v '"shape"' "$OUT/vicuna-7b-tail$tail-$round.jsonl" | cut -c 1-120
-    SPECMEMO_TRIAL_TAIL=$tail timeout ${2:-120} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
+    timeout ${2:-120} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
       --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 2 --trees single,medusa-64,1-10-16-17+lookup-8 \
       --regions compiled > "$OUT/smollm2-135m-tail$tail-$round.jsonl" 2> "$OUT/smollm2-135m-tail$tail-$round.err"
     echo "smollm2 tail=$tail round $round rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m-tail$tail-$round.jsonl" | cut -c 1-120

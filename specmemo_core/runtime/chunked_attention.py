@@ -112,7 +112,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
     a program attends over, a multiple of ``CHUNK``; ``warps``, ``stages``: the first kernel's
     launch (``stages`` None: by the rows, as ``STAGES_*`` say; given only to time the choice:
-    ``scripts/time_step_parts.py``)."""
+    ``scripts/time_step_parts.py``). ``tail_bias``: the bias is read only at slots from the
+    cache's length on (every row sees the committed slots before it, as ``StaticKVCache.prepare``
+    masks them); False reads it at every slot (only to time the difference)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
