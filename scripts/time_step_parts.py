@@ -101,7 +101,6 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
     mask = cache.prepare(torch.zeros(tokens, dtype=torch.long, device="cuda"), anc, span)[1]  # [T, S]
     bias = attention_bias(mask, shape, torch.bfloat16)  # [g·T, S], as Attention takes it
     out = {}
-    variant_errors = {}
 
     def sdpa(backend):
         def run():
@@ -119,17 +118,16 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
                                          warps=warps, stages=stages, tail_bias=bias_reads == "tail")
         return run
     out["chunked"] = chunked(chunked_attention.SPLIT, chunked_attention.WARPS, None)
-    for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS], to choose the defaults by
-        split, warps, stages, *bias_reads = variant.split(":")
-        out[f"chunked-{variant}"] = chunked(int(split), int(warps), None if stages == "auto" else int(stages),
-                                            *bias_reads)
-        variant_errors[variant] = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens,
-                                                           groups=g, split=int(split), tail_bias=bias_reads != ["all"])
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
     print(json.dumps({"chunked_vs_sdpa_max_abs": float((got.float() - ref_rows.float()).abs().max())}), flush=True)
-    for variant, got in variant_errors.items():
+    for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS], to choose the defaults by
+        split, warps, stages, *bias_reads = variant.split(":")
+        out[f"chunked-{variant}"] = chunked(int(split), int(warps), None if stages == "auto" else int(stages),
+                                            *bias_reads)
+        got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g,
+                                       split=int(split), tail_bias=bias_reads != ["all"])
         print(json.dumps({"tokens": tokens, f"chunked-{variant}_vs_sdpa_max_abs":
                           float((got.float() - ref_rows.float()).abs().max())}), flush=True)
     out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)

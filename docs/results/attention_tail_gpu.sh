@@ -3,7 +3,7 @@
 # repository root, carrying .whl. Results: attention_tail_h100/ (FILES.md there).
 #   bash docs/results/attention_tail_gpu.sh [parts|steps|profile|exact]
 #   parts:   the attention alone, 32 layers a CUDA graph (scripts/time_step_parts.py), plain and
-#            64-node steps, the bias read at every slot (:all) or at the step's own (:tail)
+#            64-node steps, the bias read at the step's own slots (chunked) or at every slot (:all)
 #   steps:   whole graph steps of the code as it is (not run yet in session 27: no device came):
 #            vicuna-7b's shape (random hydra heads drafting over 8,192 tokens) and the default
 #            model's with the shipped heads
@@ -16,23 +16,23 @@ case "${1:-parts}" in
 parts)
   for shape in ${SHAPES:-vicuna-7b llama-3-8b smollm2-135m}; do
     timeout ${2:-100} python3 scripts/time_step_parts.py --shape $shape --parts attention --no-others \
-      --variants 128:4:auto:all,128:4:auto:tail,128:4:auto:all,128:4:auto:tail --repeats 3 \
+      --variants 128:4:auto:all --repeats 3 \
       > "$OUT/parts-$shape.jsonl" 2> "$OUT/parts-$shape.err"
     echo "$shape rc=$?"; grep -o '"tokens": [0-9]*, "part": "[^"]*", "median": [0-9.]*' "$OUT/parts-$shape.jsonl" | sed 's/"tokens": //;s/"part": "attention //;s/", "median"//'
     grep -o '"chunked[^"]*_vs_sdpa_max_abs": [0-9.e-]*' "$OUT/parts-$shape.jsonl" | sort | uniq -c
     tail -1 "$OUT/parts-$shape.err" | cut -c 1-300
   done ;;
 steps)
-  for round in ${ROUNDS:-1 2}; do for tail in 1; do
+  for round in ${ROUNDS:-1 2}; do
     timeout ${2:-120} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 \
       --draft-vocab 8192 --steps 40 --repeats 2 --trees single,medusa-64 --regions compiled \
-      > "$OUT/vicuna-7b-tail$tail-$round.jsonl" 2> "$OUT/vicuna-7b-tail$tail-$round.err"
-    echo "vicuna tail=$tail round $round rc=$?"; grep -v '"shape"' "$OUT/vicuna-7b-tail$tail-$round.jsonl" | cut -c 1-120
+      > "$OUT/vicuna-7b-$round.jsonl" 2> "$OUT/vicuna-7b-$round.err"
+    echo "vicuna round $round rc=$?"; grep -v '"shape"' "$OUT/vicuna-7b-$round.jsonl" | cut -c 1-120
     timeout ${2:-120} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
       --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 2 --trees single,medusa-64,1-10-16-17+lookup-8 \
-      --regions compiled > "$OUT/smollm2-135m-tail$tail-$round.jsonl" 2> "$OUT/smollm2-135m-tail$tail-$round.err"
-    echo "smollm2 tail=$tail round $round rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m-tail$tail-$round.jsonl" | cut -c 1-120
-  done; done ;;
+      --regions compiled > "$OUT/smollm2-135m-$round.jsonl" 2> "$OUT/smollm2-135m-$round.err"
+    echo "smollm2 round $round rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m-$round.jsonl" | cut -c 1-120
+  done ;;
 profile)
   timeout ${2:-200} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 --draft-vocab 8192 --steps 40 \
     --trees single,medusa-64 --modes graphs --kernels --compile > "$OUT/profile-vicuna-7b.jsonl" 2> "$OUT/profile-vicuna-7b.err"

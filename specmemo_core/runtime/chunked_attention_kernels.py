@@ -22,6 +22,7 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
     splits = tl.num_programs(0)
     length = tl.load(length_ptr)
     end = length + new_tokens  # slots [0, end) may be visible
+    first_biased = length if TAIL_BIAS else 0  # the bias is read from this slot on
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     live_rows = r < rows
     out = (h * splits + c) * rows + r  # [BLOCK_M] into m, l: [Hkv, splits, rows]
@@ -44,14 +45,9 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 scores = tl.dot(q, tl.trans(k))
-            if TAIL_BIAS:  # no read where every row sees the slot (0 there)
-                bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],
-                               mask=live_rows[:, None] & (live & (s >= length))[None, :], other=0.0)
-                scores = tl.where(live[None, :], scores * scale + bias.to(tl.float32), float("-inf"))
-            else:
-                bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],
-                               mask=live_rows[:, None] & live[None, :], other=float("-inf"))
-                scores = scores * scale + bias.to(tl.float32)  # [BLOCK_M, CHUNK]
+            bias = tl.load(bias_ptr + r[:, None] * stride_br + s[None, :],  # 0 where not read
+                           mask=live_rows[:, None] & (live & (s >= first_biased))[None, :], other=0.0)
+            scores = tl.where(live[None, :], scores * scale + bias.to(tl.float32), float("-inf"))  # [BLOCK_M, CHUNK]
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp(scores - m_safe[:, None])
