@@ -7,17 +7,26 @@ Their parameters are positional pointers, sizes and strides, as Triton kernels t
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper on): a kernel's programs start while the one before drains
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton: ``chunked_attention`` launches without it
+    gdc_launch_dependents = gdc_wait = None
+
 
 @triton.jit
 def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr,
                   rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
                   stride_vh, stride_vs, stride_br,
                   HD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
-                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr):
+                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr, PDL: tl.constexpr):
     """One program: SPLIT slots of one key/value head for BLOCK_M of its rows; writes
     the chunk's row maxima m, sums l and unnormalised outputs acc (fp32). Every row sees
     the committed slots (before the cache's length): with TAIL_BIAS the bias is read only
-    at the step's own slots (length and after), where the tree's mask differs by row."""
+    at the step's own slots (length and after), where the tree's mask differs by row. PDL:
+    launched while the kernel before drains; it waits for it before touching memory."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     splits = tl.num_programs(0)
     length = tl.load(length_ptr)
@@ -66,9 +75,12 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
 
 @triton.jit
 def merge_chunks(m_ptr, l_ptr, acc_ptr, out_ptr, rows, new_tokens, groups, splits, stride_ot,
-                 HD: tl.constexpr, BLOCK: tl.constexpr):
+                 HD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One program per (key/value head, row): the chunks' partial softmaxes as one,
     written at the row's token and query head of the [T, H·hd] output."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     h, r = tl.program_id(0), tl.program_id(1)
     d = tl.arange(0, HD)
     m = tl.full((1,), float("-inf"), tl.float32)

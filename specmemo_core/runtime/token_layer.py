@@ -68,6 +68,9 @@ class Launch:
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton and the GPU have it (``_dependent_launch``)
     pdl: bool = True
+    # the tile kernels and the attention's two launch so too (the whole layer's chain); False: only the
+    # one-token matmuls do, as before session 28 (to time the difference)
+    pdl_chain: bool = True
     # a step of several tokens through the tile kernels (``norm_pair_rows``, ``matmul_add_rows``):
     # five kernels and the attention's two a layer, where cuBLAS's matmuls, ``rotate_rows`` and
     # the compiled regions run about twelve. None: for 16-bit layers of at most ``tile_layer_bytes``
@@ -158,13 +161,14 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     step of several tokens runs where it keeps cuBLAS (``row_tiles``)."""
     kernels = _kernels()
     tiles = x.shape[0] > 1 and row_tiles(layer, x, launch)
+    pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
+    chained = pdl and launch.pdl_chain  # the tiles and the attention launched so too
     if x.shape[0] > 1 and not tiles:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
-        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch)
-        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch)
+        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, pdl=chained)
+        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, pdl=chained)
     else:
-        pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
         norm_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
         matmul_add = functools.partial(_matmul_add, kernels.matmul_add, launch=launch, pdl=pdl)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
@@ -174,7 +178,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
     norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=t, groups=h // hkv)  # [T, H·hd]
+                                        new_tokens=t, groups=h // hkv, pdl=chained)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
@@ -200,7 +204,7 @@ def _tile_k(launch: Launch, k_cols: int) -> int:
 
 
 def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
-                    rope: tuple | None, launch: Launch) -> None:
+                    rope: tuple | None, launch: Launch, pdl: bool) -> None:
     """``_norm_pairs`` for x [T, D] through ``norm_pair_rows``: with ``rope`` q into out
     [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
     weight, bias = fused
@@ -210,12 +214,12 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=launch.tile_n, BLOCK_K=_tile_k(launch, x.shape[-1]),
-        ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        num_warps=launch.tile_warps, num_stages=launch.tile_stages)
+        ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
+        num_warps=launch.tile_warps, num_stages=launch.tile_stages, **chunked_attention.pdl_option(pdl))
 
 
 def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
-                     launch: Launch) -> torch.Tensor:
+                     launch: Launch, pdl: bool) -> torch.Tensor:
     """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
     out = torch.empty_like(residual)
     (n, k), tokens = linear.weight.shape, a.shape[0]
@@ -224,7 +228,8 @@ def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
         BLOCK_N=launch.tile_n, BLOCK_K=_tile_k(launch, k), HAS_BIAS=linear.bias is not None,
-        IEEE=a.dtype == torch.float32, num_warps=launch.tile_warps, num_stages=launch.tile_stages)
+        IEEE=a.dtype == torch.float32, PDL=pdl, num_warps=launch.tile_warps, num_stages=launch.tile_stages,
+        **chunked_attention.pdl_option(pdl))
     return out
 
 
@@ -269,7 +274,7 @@ def _norm_pairs(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused
         x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slot, keys, values,
         x.shape[-1], half, group, norm.eps, weight.stride(0), *strides, heads, kv_heads,
         PAIRS=launch.pairs, BLOCK_K=launch.block_k, ROPE=rope is not None, HAS_BIAS=bias is not None, PDL=pdl,
-        num_warps=launch.warps, **_pdl(pdl))
+        num_warps=launch.warps, **chunked_attention.pdl_option(pdl))
 
 
 def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
@@ -280,7 +285,7 @@ def _matmul_add(matmul_add, a: torch.Tensor, linear: torch.nn.Linear, residual: 
     matmul_add[((n + launch.rows - 1) // launch.rows,)](
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, n, k,
         linear.weight.stride(0), BLOCK_N=launch.rows, BLOCK_K=launch.block_k, HAS_BIAS=linear.bias is not None,
-        PDL=pdl, num_warps=launch.warps, **_pdl(pdl))
+        PDL=pdl, num_warps=launch.warps, **chunked_attention.pdl_option(pdl))
     return out
 
 
@@ -294,11 +299,6 @@ def _dependent_launch(device: torch.device) -> bool:
 
 def supports_dependent_launch(capability: tuple[int, int], *, hip: bool) -> bool:
     return not hip and capability[0] >= 9
-
-
-def _pdl(pdl: bool) -> dict[str, bool]:
-    """The launch option, given only when on (a Triton without it takes no such option)."""
-    return {"launch_pdl": True} if pdl else {}
 
 
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:

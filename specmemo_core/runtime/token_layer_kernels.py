@@ -174,13 +174,18 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
                    tokens, d_model, half, group, eps, stride_x, stride_w, stride_c, stride_o,
                    stride_kh, stride_ks, stride_vh, stride_vs, heads, kv_heads,
                    BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS
     weight-row pairs for BLOCK_M tokens (grid: pair tiles × token tiles), reading each weight
     tile once for them all. The norm's weight g scales x before the tensor cores' products
     (x·g in x's precision), its 1/rms, one per token, the sums after. Endings as the one-token
     kernel's, per token: ROPE stores q at out [H, T, hd] and k, v at the cache slots
-    ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o`` apart."""
+    ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o`` apart. PDL: launched while
+    the kernel before drains, waiting for it before the first load (the pipelined loop loads x
+    and the weight together)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     p, mt = tl.program_id(0), tl.program_id(1)
     per_group = tl.cdiv(half, PAIRS)
     grp = p // per_group
@@ -247,9 +252,13 @@ def _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, 
 @triton.jit
 def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols, stride_a, stride_w, stride_r,
                     stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     """``matmul_add`` for T tokens a [T, K] at once, as tiles (grid: output tiles × token
-    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first)."""
+    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL as
+    ``norm_pair_rows``."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     live, in_t = n < n_rows, t < tokens
