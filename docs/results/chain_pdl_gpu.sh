@@ -4,6 +4,7 @@
 # as scripts/gpu_setup.sh says). Results: chain_pdl_h100/ or chain_pdl_h200/ (FILES.md there).
 #   bash docs/results/chain_pdl_gpu.sh [steps|exact|bench]
 #   steps: whole graph steps, 1,000-token context, the chain launched so (compiled) against the
+#          acceptance's argmax through blocks of matmuls (compiled-nopicks) and
 #          one-token matmuls only (compiled-nopdlchain), alternating in one process: the default
 #          model's shape with the shipped heads, then vicuna-7b's (random hydra heads, 8,192 tokens)
 #   exact: the attention's, the layer kernels', the glue kernels' and the static decoder's tests
@@ -11,7 +12,7 @@
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-REGIONS=${REGIONS:-compiled,compiled-nopdlchain}
+REGIONS=${REGIONS:-compiled,compiled-nopdlchain,compiled-nopicks}
 case "${1:-steps}" in
 steps)
   timeout ${2:-200} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \

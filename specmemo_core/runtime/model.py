@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specmemo_core.runtime import chunked_attention, token_layer
+from specmemo_core.runtime import chunked_attention, step_kernels, token_layer
 from specmemo_core.runtime.kv_cache import KVCache, causal_mask, tree_mask  # noqa: F401  (masks: part of the forward's interface)
 from specmemo_core.planning.memory import PICK_ROWS, ModelDimensions
 
@@ -574,9 +574,13 @@ class CausalLM(nn.Module):
         per block (the weight is still read once), each block keeping its best; ties go
         to the lowest token id, as argmax's do. A packed or quantized head (no plain rows
         to slice) and a bias are scored whole, as is a single row (a plain step: its [1, V] logits
-        are small, and one matmul and argmax beat the blocks' several kernels)."""
+        are small, and one matmul and argmax beat the blocks' several kernels). Where the
+        step's glue kernels run (a GPU), ``step_kernels.greedy_picks`` does it in two kernels."""
         head = self.lm_head
         one_row = hidden.numel() == hidden.shape[-1]
+        if (_plain_weight(head) and head.bias is None and not one_row
+                and step_kernels.takes_picks(hidden, head.weight)):  # on a GPU: two kernels
+            return step_kernels.greedy_picks(hidden, head.weight)
         if not _plain_weight(head) or head.bias is not None or head.out_features <= rows or one_row:
             return head(hidden).argmax(-1)
         blocks = [F.linear(hidden, head.weight[lo:lo + rows]).max(-1) for lo in range(0, head.out_features, rows)]

@@ -17,6 +17,9 @@ against 1.69, with the heads' context layer through ``token_layer`` too):
   comparisons, cumulative product, argmax and gathers: ~25 kernels).
 - ``move_entries``: the accepted nodes' keys, values and token ids to the committed slots
   of every layer (an index_select and an index_copy for each of the three).
+- ``greedy_picks``: the base model's argmax at every node, the LM head scored on the tensor
+  cores block by block and only each block's best kept (``CausalLM.greedy_picks``' blocks of
+  matmuls, maxima, stacks and gathers: ~12 kernels).
 
 Each answers what the torch ops it stands for answer, in the same integer arithmetic (the
 drafting top-k may order equal values otherwise: that changes a draft, never a reply). Where
@@ -37,6 +40,7 @@ import torch
 from specmemo_core.runtime import kernel_probe
 
 FAMILY, FALLBACK = "decoding-step glue kernels", "the step's glue runs as torch ops"
+PICK_BLOCK = 128  # LM-head rows a program of ``greedy_picks`` scores
 TOP_K_COLUMNS = 16384  # the longest rows ``top_k`` takes (whole in a program's registers): drafting vocabularies
 
 
@@ -114,6 +118,38 @@ def lookup_chain(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, co
         rows, length.reshape(-1), root.reshape(-1), out, capacity, count, rows.stride(0), out.stride(0),
         MAX_NGRAM=max_ngram, BLOCK=1024, BLOCK_J=_pow2(count))
     return out.view(*lead, count)
+
+
+def takes_picks(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``greedy_picks`` scores the hidden states [..., T, D] (T > 1) against the LM
+    head's plain weight [V, D]: 16- or 32-bit, the hidden states' dtype and device, rows
+    contiguous; not with ``SPECMEMO_PICK_KERNEL=0`` (to time the blocks of matmuls it replaces)."""
+    return (hidden.dtype == weight.dtype and hidden.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and weight.device == hidden.device and weight.stride(-1) == 1 and hidden.shape[-1] == weight.shape[-1]
+            and os.environ.get("SPECMEMO_PICK_KERNEL") != "0" and applies(hidden))
+
+
+def greedy_picks(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(hidden, weight).argmax(-1)`` [..., T] (``takes_picks``) in two kernels, without
+    the [T, V] logits: blocks of the head's rows scored on the tensor cores, each token's best
+    of each block (its logits rounded to their dtype, ties to the lowest row, as argmax's), then
+    the best of the blocks."""
+    lead, (vocab, d_model) = hidden.shape[:-1], weight.shape
+    h = hidden.reshape(-1, d_model)
+    if h.stride(-1) != 1:
+        h = h.contiguous()
+    tokens = h.shape[0]
+    block_t = 16 if tokens <= 16 else (32 if tokens <= 32 else 64)
+    blocks = -(-vocab // PICK_BLOCK)
+    values = torch.empty(blocks, tokens, dtype=torch.float32, device=h.device)
+    index = torch.empty(blocks, tokens, dtype=torch.long, device=h.device)
+    kernels = _kernels()
+    kernels.pick_blocks[(blocks, -(-tokens // block_t))](
+        h, weight, values, index, tokens, vocab, d_model, h.stride(0), weight.stride(0),
+        BLOCK_T=block_t, BLOCK_V=PICK_BLOCK, BLOCK_K=64, IEEE=h.dtype == torch.float32)
+    out = torch.empty(tokens, dtype=torch.long, device=h.device)
+    kernels.pick_best[(tokens,)](values, index, out, blocks, tokens, BLOCK_P=min(1024, _pow2(blocks)))
+    return out.view(lead)
 
 
 def takes_top_k(x: torch.Tensor, k: int) -> bool:

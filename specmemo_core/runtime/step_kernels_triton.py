@@ -132,3 +132,47 @@ def lookup_chain(ids_ptr, length_ptr, root_ptr, out_ptr, capacity, count, stride
     take = tl.minimum(best + 1 + j % period, capacity - 1)
     token = tl.load(row + take, mask=j < count, other=0)
     tl.store(out_ptr + b * stride_o + j, tl.where(take == length, root, token), mask=j < count)
+
+
+@triton.jit
+def pick_blocks(h_ptr, w_ptr, values_ptr, index_ptr, tokens, vocab, d_model, stride_h, stride_w,
+                BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    """One program per (BLOCK_V rows of the LM head W [V, D], BLOCK_T hidden states h [T, D]):
+    the scores h·W[v] on the tensor cores, rounded to h's dtype as the head's logits are
+    stored, and each token's best among them with the lowest row among equals, at values and
+    index [blocks, T] (blocks in vocabulary order)."""
+    pv, pt = tl.program_id(0), tl.program_id(1)
+    v = pv * BLOCK_V + tl.arange(0, BLOCK_V)
+    t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_v, in_t = v < vocab, t < tokens
+    acc = tl.zeros((BLOCK_T, BLOCK_V), tl.float32)
+    for k0 in range(0, d_model, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        in_k = k < d_model
+        h = tl.load(h_ptr + t[:, None] * stride_h + k[None, :], mask=in_t[:, None] & in_k[None, :], other=0.0)
+        w = tl.load(w_ptr + v[None, :] * stride_w + k[:, None], mask=in_v[None, :] & in_k[:, None], other=0.0,
+                    eviction_policy="evict_first")  # [BLOCK_K, BLOCK_V]: W's rows as columns
+        if IEEE:
+            acc = tl.dot(h, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(h, w, acc)
+    scores = tl.where(in_v[None, :], acc.to(h_ptr.dtype.element_ty).to(tl.float32), float("-inf"))
+    best, at = tl.max(scores, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(values_ptr + pv * tokens + t, best, mask=in_t)
+    tl.store(index_ptr + pv * tokens + t, pv * BLOCK_V + at.to(tl.int64), mask=in_t)
+
+
+@triton.jit
+def pick_best(values_ptr, index_ptr, out_ptr, blocks, tokens, BLOCK_P: tl.constexpr):
+    """One program per token: the best of ``pick_blocks``' blocks (the lowest row among equals:
+    the blocks are in vocabulary order), its row at out [T]."""
+    t = tl.program_id(0)
+    best = tl.full((), float("-inf"), tl.float32)
+    row = tl.load(index_ptr + t)  # the first block's (a row of all -inf: row 0, as argmax)
+    for lo in range(0, blocks, BLOCK_P):
+        p = lo + tl.arange(0, BLOCK_P)
+        value, at = tl.max(tl.load(values_ptr + p * tokens + t, mask=p < blocks, other=float("-inf")), axis=0,
+                           return_indices=True, return_indices_tie_break_left=True)
+        row = tl.where(value > best, tl.load(index_ptr + (lo + at) * tokens + t), row)
+        best = tl.maximum(best, value)
+    tl.store(out_ptr + t, row)

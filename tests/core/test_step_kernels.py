@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=17)
+    run_in_interpreter(__file__, passed=20)
 
 
 @elsewhere
@@ -91,6 +91,31 @@ def test_the_move_kernel_commits_as_index_copy(monkeypatch):
     for a, b in zip((caches[0].k, caches[0].v, caches[0].ids), (caches[1].k, caches[1].v, caches[1].ids)):
         assert torch.equal(a, b)
     assert int(caches[0].length_t) == caches[0].length == 21
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else []))  # Triton's
+@pytest.mark.parametrize("lead", [(3,), (70,), (2, 5)])  # interpreter sums bf16 tiles wrong (3.9: ~1e10 off)
+def test_the_picks_kernel_gives_the_heads_argmax(lead, dtype, monkeypatch):
+    """Hidden states and a head of -1, 0 and 1 (every logit an exact integer in fp32 and bf16:
+    many ties), 1,000 rows (not a whole number of blocks), 96 columns: the same rows as
+    argmax over the exact logits (ties to the lowest), beyond 64 tokens and for a batch; and
+    ``CausalLM.greedy_picks`` through it gives what its blocks of matmuls give."""
+    g = torch.Generator().manual_seed(sum(lead))
+    hidden = torch.randint(-1, 2, (*lead, 96), generator=g).to(DEVICE, dtype)
+    weight = torch.randint(-1, 2, (1000, 96), generator=g).to(DEVICE, dtype)
+    weight[999] = weight[998] = hidden.reshape(-1, 96)[0]  # the first token's best: a tie at the last rows
+    want = (hidden.double() @ weight.double().T).argmax(-1)
+    assert step_kernels.takes_picks(hidden, weight)
+    assert torch.equal(step_kernels.greedy_picks(hidden, weight), want)
+    assert int(want.reshape(-1)[0]) == 998
+    model = tiny_model(seed=3, vocab_size=300, device=DEVICE)
+    states = torch.randn(*lead, 64, generator=g).to(DEVICE)
+    monkeypatch.setenv("SPECMEMO_PICK_KERNEL", "0")
+    assert not step_kernels.takes_picks(states, model.lm_head.weight)
+    blocks = model.greedy_picks(states, rows=128)
+    monkeypatch.setenv("SPECMEMO_PICK_KERNEL", "1")
+    assert torch.equal(model.greedy_picks(states, rows=128), blocks)
 
 
 @kernels
