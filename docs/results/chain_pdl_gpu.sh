@@ -1,12 +1,13 @@
 # Issues 22, 23, session 28: programmatic dependent launch over the whole layer chain (the tile
-# kernels and the chunked attention's two launched as the one-token matmuls already were), on
+# kernels and the chunked attention's two launched as the one-token matmuls already were) and
+# the greedy picks in two kernels (step_kernels.greedy_picks), on
 # the GPU machine (device tool), from the repository root, carrying .whl (bench: the GGUF too,
 # as scripts/gpu_setup.sh says). Results: chain_pdl_h100/ or chain_pdl_h200/ (FILES.md there).
 #   bash docs/results/chain_pdl_gpu.sh [steps|exact|bench]
-#   steps: whole graph steps, 1,000-token context, the chain launched so (compiled) against the
-#          acceptance's argmax through blocks of matmuls (compiled-nopicks) and
-#          one-token matmuls only (compiled-nopdlchain), alternating in one process: the default
-#          model's shape with the shipped heads, then vicuna-7b's (random hydra heads, 8,192 tokens)
+#   steps: whole graph steps, 1,000-token context, alternating in one process: everything on
+#          (compiled) against PDL for the one-token matmuls only (compiled-nopdlchain) and the
+#          acceptance's argmax through blocks of matmuls (compiled-nopicks); the default model's
+#          shape with the shipped heads, then vicuna-7b's (random hydra heads, 8,192 tokens)
 #   exact: the attention's, the layer kernels', the glue kernels' and the static decoder's tests
 #   bench: specmemo bench, bf16, 20 MT-Bench queries, vanilla+graphs, medusa-64+graphs and plan
 source scripts/gpu_setup.sh >/dev/null 2>&1
