@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=20)
+    run_in_interpreter(__file__, passed=21)
 
 
 @elsewhere
@@ -95,7 +95,7 @@ def test_the_move_kernel_commits_as_index_copy(monkeypatch):
 
 @kernels
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else []))  # Triton's
-@pytest.mark.parametrize("lead", [(3,), (70,), (2, 5)])  # interpreter sums bf16 tiles wrong (3.9: ~1e10 off)
+@pytest.mark.parametrize("lead", [(1,), (3,), (70,), (2, 5)])  # interpreter sums bf16 tiles wrong (3.9: ~1e10 off)
 def test_the_picks_kernel_gives_the_heads_argmax(lead, dtype, monkeypatch):
     """Hidden states and a head of -1, 0 and 1 (every logit an exact integer in fp32 and bf16:
     many ties), 1,000 rows (not a whole number of blocks), 96 columns: the same rows as
