@@ -3,11 +3,13 @@
 # the greedy picks in two kernels (step_kernels.greedy_picks), on
 # the GPU machine (device tool), from the repository root, carrying .whl (bench: the GGUF too,
 # as scripts/gpu_setup.sh says). Results: chain_pdl_h100/ or chain_pdl_h200/ (FILES.md there).
-#   bash docs/results/chain_pdl_gpu.sh [steps|exact|bench]
+#   bash docs/results/chain_pdl_gpu.sh [steps|profile|exact|bench]
 #   steps: whole graph steps, 1,000-token context, alternating in one process: everything on
 #          (compiled) against PDL for the one-token matmuls only (compiled-nopdlchain) and the
 #          acceptance's argmax through blocks of matmuls (compiled-nopicks); the default model's
 #          shape with the shipped heads, then vicuna-7b's (random hydra heads, 8,192 tokens)
+#   profile: one eager step of each tree of the default model's shape (the shipped heads) under
+#          the profiler: kernels and GPU µs by phase
 #   exact: the attention's, the layer kernels', the glue kernels' and the static decoder's tests
 #   bench: specmemo bench, bf16, 20 MT-Bench queries, vanilla+graphs, medusa-64+graphs and plan
 source scripts/gpu_setup.sh >/dev/null 2>&1
@@ -25,6 +27,11 @@ steps)
     > "$OUT/vicuna-7b.jsonl" 2> "$OUT/vicuna-7b.err"
   echo "vicuna rc=$?"; grep -v '"shape"' "$OUT/vicuna-7b.jsonl" | cut -c 1-160
   tail -2 "$OUT"/*.err | cut -c 1-300 ;;
+profile)
+  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
+    --heads assets/heads/SmolLM2-135M-Instruct --steps 50 --trees single,medusa-64 --modes graphs --kernels \
+    > "$OUT/profile-smollm2-135m.jsonl" 2> "$OUT/profile-smollm2-135m.err"
+  python3 scripts/show_step_profile.py "$OUT/profile-smollm2-135m.jsonl" | cut -c 1-200 ;;
 exact)
   timeout ${2:-300} python3 -m pytest -q -p no:cacheprovider tests/core/test_chunked_attention.py \
     tests/core/test_token_layer.py tests/core/test_step_kernels.py tests/core/test_static_decoding.py \
