@@ -106,7 +106,7 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
-           tail_bias: bool = True, pdl: bool = False) -> torch.Tensor:
+           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0)) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -114,9 +114,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     launch (``stages`` None: by the rows, as ``STAGES_*`` say; given only to time the choice:
     ``scripts/time_step_parts.py``). ``tail_bias``: the bias is read only at slots from the
     cache's length on (every row sees the committed slots before it, as ``StaticKVCache.prepare``
-    masks them); False reads it at every slot (only to time the difference). ``pdl``: both
-    kernels launch with programmatic dependent launch (``token_layer``'s steps, where the GPU
-    has it): each starts while the kernel before it drains and waits for it in its first lines."""
+    masks them); False reads it at every slot (only to time the difference). ``pdl``: the two kernels' programmatic dependent launch
+    (``chunked_attention_kernels.dependent_launch``: 0 none, 1 wait then let the next start,
+    2 let it start then wait; ``token_layer``'s steps, where the GPU has it)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
@@ -131,11 +131,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         bias.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
-        TAIL_BIAS=tail_bias, PDL=pdl, num_warps=warps, num_stages=stages, **pdl_option(pdl),
+        TAIL_BIAS=tail_bias, PDL=pdl[0], num_warps=warps, num_stages=stages, **pdl_option(pdl[0] > 0),
     )
     out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
     merge_chunks[(hkv, rows)](m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0),
-                              HD=hd, BLOCK=MERGE_BLOCK, PDL=pdl, **pdl_option(pdl))
+                              HD=hd, BLOCK=MERGE_BLOCK, PDL=pdl[1], **pdl_option(pdl[1] > 0))
     return out
 
 

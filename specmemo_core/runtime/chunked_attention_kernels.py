@@ -14,6 +14,19 @@ except ImportError:  # an older Triton: ``chunked_attention`` launches without i
 
 
 @triton.jit
+def dependent_launch(PDL: tl.constexpr):
+    """A kernel's programmatic dependent launch (``chunked_attention.attend``'s ``pdl``): 0 none; 1 wait for
+    the kernel before, then let the next one start (a chain of such kernels runs one ahead);
+    2 let the next one start, then wait (a chain of them all launches at once)."""
+    if PDL == 2:
+        gdc_launch_dependents()
+    if PDL > 0:
+        gdc_wait()
+    if PDL == 1:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr,
                   rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
                   stride_vh, stride_vs, stride_br,
@@ -24,9 +37,7 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
     the committed slots (before the cache's length): with TAIL_BIAS the bias is read only
     at the step's own slots (length and after), where the tree's mask differs by row. PDL:
     launched while the kernel before drains; it waits for it before touching memory."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    dependent_launch(PDL)
     c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     splits = tl.num_programs(0)
     length = tl.load(length_ptr)
@@ -78,9 +89,7 @@ def merge_chunks(m_ptr, l_ptr, acc_ptr, out_ptr, rows, new_tokens, groups, split
                  HD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One program per (key/value head, row): the chunks' partial softmaxes as one,
     written at the row's token and query head of the [T, H·hd] output."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    dependent_launch(PDL)
     h, r = tl.program_id(0), tl.program_id(1)
     d = tl.arange(0, HD)
     m = tl.full((1,), float("-inf"), tl.float32)

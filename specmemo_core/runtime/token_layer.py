@@ -68,9 +68,11 @@ class Launch:
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton and the GPU have it (``_dependent_launch``)
     pdl: bool = True
-    # the tile kernels and the attention's two launch so too (the whole layer's chain); False: only the
-    # one-token matmuls do, as before session 28 (to time the difference)
-    pdl_chain: bool = True
+    # where ``pdl`` is on, the attention's two kernels and the tiles launch so too, as
+    # ``chunked_attention_kernels.dependent_launch`` says (0 none, 1 wait then let the next start,
+    # 2 let it start then wait)
+    pdl_attention: tuple[int, int] = (2, 1)
+    pdl_tiles: int = 0
     # a step of several tokens through the tile kernels (``norm_pair_rows``, ``matmul_add_rows``):
     # five kernels and the attention's two a layer, where cuBLAS's matmuls, ``rotate_rows`` and
     # the compiled regions run about twelve. None: for 16-bit layers of at most ``tile_layer_bytes``
@@ -162,12 +164,12 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     kernels = _kernels()
     tiles = x.shape[0] > 1 and row_tiles(layer, x, launch)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
-    chained = pdl and launch.pdl_chain  # the tiles and the attention launched so too
+    attention_pdl, tiles_pdl = (launch.pdl_attention, launch.pdl_tiles) if pdl else ((0, 0), 0)
     if x.shape[0] > 1 and not tiles:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
-        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, pdl=chained)
-        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, pdl=chained)
+        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, pdl=tiles_pdl)
+        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, pdl=tiles_pdl)
     else:
         norm_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
         matmul_add = functools.partial(_matmul_add, kernels.matmul_add, launch=launch, pdl=pdl)
@@ -178,7 +180,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
     norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=t, groups=h // hkv, pdl=chained)  # [T, H·hd]
+                                        new_tokens=t, groups=h // hkv, pdl=attention_pdl)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
@@ -204,7 +206,7 @@ def _tile_k(launch: Launch, k_cols: int) -> int:
 
 
 def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
-                    rope: tuple | None, launch: Launch, pdl: bool) -> None:
+                    rope: tuple | None, launch: Launch, pdl: int) -> None:
     """``_norm_pairs`` for x [T, D] through ``norm_pair_rows``: with ``rope`` q into out
     [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
     weight, bias = fused
@@ -215,11 +217,11 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=launch.tile_n, BLOCK_K=_tile_k(launch, x.shape[-1]),
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        num_warps=launch.tile_warps, num_stages=launch.tile_stages, **chunked_attention.pdl_option(pdl))
+        num_warps=launch.tile_warps, num_stages=launch.tile_stages, **chunked_attention.pdl_option(pdl > 0))
 
 
 def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
-                     launch: Launch, pdl: bool) -> torch.Tensor:
+                     launch: Launch, pdl: int) -> torch.Tensor:
     """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
     out = torch.empty_like(residual)
     (n, k), tokens = linear.weight.shape, a.shape[0]
@@ -229,7 +231,7 @@ def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
         BLOCK_N=launch.tile_n, BLOCK_K=_tile_k(launch, k), HAS_BIAS=linear.bias is not None,
         IEEE=a.dtype == torch.float32, PDL=pdl, num_warps=launch.tile_warps, num_stages=launch.tile_stages,
-        **chunked_attention.pdl_option(pdl))
+        **chunked_attention.pdl_option(pdl > 0))
     return out
 
 

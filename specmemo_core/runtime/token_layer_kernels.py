@@ -15,6 +15,8 @@ Parameters are positional pointers, sizes and strides, as Triton kernels take th
 import triton
 import triton.language as tl
 
+from specmemo_core.runtime.chunked_attention_kernels import dependent_launch
+
 try:  # programmatic dependent launch (Hopper on): a kernel's programs start while the one before drains
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an older Triton: ``token_layer`` launches without it
@@ -183,9 +185,7 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o`` apart. PDL: launched while
     the kernel before drains, waiting for it before the first load (the pipelined loop loads x
     and the weight together)."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    dependent_launch(PDL)
     p, mt = tl.program_id(0), tl.program_id(1)
     per_group = tl.cdiv(half, PAIRS)
     grp = p // per_group
@@ -256,9 +256,7 @@ def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols,
     """``matmul_add`` for T tokens a [T, K] at once, as tiles (grid: output tiles × token
     tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL as
     ``norm_pair_rows``."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    dependent_launch(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     live, in_t = n < n_rows, t < tokens
