@@ -71,7 +71,7 @@ class Launch:
     # where ``pdl`` is on, the attention's two kernels and the tiles launch so too, as
     # ``chunked_attention_kernels.dependent_launch`` says (0 none, 1 wait then let the next start,
     # 2 let it start then wait)
-    pdl_attention: tuple[int, int] = (2, 1)
+    pdl_attention: tuple[int, int] = (0, 0)
     pdl_tiles: int = 0
     # a step of several tokens through the tile kernels (``norm_pair_rows``, ``matmul_add_rows``):
     # five kernels and the attention's two a layer, where cuBLAS's matmuls, ``rotate_rows`` and
