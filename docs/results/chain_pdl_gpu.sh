@@ -15,7 +15,7 @@
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-REGIONS=${REGIONS:-compiled-pdl:0:0:0,compiled-pdl:2:2:0,compiled-pdl:1:1:0,compiled-pdl:2:1:0,compiled-pdl:2:1:1,compiled-pdl:1:1:1,compiled-nopicks}
+REGIONS=${REGIONS:-compiled,compiled-pdl:2:2:0,compiled-pdl:1:1:0,compiled-pdl:2:1:0,compiled-pdl:2:1:1,compiled-prenorm,compiled-nopicks}
 case "${1:-steps}" in
 steps)
   timeout ${2:-200} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \

@@ -87,6 +87,9 @@ class Launch:
     tile_k: int = 0  # input columns it reads at once (also its sums' order); 0: 128 for K ≥ 1,024, else 64
     tile_warps: int = 4
     tile_stages: int = 5  # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's)
+    # the norm's x·g and 1/rms by a kernel of their own before each norm tile kernel (one program a
+    # token) instead of inside it, where every program redoes them for its rows
+    tile_prenorm: bool = False
     tile_m: int = 0  # tokens a tile program takes (16, 32 or 64); 0: as few tiles as hold the step's tokens
 
 
@@ -100,6 +103,7 @@ class _Kernels(NamedTuple):
     rotate_rows: Any
     norm_pair_rows: Any
     matmul_add_rows: Any
+    norm_scale_rows: Any
     dependent_launch: bool  # this Triton has programmatic dependent launch
 
 
@@ -110,11 +114,11 @@ def _kernels() -> _Kernels | None:
         import triton
 
         from specmemo_core.runtime.token_layer_kernels import (gdc_wait, matmul_add, matmul_add_rows, norm_pair_matmul,
-                                                               norm_pair_rows, rotate_rows)
+                                                               norm_pair_rows, norm_scale_rows, rotate_rows)
     except ImportError:
         return None
     return _Kernels(triton, norm_pair_matmul, matmul_add, rotate_rows, norm_pair_rows, matmul_add_rows,
-                    gdc_wait is not None)
+                    norm_scale_rows, gdc_wait is not None)
 
 
 @functools.cache
@@ -212,12 +216,20 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
     weight, bias = fused
     (cos, sin, slots, keys, values, heads, kv_heads), (half, group, groups), strides = _ending(x, weight, rope)
     cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0], launch)
+    scale = norm.weight
+    if launch.tile_prenorm:  # x·g and the 1/rms by a kernel of their own first
+        xg, scale = torch.empty_like(x), torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+        kernels.norm_scale_rows[(x.shape[0],)](x, norm.weight, xg, scale, x.shape[-1], norm.eps, x.stride(0),
+                                               xg.stride(0), BLOCK_D=kernels.triton.next_power_of_2(x.shape[-1]),
+                                               PDL=pdl, **chunked_attention.pdl_option(pdl > 0))
+        x = xg
     kernels.norm_pair_rows[(groups * cdiv(half, launch.tile_n), cdiv(x.shape[0], block_m))](
-        x, norm.weight, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
+        x, scale, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=launch.tile_n, BLOCK_K=_tile_k(launch, x.shape[-1]),
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        num_warps=launch.tile_warps, num_stages=launch.tile_stages, **chunked_attention.pdl_option(pdl > 0))
+        PRENORMED=launch.tile_prenorm, num_warps=launch.tile_warps, num_stages=launch.tile_stages,
+        **chunked_attention.pdl_option(pdl > 0))
 
 
 def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,

@@ -172,11 +172,27 @@ def _weight_tile_t(w_ptr, cols, live, k, k_cols, stride_w):
 
 
 @triton.jit
+def norm_scale_rows(x_ptr, g_ptr, xg_ptr, rstd_ptr, d_model, eps, stride_x, stride_xg,
+                    BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """One program per token of x [T, D]: x·g in x's precision at xg and the norm's 1/rms (fp32)
+    at rstd [T], for ``norm_pair_rows``' PRENORMED launch."""
+    dependent_launch(PDL)
+    t = tl.program_id(0)
+    k = tl.arange(0, BLOCK_D)
+    in_k = k < d_model
+    x = tl.load(x_ptr + t * stride_x + k, mask=in_k, other=0.0).to(tl.float32)
+    tl.store(rstd_ptr + t, 1.0 / tl.sqrt(tl.sum(x * x, 0) / d_model + eps))
+    g = tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)
+    tl.store(xg_ptr + t * stride_xg + k, (x * g).to(xg_ptr.dtype.element_ty), mask=in_k)
+
+
+@triton.jit
 def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
                    tokens, d_model, half, group, eps, stride_x, stride_w, stride_c, stride_o,
                    stride_kh, stride_ks, stride_vh, stride_vs, heads, kv_heads,
                    BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                   PRENORMED: tl.constexpr = False):
     """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS
     weight-row pairs for BLOCK_M tokens (grid: pair tiles × token tiles), reading each weight
     tile once for them all. The norm's weight g scales x before the tensor cores' products
@@ -200,13 +216,19 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     for k0 in range(0, d_model, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         in_k = k < d_model
-        x = tl.load(x_ptr + t[:, None] * stride_x + k[None, :], mask=in_t[:, None] & in_k[None, :],
-                    other=0.0).to(tl.float32)
-        squares += tl.sum(x * x, 1)
-        xg = (x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(w_ptr.dtype.element_ty)
+        if PRENORMED:  # x holds x·g already, g_ptr the 1/rms (``norm_scale_rows``)
+            xg = tl.load(x_ptr + t[:, None] * stride_x + k[None, :], mask=in_t[:, None] & in_k[None, :], other=0.0)
+        else:
+            x = tl.load(x_ptr + t[:, None] * stride_x + k[None, :], mask=in_t[:, None] & in_k[None, :],
+                        other=0.0).to(tl.float32)
+            squares += tl.sum(x * x, 1)
+            xg = (x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(w_ptr.dtype.element_ty)
         acc_a = _dot(xg, _weight_tile_t(w_ptr, rows_a, live, k, d_model, stride_w), acc_a, IEEE)
         acc_b = _dot(xg, _weight_tile_t(w_ptr, rows_a + half, live, k, d_model, stride_w), acc_b, IEEE)
-    rstd = 1.0 / tl.sqrt(squares / d_model + eps)
+    if PRENORMED:
+        rstd = tl.load(g_ptr + t, mask=in_t, other=0.0)
+    else:
+        rstd = 1.0 / tl.sqrt(squares / d_model + eps)
     ya = acc_a * rstd[:, None]
     yb = acc_b * rstd[:, None]
     if HAS_BIAS:
