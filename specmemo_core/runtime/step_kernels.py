@@ -1,11 +1,12 @@
 """A step's glue in one kernel each (Triton): the drafting top-k, the lookup chain, the greedy
-acceptance of a path, the accepted entries' move in the cache.
+acceptance of a path, the accepted entries' move in the cache, the greedy picks (two).
 
 Why: around the verify forward a tree step ran ~170 small kernels (a `medusa-64` step of the
 default model on an H100: drafting 75, accepting 27, committing 70; its verify 209), each a
 few microseconds on a GPU whatever its size: a step of a small model is bound by launches.
 Here four pieces of it are one kernel each (docs/results/step_glue_h100/: that step 1.40 ms
-against 1.69, with the heads' context layer through ``token_layer`` too):
+against 1.69, with the heads' context layer through ``token_layer`` too), and the greedy picks
+two (docs/results/chain_pdl_h100/: 0.04 ms less a tree step, 0.014 a plain one):
 
 - ``top_k``: a tree level's top-k over the drafting vocabulary (torch's sort-based top-k
   ran two kernels and the chunked two-stage one six, ~25 µs a level), the drafting
