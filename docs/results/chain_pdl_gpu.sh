@@ -19,7 +19,7 @@ REGIONS=${REGIONS:-compiled,compiled-pdl:2:2:0,compiled-pdl:1:1:0,compiled-pdl:2
 case "${1:-steps}" in
 steps)
   timeout ${2:-200} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
-    --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 3 --trees single,medusa-64,1-10-16-17+lookup-8 \
+    --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 3 --trees ${TREES:-single,medusa-64,1-10-16-17+lookup-8} \
     --regions $REGIONS > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "smollm2 rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-160
   timeout ${3:-240} python3 scripts/time_graph_steps.py --shape vicuna-7b --dtype bf16 \
