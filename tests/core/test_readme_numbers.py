@@ -953,3 +953,36 @@ def test_the_h100_tree_step_paragraph_holds_its_runs():
                     for s in shapes)
     assert len(shapes) == 4 and column_ms > rows_ms
     assert f"took {column_ms:.2f} ms against `matmul_add`'s {rows_ms:.2f} for the four matmuls" in readme
+
+
+def test_the_picks_kernel_paragraph_holds_its_h100_runs():
+    """README's session-28 paragraph is docs/results/chain_pdl_h100/: the picks kernel faster in
+    every row of both runs, by the ranges it gives; the two dependent-launch orders' figures."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/chain_pdl_h100"
+    runs = {order: {shape: _last_json(d / order / f"{shape}.jsonl")["alternating"] for shape in ("smollm2-135m",
+                                                                                                "vicuna-7b")}
+            for order in ("trigger_first", "wait_first")}
+    gains = {"single": [], "tree": []}
+    for order in runs.values():
+        for shape in order.values():
+            for key, row in shape.items():
+                if key.endswith(" compiled"):
+                    tree = key.removesuffix(" compiled")
+                    gain = shape[f"{tree} compiled-nopicks"]["median"] - row["median"]
+                    gains["single" if tree.startswith("single") else "tree"].append(round(gain, 3))
+    assert min(min(g) for g in gains.values()) > 0
+    assert f"it took {min(gains['single']):.3f}–{max(gains['single']):.3f} ms from a plain step" in readme
+    assert f"and {min(gains['tree']):.3f}–{max(gains['tree']):.3f} ms from a tree step" in readme
+    wait = runs["wait_first"]
+    for shape, tree in (("smollm2-135m", "single"), ("vicuna-7b", "single"), ("smollm2-135m", "medusa-64"),
+                        ("vicuna-7b", "medusa-64")):
+        on, off = (wait[shape][f"{tree}+graphs {k}"]["median"] for k in ("compiled", "compiled-nopicks"))
+        assert f"{off:.3f} → {on:.3f}" in readme
+    first = runs["trigger_first"]["smollm2-135m"]
+    lost = sorted(first[f"{t}+graphs compiled"]["median"] - first[f"{t}+graphs compiled-nopdlchain"]["median"]
+                  for t in ("medusa-64", "1-10-16-17+lookup-8"))
+    assert f"slowed tree steps by {lost[0]:.2f}–{lost[1]:.2f} ms" in readme
+    for shape in ("smollm2-135m", "vicuna-7b"):
+        on, off = (wait[shape][f"single+graphs {k}"]["median"] for k in ("compiled", "compiled-nopdlchain"))
+        assert f"({off:.3f} → {on:.3f})" in readme
