@@ -134,8 +134,11 @@ def region_kind(kinds: dict, kind: str):
         return region_kind(kinds, kind.removesuffix("-ctxregions"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
         return dataclasses.replace(kinds[kind.removesuffix("-sdpa")], chunked_attention=False)
-    if kind.endswith("-prenorm"):  # the tiles' norm (x·g, 1/rms) by a kernel of its own first
+    if kind.endswith("-prenorm"):  # the tiles' norm (x·g, 1/rms) by a kernel of its own first (the default)
         return dataclasses.replace(kinds[kind.removesuffix("-prenorm")], kernels=token_layer.Launch(tile_prenorm=True))
+    if kind.endswith("-innernorm"):  # the tiles' norm inside each norm tile kernel's programs (before session 28)
+        return dataclasses.replace(kinds[kind.removesuffix("-innernorm")],
+                                   kernels=token_layer.Launch(tile_prenorm=False))
     if "-pdl:" in kind:  # e.g. compiled-pdl:2:1:0: the attention's, its merge's and the tiles' dependent launch
         base, modes = kind.split("-pdl:")
         attend, merge, tiles = (int(v) for v in modes.split(":"))
@@ -241,7 +244,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "
