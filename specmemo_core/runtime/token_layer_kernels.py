@@ -200,8 +200,9 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     kernel's, per token: ROPE stores q at out [H, T, hd] and k, v at the cache slots
     ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o`` apart. PRENORMED: x holds x·g
     and g_ptr the 1/rms per token (``norm_scale_rows``), so the loop only loads and multiplies
-    (every program redid the norm for its rows: on an H100 a tree step of the default model
-    spent 8.6 µs a call here, ~4.4 with the norm apart). PDL: ``dependent_launch``'s modes."""
+    (every program redid the norm for its rows: this kernel took 8.6 µs a call in a tree step of
+    the default model on an H100, and the step is 0.14 ms shorter with the norm apart).
+    PDL: ``dependent_launch``'s modes."""
     dependent_launch(PDL)
     p, mt = tl.program_id(0), tl.program_id(1)
     per_group = tl.cdiv(half, PAIRS)
