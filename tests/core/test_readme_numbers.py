@@ -986,3 +986,19 @@ def test_the_picks_kernel_paragraph_holds_its_h100_runs():
     for shape in ("smollm2-135m", "vicuna-7b"):
         on, off = (wait[shape][f"single+graphs {k}"]["median"] for k in ("compiled", "compiled-nopdlchain"))
         assert f"({off:.3f} → {on:.3f})" in readme
+
+
+def test_the_tiles_norm_apart_sentence_holds_its_h100_scan():
+    """README's figures for the tiles' norm apart and the attention's dependent-launch mode are
+    docs/results/chain_pdl_h100/scan/, both logs passing."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/chain_pdl_h100/scan"
+    steps = {**_last_json(d / "smollm2-135m.jsonl")["alternating"],
+             **_last_json(d / "smollm2-135m-lookup.jsonl")["alternating"]}
+    for tree in ("medusa-64", "1-10-16-17+lookup-8"):
+        apart, inside = (steps[f"{tree}+graphs {k}"]["median"] for k in ("compiled-prenorm", "compiled"))
+        assert apart < inside and any(f"{apart:.3f}{unit} against {inside:.3f}" in readme for unit in ("", " ms"))
+    plain = steps["single+graphs compiled"]["median"]
+    assert steps["single+graphs compiled-prenorm"]["median"] == plain and f"step, {plain:.3f}, runs" in readme
+    assert f"plain step {plain:.3f} → {steps['single+graphs compiled-pdl:2:1:0']['median']:.3f}." in readme
+    assert "15 passed" in (d / "exact.log").read_text() and "11 passed" in (d / "exact_token_layer.log").read_text()
