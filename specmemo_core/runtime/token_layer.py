@@ -213,8 +213,9 @@ def _tile_k(launch: Launch, k_cols: int) -> int:
 
 def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
                     rope: tuple | None, launch: Launch, pdl: int) -> None:
-    """``_norm_pairs`` for x [T, D] through ``norm_pair_rows``: with ``rope`` q into out
-    [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
+    """``_norm_pairs`` for x [T, D] through ``norm_pair_rows`` (after ``norm_scale_rows`` where
+    ``launch.tile_prenorm``): with ``rope`` q into out [H, T, hd] and k, v into the cache, else
+    silu(gate)·up into out [T, I]."""
     weight, bias = fused
     (cos, sin, slots, keys, values, heads, kv_heads), (half, group, groups), strides = _ending(x, weight, rope)
     cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0], launch)
