@@ -99,7 +99,8 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
     resident layers: its steps wait on the link; a split one (``runtime/split.py``) for each split;
     one on llama.cpp's forward (``runtime/ggml_step.py``) apart from ours, one on the native
     forward for each build of it (``runtime/native``: a changed kernel is timed again), and
-    ours on a GPU for each revision of its kernels (``runtime/chunked_attention``, ``runtime/token_layer``)."""
+    ours on a GPU for each revision of its kernels (``runtime/chunked_attention``, ``runtime/token_layer``,
+    ``runtime/step_kernels``)."""
     import torch
 
     key = timing_key(engine.identity.fingerprint, device_name, torch.get_num_threads(), precision)
@@ -108,9 +109,10 @@ def engine_timing_key(engine: Any, device_name: str, precision: str | None) -> s
         build = getattr(engine.model, "build", None)  # the native forward's build (its source and CPU)
         key = f"{key}-{build}" if build else key
     elif engine.model.device.type == "cuda":  # our GPU step: timed again when its kernels change
-        from specmemo_core.runtime import chunked_attention, token_layer
+        from specmemo_core.runtime import chunked_attention, step_kernels, token_layer
 
-        key = f"{key}|attention-{chunked_attention.revision()}|layer-{token_layer.revision()}"
+        key = (f"{key}|attention-{chunked_attention.revision()}|layer-{token_layer.revision()}"
+               f"|glue-{step_kernels.revision()}")
     streamed, placement = engine.model.streamed, engine.model.placement
     if placement is not None:  # a split model (runtime/split.py): its steps cross the borders
         key = f"{key}|split-" + "-".join(f"{d}:{n}" for d, n in zip(placement.split.devices, placement.split.layers))

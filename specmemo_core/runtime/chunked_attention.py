@@ -22,9 +22,7 @@ the head dim, C the cache's capacity, S the span the bias covers.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -58,11 +56,8 @@ def _kernels():
 
 @functools.cache
 def revision() -> str:
-    """A short hash of this module's and its kernels' source: a GPU step timed under other
-    kernels is timed again (``planning.timing.engine_timing_key``)."""
-    here = Path(__file__).resolve()
-    text = b"".join(f.read_bytes() for f in (here, here.with_name("chunked_attention_kernels.py")))
-    return hashlib.sha256(text).hexdigest()[:12]
+    """A short hash of this module's and its kernels' source (``kernel_probe.source_revision``)."""
+    return kernel_probe.source_revision(__file__, "chunked_attention_kernels.py")
 
 
 def supports(q: torch.Tensor, keys: torch.Tensor, cache_length: object) -> bool:

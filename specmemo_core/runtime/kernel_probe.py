@@ -8,7 +8,9 @@ a small input against torch: a fact of the machine, like Triton's own import cac
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -41,3 +43,10 @@ def wrong(family: str, device: torch.device, error: float, fallback: str) -> boo
     """Log that ``family`` answered wrong on ``device`` (its largest error) and answer False."""
     log.warning("%s gave wrong results on %s (max error %.3g); %s", family, device, error, fallback)
     return False
+
+
+def source_revision(module_file: str, kernels: str) -> str:
+    """A short hash of a module's source and its kernels' (``kernels``: the file beside it): a GPU
+    step timed under other kernels is timed again (``planning.timing.engine_timing_key``)."""
+    here = Path(module_file).resolve()
+    return hashlib.sha256(here.read_bytes() + here.with_name(kernels).read_bytes()).hexdigest()[:12]

@@ -65,6 +65,12 @@ def _kernels() -> Any:
     return step_kernels_triton
 
 
+@functools.cache
+def revision() -> str:
+    """A short hash of this module's and its kernels' source (``kernel_probe.source_revision``)."""
+    return kernel_probe.source_revision(__file__, "step_kernels_triton.py")
+
+
 def applies(x: torch.Tensor) -> bool:
     """Whether the kernels run for a step whose tensors sit where ``x`` does: a GPU where
     they build and answer right (or Triton's interpreter, for tests)."""

@@ -36,10 +36,8 @@ row, found in the same pass over x), so the normed input is not rounded to bf16 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -125,10 +123,8 @@ def _kernels() -> _Kernels | None:
 
 @functools.cache
 def revision() -> str:
-    """A short hash of this module's and its kernels' source (``planning.timing``)."""
-    here = Path(__file__).resolve()
-    text = b"".join(f.read_bytes() for f in (here, here.with_name("token_layer_kernels.py")))
-    return hashlib.sha256(text).hexdigest()[:12]
+    """A short hash of this module's and its kernels' source (``kernel_probe.source_revision``)."""
+    return kernel_probe.source_revision(__file__, "token_layer_kernels.py")
 
 
 def _dense(weight: object, device: torch.device, dtype: torch.dtype) -> bool:

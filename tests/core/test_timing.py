@@ -202,12 +202,14 @@ def test_a_gpu_step_is_timed_apart_for_each_revision_of_its_attention_kernels(en
     as it would be with its model on one, the only field that decides it.)"""
     from types import SimpleNamespace
 
-    from specmemo_core.runtime import chunked_attention, token_layer
+    from specmemo_core.runtime import chunked_attention, step_kernels, token_layer
 
     cpu_key = engine_timing_key(engine, "cpu", None)
     assert "attention-" not in cpu_key and "layer-" not in cpu_key
     on_gpu = SimpleNamespace(identity=engine.identity, backend="torch",
                              model=SimpleNamespace(device=torch.device("cuda"), streamed=None, placement=None))
     gpu_key = engine_timing_key(on_gpu, "NVIDIA H200", None)
-    assert gpu_key.endswith(f"|attention-{chunked_attention.revision()}|layer-{token_layer.revision()}")
-    assert len(chunked_attention.revision()) == 12 and len(token_layer.revision()) == 12
+    assert gpu_key.endswith(f"|attention-{chunked_attention.revision()}|layer-{token_layer.revision()}"
+                            f"|glue-{step_kernels.revision()}")
+    revisions = {m.revision() for m in (chunked_attention, token_layer, step_kernels)}
+    assert len(revisions) == 3 and all(len(r) == 12 for r in revisions)
