@@ -109,9 +109,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     launch (``stages`` None: by the rows, as ``STAGES_*`` say; given only to time the choice:
     ``scripts/time_step_parts.py``). ``tail_bias``: the bias is read only at slots from the
     cache's length on (every row sees the committed slots before it, as ``StaticKVCache.prepare``
-    masks them); False reads it at every slot (only to time the difference). ``pdl``: the two kernels' programmatic dependent launch
-    (``chunked_attention_kernels.dependent_launch``: 0 none, 1 wait then let the next start,
-    2 let it start then wait; ``token_layer``'s steps, where the GPU has it)."""
+    masks them); False reads it at every slot (only to time the difference). ``pdl``: the two
+    kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
+    none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]

@@ -9,7 +9,7 @@ import triton.language as tl
 
 try:  # programmatic dependent launch (Hopper on): a kernel's programs start while the one before drains
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # an older Triton: ``chunked_attention`` launches without it
+except ImportError:  # an older Triton: ``chunked_attention`` and ``token_layer`` launch without it
     gdc_launch_dependents = gdc_wait = None
 
 

@@ -580,9 +580,11 @@ class CausalLM(nn.Module):
         its matmul's 22)."""
         head = self.lm_head
         one_row = hidden.numel() == hidden.shape[-1]
-        if _plain_weight(head) and head.bias is None and step_kernels.takes_picks(hidden, head.weight):
-            return step_kernels.greedy_picks(hidden, head.weight)  # on a GPU: two kernels, a plain step's too
-        if not _plain_weight(head) or head.bias is not None or head.out_features <= rows or one_row:
+        if not _plain_weight(head) or head.bias is not None:
+            return head(hidden).argmax(-1)
+        if step_kernels.takes_picks(hidden, head.weight):  # on a GPU: two kernels, a plain step's too
+            return step_kernels.greedy_picks(hidden, head.weight)
+        if head.out_features <= rows or one_row:
             return head(hidden).argmax(-1)
         blocks = [F.linear(hidden, head.weight[lo:lo + rows]).max(-1) for lo in range(0, head.out_features, rows)]
         values = torch.stack([b.values for b in blocks])  # [B, T]

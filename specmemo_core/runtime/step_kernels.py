@@ -128,7 +128,7 @@ def lookup_chain(ids: torch.Tensor, length: torch.Tensor, root: torch.Tensor, co
 
 
 def takes_picks(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``greedy_picks`` scores the hidden states [..., T, D] (T > 1) against the LM
+    """Whether ``greedy_picks`` scores the hidden states [..., T, D] (one row too) against the LM
     head's plain weight [V, D]: 16- or 32-bit, the hidden states' dtype and device, rows
     contiguous; not with ``SPECMEMO_PICK_KERNEL=0`` (to time the blocks of matmuls it replaces)."""
     return (hidden.dtype == weight.dtype and hidden.dtype in (torch.float32, torch.bfloat16, torch.float16)

@@ -6,8 +6,9 @@ rotary, cache write, SiLU or residual add after) done on the way in or out. Weig
 loaded to be evicted first: each is read once a step, and the activations and the cache
 are what L2 should keep. A step of several tokens of a small layer runs the same work as
 tiles on the tensor cores (``norm_pair_rows``, ``matmul_add_rows``: each weight tile read once
-for all the tokens; ``norm_scale_rows`` first, the norm once per token); a large layer's keeps cuBLAS's matmul and ends it with ``rotate_rows``:
-the one-token kernel's rotary and cache write, for every token.
+for all the tokens; ``norm_scale_rows`` first, the norm once per token); a large layer's keeps
+cuBLAS's matmul and ends it with ``rotate_rows``: the one-token kernel's rotary and cache
+write, for every token.
 Parameters are positional pointers, sizes and strides, as Triton kernels take them
 (``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
 """
@@ -15,12 +16,8 @@ Parameters are positional pointers, sizes and strides, as Triton kernels take th
 import triton
 import triton.language as tl
 
-from specmemo_core.runtime.chunked_attention_kernels import dependent_launch
-
-try:  # programmatic dependent launch (Hopper on): a kernel's programs start while the one before drains
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # an older Triton: ``token_layer`` launches without it
-    gdc_launch_dependents = gdc_wait = None
+# programmatic dependent launch (None where Triton lacks it: ``token_layer`` launches without it)
+from specmemo_core.runtime.chunked_attention_kernels import dependent_launch, gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
