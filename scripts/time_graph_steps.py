@@ -147,10 +147,11 @@ def region_kind(kinds: dict, kind: str):
     if kind.endswith("-notiles"):  # steps of several tokens through cuBLAS and the regions, never the tiles
         return dataclasses.replace(kinds[kind.removesuffix("-notiles")], kernels=token_layer.Launch(row_tiles=False))
     if "#" in kind:  # e.g. compiled#32:128:4:5[:16]: always the tile kernels, launched so (tile_n:tile_k:warps:stages[:tile_m])
-        base, launch = kind.split("#")
+        base, launch = kind.split("#")  # for every layer, small or large
         n, k, warps, stages, *m = (int(v) for v in launch.split(":"))
         return dataclasses.replace(kinds[base], kernels=token_layer.Launch(
-            row_tiles=True, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages, tile_m=m[0] if m else 0))
+            row_tiles=True, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages, tile_m=m[0] if m else 0,
+            large_tile_n=n, large_tile_stages=stages))
     if kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
         return dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
     if "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)

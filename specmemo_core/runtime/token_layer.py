@@ -17,11 +17,12 @@ steps as tiles on the tensor cores (``Launch.row_tiles``; ``norm_pair_rows``,
 ``matmul_add_rows``: each weight tile read once for up to 64 tokens), its kernels as many as
 a one-token step's and the norms' own two (``norm_scale_rows``: x·g and 1/rms once per token,
 ``Launch.tile_prenorm``), where cuBLAS's matmuls and the regions around them run about twelve:
-for a small 16-bit layer (the default) such a step is bound by launches, not by weight reads.
-A large layer's step keeps cuBLAS's matmuls, which read its weights faster than these tiles, and
-the compiled regions after the attention, but its first
-half is three kernels: the norm, the q/k/v matmul and ``rotate_rows`` (1's
-rotary and cache write, for every token), where the regions ran seven.
+for a small 16-bit layer (the default) such a step is bound by launches, not by weight reads,
+and a large one (7B) takes wider tiles with more weight loads in flight (``tile_shape``), which
+read its weights faster than cuBLAS at 64 rows did. An fp32 step of several tokens keeps cuBLAS's
+matmuls and the compiled regions after the attention, but its first half is three kernels: the
+norm, the q/k/v matmul and ``rotate_rows`` (1's rotary and cache write, for every token), where
+the regions ran seven.
 
 Where: a step over a static cache (its slots a device tensor), fused plain weights
 (``DecoderLayer.fuse``) on the same GPU, unbatched, the attention that
@@ -74,18 +75,23 @@ class Launch:
     pdl_tiles: int = 0
     # a step of several tokens through the tile kernels (``norm_pair_rows``, ``matmul_add_rows``):
     # five kernels and the attention's two a layer, where cuBLAS's matmuls, ``rotate_rows`` and
-    # the compiled regions run about twelve. None: for 16-bit layers of at most ``tile_layer_bytes``
-    # of weights (launch-bound steps; cuBLAS reads a large layer's weights as fast, and fp32's IEEE
-    # products on the tensor cores are slow); True or False: always or never (tests, timings).
-    # On an H100 the default model's medusa-64 step ran 1.63 ms against 1.80 (tile_rows_h100/)
+    # the compiled regions run about twelve. None: for 16-bit layers (fp32's IEEE products on the
+    # tensor cores are slow); True or False: always or never (tests, timings). On an H100 the
+    # default model's medusa-64 step ran 1.63 ms against 1.80 (tile_rows_h100/), vicuna-7b's 7.22
+    # against 7.63 with the large layers' tiles below (large_tiles_h100/)
     row_tiles: bool | None = None
-    # the largest layer (its four matmuls' weights) whose steps take tiles by default: the default
-    # model's 7 MB layers gain; a 7B layer's 400 MB reads faster through cuBLAS (tree_step_h100/)
-    tile_layer_bytes: int = 64 << 20
     tile_n: int = 16  # weight rows (pairs of them for the norm's kernels) a tile program finishes (32: 10% slower)
     tile_k: int = 0  # input columns it reads at once (also its sums' order); 0: 128 for K ≥ 1,024, else 64
     tile_warps: int = 4
-    tile_stages: int = 5  # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's)
+    # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's), fewer where the GPU's
+    # shared memory per block holds fewer (``fitting_stages``: a laptop's ~100 KB)
+    tile_stages: int = 5
+    # a layer past ``tile_layer_bytes`` (its four matmuls' weights) takes wider tiles with more loads
+    # in flight: on an H100 a vicuna-7b medusa-64 step ran 7.22 ms with 32 rows and 6 stages, 7.89
+    # with 16 and 5 (and 7.63 through cuBLAS); the default model's 7 MB layers: 16 and 5
+    tile_layer_bytes: int = 64 << 20
+    large_tile_n: int = 32
+    large_tile_stages: int = 6
     # the norm's x·g and 1/rms by a kernel of their own before each norm tile kernel (one program a
     # token) instead of inside it, where every program redid them for its rows: on an H100 the
     # default model's medusa-64 step ran 1.197 ms against 1.335 (chain_pdl_h100/scan/)
@@ -162,7 +168,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """The layer's step for the tokens x [T, D] (cos, signed sin [T, hd]: ``rope_tables``;
     ``bias`` [groups·T, S]: ``attention_bias``): its output [T, D], its k and v in the cache.
     ``finish``: the layer's region after the attention (``LayerRegions.finish``), which a
-    step of several tokens runs where it keeps cuBLAS (``row_tiles``)."""
+    step of several tokens runs where it keeps cuBLAS (not ``row_tiles``)."""
     kernels = _kernels()
     tiles = x.shape[0] > 1 and row_tiles(layer, x, launch)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
@@ -170,8 +176,9 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if x.shape[0] > 1 and not tiles:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
-        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, pdl=tiles_pdl)
-        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, pdl=tiles_pdl)
+        shape = tile_shape(layer, launch)
+        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, shape=shape, pdl=tiles_pdl)
+        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, shape=shape, pdl=tiles_pdl)
     else:
         norm_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
         matmul_add = functools.partial(_matmul_add, kernels.matmul_add, launch=launch, pdl=pdl)
@@ -193,9 +200,41 @@ def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
     """Whether a step of several tokens x [T, D] of ``layer`` runs as tiles (``Launch.row_tiles``)."""
     if launch.row_tiles is not None:
         return launch.row_tiles
+    return x.dtype in (torch.bfloat16, torch.float16)
+
+
+class TileShape(NamedTuple):
+    n: int  # weight rows (pairs for the norm's kernels) a program finishes
+    stages: int  # weight loads in flight, at most (``fitting_stages`` takes fewer where they do not fit)
+
+
+def tile_shape(layer: "DecoderLayer", launch: Launch) -> TileShape:
+    """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights."""
     weights = (layer.self_attn.qkv[0], layer.self_attn.o_proj.weight, layer.mlp.gate_up[0], layer.mlp.down_proj.weight)
-    size = sum(w.numel() * w.element_size() for w in weights)
-    return x.dtype in (torch.bfloat16, torch.float16) and size <= launch.tile_layer_bytes
+    if sum(w.numel() * w.element_size() for w in weights) > launch.tile_layer_bytes:
+        return TileShape(launch.large_tile_n, launch.large_tile_stages)
+    return TileShape(launch.tile_n, launch.tile_stages)
+
+
+def fitting_stages(stages: int, *, stage_bytes: int, shared_bytes: int) -> int:
+    """The most of ``stages`` whose buffers (``stage_bytes`` each: a tile of the tokens and one of
+    the weights) fit a block's ``shared_bytes``, at least one: Triton refuses a kernel that asks
+    more (an H100 or H200 holds 227 KB a block, most laptops' GPUs ~100 KB)."""
+    return max(1, min(stages, shared_bytes // stage_bytes))
+
+
+@functools.cache
+def _shared_bytes(device: torch.device) -> int:
+    """Shared memory a block may opt in to on ``device`` (Triton's interpreter on a CPU: no bound)."""
+    if device.type != "cuda":
+        return 1 << 30
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 0) or 99 << 10  # the least of CUDA GPUs since Volta
+
+
+def _stages(shape: TileShape, *, block_m: int, block_k: int, weight_rows: int, x: torch.Tensor) -> int:
+    stage_bytes = (block_m + weight_rows) * block_k * x.element_size()
+    return fitting_stages(shape.stages, stage_bytes=stage_bytes, shared_bytes=_shared_bytes(x.device))
 
 
 def _tile_m(tokens: int, launch: Launch) -> int:
@@ -208,7 +247,7 @@ def _tile_k(launch: Launch, k_cols: int) -> int:
 
 
 def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
-                    rope: tuple | None, launch: Launch, pdl: int) -> None:
+                    rope: tuple | None, launch: Launch, shape: TileShape, pdl: int) -> None:
     """``_norm_pairs`` for x [T, D] through ``norm_pair_rows`` (after ``norm_scale_rows`` where
     ``launch.tile_prenorm``): with ``rope`` q into out [H, T, hd] and k, v into the cache, else
     silu(gate)·up into out [T, I]."""
@@ -222,26 +261,29 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
                                                xg.stride(0), BLOCK_D=kernels.triton.next_power_of_2(x.shape[-1]),
                                                PDL=pdl, **chunked_attention.pdl_option(pdl > 0))
         x = xg
-    kernels.norm_pair_rows[(groups * cdiv(half, launch.tile_n), cdiv(x.shape[0], block_m))](
+    block_k = _tile_k(launch, x.shape[-1])
+    stages = _stages(shape, block_m=block_m, block_k=block_k, weight_rows=2 * shape.n, x=x)
+    kernels.norm_pair_rows[(groups * cdiv(half, shape.n), cdiv(x.shape[0], block_m))](
         x, scale, weight, weight if bias is None else bias, out, cos, sin, slots, keys, values,
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
-        *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=launch.tile_n, BLOCK_K=_tile_k(launch, x.shape[-1]),
+        *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=shape.n, BLOCK_K=block_k,
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        PRENORMED=launch.tile_prenorm, num_warps=launch.tile_warps, num_stages=launch.tile_stages,
+        PRENORMED=launch.tile_prenorm, num_warps=launch.tile_warps, num_stages=stages,
         **chunked_attention.pdl_option(pdl > 0))
 
 
 def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
-                     launch: Launch, pdl: int) -> torch.Tensor:
+                     launch: Launch, shape: TileShape, pdl: int) -> torch.Tensor:
     """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
     out = torch.empty_like(residual)
     (n, k), tokens = linear.weight.shape, a.shape[0]
-    cdiv, block_m = kernels.triton.cdiv, _tile_m(tokens, launch)
-    kernels.matmul_add_rows[(cdiv(n, launch.tile_n), cdiv(tokens, block_m))](
+    cdiv, block_m, block_k = kernels.triton.cdiv, _tile_m(tokens, launch), _tile_k(launch, k)
+    stages = _stages(shape, block_m=block_m, block_k=block_k, weight_rows=shape.n, x=a)
+    kernels.matmul_add_rows[(cdiv(n, shape.n), cdiv(tokens, block_m))](
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
-        BLOCK_N=launch.tile_n, BLOCK_K=_tile_k(launch, k), HAS_BIAS=linear.bias is not None,
-        IEEE=a.dtype == torch.float32, PDL=pdl, num_warps=launch.tile_warps, num_stages=launch.tile_stages,
+        BLOCK_N=shape.n, BLOCK_K=block_k, HAS_BIAS=linear.bias is not None,
+        IEEE=a.dtype == torch.float32, PDL=pdl, num_warps=launch.tile_warps, num_stages=stages,
         **chunked_attention.pdl_option(pdl > 0))
     return out
 

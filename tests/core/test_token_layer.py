@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=14)
+    run_in_interpreter(__file__, passed=16)
 
 
 @elsewhere
@@ -35,13 +35,15 @@ def test_the_probe_passes_where_the_kernels_run(dtype):
 
 
 @kernels
-@pytest.mark.parametrize("tiles,prenorm", [(False, False), (True, False), (True, True)])
-def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, prenorm):
+@pytest.mark.parametrize("tiles,prenorm,large", [(False, False, False), (True, False, False), (True, True, False),
+                                                 (True, True, True)])
+def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, prenorm, large):
     """Outputs of a one-token step and a three-token step after it (cuBLAS and ``rotate_rows``,
-    or the tile kernels, the norm inside them or before them), and both caches (the new slots
-    written, every other slot untouched) as the eager regions and SDPA give them, fp32: q/k/v
-    biases, o and MLP biases, 3 heads over 1."""
-    launch = token_layer.Launch(row_tiles=tiles, tile_prenorm=prenorm)
+    or the tile kernels, the norm inside them or before them, a large layer's wider tiles: more
+    pairs a program than a head has), and both caches (the new slots written, every other slot
+    untouched) as the eager regions and SDPA give them, fp32: q/k/v biases, o and MLP biases, 3
+    heads over 1."""
+    launch = token_layer.Launch(row_tiles=tiles, tile_prenorm=prenorm, tile_layer_bytes=0 if large else 64 << 20)
     got = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True, launch=launch)
     want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
     for a, b in zip(got, want):
@@ -51,11 +53,10 @@ def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, preno
     assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic: no atomics, one order
 
 
-def test_several_tokens_run_as_tiles_for_small_16_bit_layers_only():
-    """By default (``row_tiles=None``) a step of several tokens takes the tile kernels where
-    launches bound it: a small layer in bf16 or fp16; not in fp32 (the tensor cores' IEEE
-    products are slow) nor for a layer past ``tile_layer_bytes`` (cuBLAS reads it faster); True
-    or False say either."""
+def test_several_16_bit_tokens_run_as_tiles_and_a_large_layer_takes_wider_ones():
+    """By default (``row_tiles=None``) a step of several tokens takes the tile kernels in bf16
+    or fp16, not in fp32 (the tensor cores' IEEE products are slow); True or False say either. A
+    layer past ``tile_layer_bytes`` of weights takes the large tiles (``tile_shape``)."""
     model = _model(seed=4)
     layer = model.model.layers[0]
     x = torch.zeros(3, model.spec.hidden_size, device=DEVICE)
@@ -63,10 +64,21 @@ def test_several_tokens_run_as_tiles_for_small_16_bit_layers_only():
     assert token_layer.row_tiles(layer, x.bfloat16(), auto) and token_layer.row_tiles(layer, x.half(), auto)
     assert not token_layer.row_tiles(layer, x, auto)
     assert token_layer.row_tiles(layer, x, on) and not token_layer.row_tiles(layer, x.bfloat16(), off)
-    size = sum(p.numel() * 4 for name, p in layer.named_parameters() if "layernorm" not in name)
-    assert token_layer.row_tiles(layer, x.half(), token_layer.Launch(row_tiles=None, tile_layer_bytes=size))
-    assert not token_layer.row_tiles(layer, x.half(), token_layer.Launch(row_tiles=None, tile_layer_bytes=size - 1))
     assert token_layer.LAUNCH.row_tiles is None
+    size = sum(p.numel() * 4 for name, p in layer.named_parameters() if "layernorm" not in name)
+    small, large = token_layer.TileShape(16, 5), token_layer.TileShape(32, 6)
+    assert token_layer.tile_shape(layer, token_layer.Launch(tile_layer_bytes=size)) == small
+    assert token_layer.tile_shape(layer, token_layer.Launch(tile_layer_bytes=size - 1)) == large
+    assert token_layer.tile_shape(layer, token_layer.LAUNCH) == small  # a tiny layer
+
+
+def test_tile_stages_shrink_to_what_a_blocks_shared_memory_holds():
+    """A 7B layer's q/k/v tiles (64 tokens and 64 weight rows, 128 columns of bf16: 32 KB a stage)
+    take their 6 stages on an H100 (227 KB a block) and 3 on a laptop GPU (99 KB); never none."""
+    stage = (64 + 64) * 128 * 2
+    assert token_layer.fitting_stages(6, stage_bytes=stage, shared_bytes=227 << 10) == 6
+    assert token_layer.fitting_stages(6, stage_bytes=stage, shared_bytes=99 << 10) == 3
+    assert token_layer.fitting_stages(5, stage_bytes=stage, shared_bytes=16 << 10) == 1
 
 
 def _model(seed: int, **kw):
