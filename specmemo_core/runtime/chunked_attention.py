@@ -34,6 +34,7 @@ from specmemo_core.runtime import kernel_probe
 
 CHUNK = 64  # slots scored at once inside a program (SPLIT / CHUNK iterations)
 MERGE_BLOCK = 16  # chunks merged at once by the second kernel
+MERGE_ROWS = 4  # rows a program of the second kernel merges (a tree's 64 rows: 2,048 programs of one)
 FAMILY, FALLBACK = "chunked attention", "attention runs through SDPA, slower for trees and grouped heads"
 WARPS = 4  # warps a program of the first kernel
 # stages of its slot loop's pipeline, by rows: 3 for a plain step's few, 2 for a tree's (on the
@@ -101,7 +102,7 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
-           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0)) -> torch.Tensor:
+           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int = MERGE_ROWS) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -111,7 +112,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     cache's length on (every row sees the committed slots before it, as ``StaticKVCache.prepare``
     masks them); False reads it at every slot (only to time the difference). ``pdl``: the two
     kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
-    none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps)."""
+    none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps).
+    ``merge_rows``: rows a program of the merge takes (a power of two; given only to time it)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
@@ -129,8 +131,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         TAIL_BIAS=tail_bias, PDL=pdl[0], num_warps=warps, num_stages=stages, **pdl_option(pdl[0] > 0),
     )
     out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
-    merge_chunks[(hkv, rows)](m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0),
-                              HD=hd, BLOCK=MERGE_BLOCK, PDL=pdl[1], **pdl_option(pdl[1] > 0))
+    merge_chunks[(hkv, triton.cdiv(rows, merge_rows))](
+        m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0), HD=hd, BLOCK=MERGE_BLOCK, ROWS=merge_rows,
+        PDL=pdl[1], **pdl_option(pdl[1] > 0))
     return out
 
 

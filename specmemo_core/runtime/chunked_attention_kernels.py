@@ -86,28 +86,34 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
 
 @triton.jit
 def merge_chunks(m_ptr, l_ptr, acc_ptr, out_ptr, rows, new_tokens, groups, splits, stride_ot,
-                 HD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One program per (key/value head, row): the chunks' partial softmaxes as one,
-    written at the row's token and query head of the [T, H·hd] output."""
+                 HD: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
+    """One program per (key/value head, ROWS of its rows): each row's chunks' partial softmaxes
+    as one, written at the row's token and query head of the [T, H·hd] output. A row's sums run
+    in the same order whichever of the ROWS it is (one layout, each row's fiber alike), so a
+    row's output does not depend on how many rows the step has."""
     dependent_launch(PDL)
-    h, r = tl.program_id(0), tl.program_id(1)
+    h, rb = tl.program_id(0), tl.program_id(1)
+    r = rb * ROWS + tl.arange(0, ROWS)  # [ROWS]
+    live_r = r < rows
     d = tl.arange(0, HD)
-    m = tl.full((1,), float("-inf"), tl.float32)
+    m = tl.full((ROWS,), float("-inf"), tl.float32)
     for lo in range(0, splits, BLOCK):
         c = lo + tl.arange(0, BLOCK)
-        m = tl.maximum(m, tl.max(tl.load(m_ptr + (h * splits + c) * rows + r, mask=c < splits,
-                                         other=float("-inf")), 0))
+        at = (h * splits + c)[None, :] * rows + r[:, None]  # [ROWS, BLOCK]
+        m = tl.maximum(m, tl.max(tl.load(m_ptr + at, mask=live_r[:, None] & (c < splits)[None, :],
+                                         other=float("-inf")), 1))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros((1,), tl.float32)
-    acc = tl.zeros((HD,), tl.float32)
+    total = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, HD), tl.float32)
     for lo in range(0, splits, BLOCK):
         c = lo + tl.arange(0, BLOCK)
-        at = (h * splits + c) * rows + r  # [BLOCK]
-        m_c = tl.load(m_ptr + at, mask=c < splits, other=float("-inf"))
-        w = tl.where(m_c == float("-inf"), 0.0, tl.exp(m_c - m_safe))  # [BLOCK]
-        total += tl.sum(w * tl.load(l_ptr + at, mask=w > 0, other=0.0), 0)
-        part = tl.load(acc_ptr + at[:, None] * HD + d[None, :], mask=(w > 0)[:, None], other=0.0)
-        acc += tl.sum(part * w[:, None], 0)
+        at = (h * splits + c)[None, :] * rows + r[:, None]  # [ROWS, BLOCK]
+        m_c = tl.load(m_ptr + at, mask=live_r[:, None] & (c < splits)[None, :], other=float("-inf"))
+        w = tl.where(m_c == float("-inf"), 0.0, tl.exp(m_c - m_safe[:, None]))  # [ROWS, BLOCK]
+        total += tl.sum(w * tl.load(l_ptr + at, mask=w > 0, other=0.0), 1)
+        part = tl.load(acc_ptr + at[:, :, None] * HD + d[None, None, :], mask=(w > 0)[:, :, None], other=0.0)
+        acc += tl.sum(part * w[:, :, None], 1)
     t, j = r % new_tokens, r // new_tokens
     head = h * groups + j
-    tl.store(out_ptr + t * stride_ot + head * HD + d, (acc / total).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + t[:, None] * stride_ot + head[:, None] * HD + d[None, :],
+             (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=live_r[:, None])

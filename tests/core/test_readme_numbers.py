@@ -795,8 +795,6 @@ def test_the_step_glue_paragraph_holds_its_h100_runs():
     assert f"and {bench[0]['plan']['vs_vanilla+graphs']:.2f}×; it predicted" in readme
     predicted = float(bench[1]["plan"]["note"].split("predicted ")[1].split()[0])
     assert f"it predicted {predicted:,.0f})" in readme
-    assert (f"the planner's `{tree}` decodes that workload at {speed[1]['plan']} tokens/s there, "
-            f"{bench[1]['plan']['vs_vanilla+graphs']:.2f}× plain decoding's {speed[1]['vanilla+graphs']}.") in readme
     assert "`exact.log`: 98 passed;" in readme and "98 passed" in (d / "exact.log").read_text(encoding="utf-8")
     assert "takes 1.14 ms of kernels (a plain step's 0.61)" in readme
     fp32 = json.loads((d / "bench_mtbench20_fp32_glue1.json").read_text())["medusa-64+graphs"]
@@ -1002,3 +1000,47 @@ def test_the_tiles_norm_apart_sentence_holds_its_h100_scan():
     assert steps["single+graphs compiled-prenorm"]["median"] == plain and f"step, {plain:.3f}, runs" in readme
     assert f"plain step {plain:.3f} → {steps['single+graphs compiled-pdl:2:1:0']['median']:.3f}." in readme
     assert "15 passed" in (d / "exact.log").read_text() and "11 passed" in (d / "exact_token_layer.log").read_text()
+
+
+def test_the_large_tiles_paragraph_and_status_line_hold_their_h100_runs():
+    """README's session-29 paragraph is docs/results/large_tiles_h100/: whole vicuna-7b and
+    llama-3-8b steps with the tiles forced against cuBLAS (the large shape the fastest), the
+    profile before; the status line's H100 figures are its bench."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    status = " ".join((REPO / "README.md").read_text(encoding="utf-8").split("\n\n")[2].split())
+    d = REPO / "docs/results/large_tiles_h100"
+    vicuna = _last_json(d / "vicuna-7b-tiles.jsonl")["alternating"]
+    vicuna2 = _last_json(d / "vicuna-7b-tiles2.jsonl")["alternating"]
+    llama = _last_json(d / "llama-3-8b-tiles.jsonl")["alternating"]
+
+    def ms(runs: dict, tree: str, regions: str) -> float:
+        return runs[f"{tree}+graphs {regions}"]["median"]
+
+    small, cublas = ms(vicuna, "medusa-64", "compiled#16:128:4:5"), ms(vicuna, "medusa-64", "compiled")
+    large, cublas2 = ms(vicuna2, "medusa-64", "compiled#32:128:4:6"), ms(vicuna2, "medusa-64", "compiled")
+    assert small > cublas and f"took {small:.3f} ms against {cublas:.3f} through cuBLAS" in readme
+    assert large == min(v["median"] for v in vicuna2.values()) and f"took {large:.3f} against {cublas2:.3f}" in readme
+    lt, lc = ms(llama, "medusa-64", "compiled#32:128:4:5"), ms(llama, "medusa-64", "compiled")
+    assert lt < lc and f"a llama-3-8b one {lt:.3f} against {lc:.3f} (5 stages)" in readme
+    from specmemo_core.runtime import token_layer
+    assert (token_layer.LAUNCH.large_tile_n, token_layer.LAUNCH.large_tile_stages) == (32, 6)
+    assert token_layer.LAUNCH.tile_layer_bytes == 64 << 20 and "a layer past 64 MB of weights" in readme
+    plain = ms(vicuna, "single", "compiled")
+    assert f"A plain step does not change ({plain:.3f} ms): the tree step is still {large / plain:.2f}× it" in readme
+    phases = [json.loads(line) for line in (d / "profile-vicuna-7b.jsonl").read_text().splitlines()]
+    tree = [r for r in phases if "phases_us" in r and "draft" in r["phases_us"]][0]
+    one = [r for r in phases if "phases_us" in r and "draft" not in r["phases_us"]][0]
+
+    def kernel_ms(row: dict, *names: str) -> float:
+        return sum(us for name, _, us in row["top"] if name in names) / 1000
+
+    both = ("attend_chunks", "merge_chunks")
+    assert (f"the attention {kernel_ms(tree, *both):.2f} ms against a plain step's {kernel_ms(one, *both):.2f} "
+            f"(its merge of the chunks {kernel_ms(tree, 'merge_chunks'):.2f} against "
+            f"{kernel_ms(one, 'merge_chunks'):.2f}), drafting {tree['phases_us']['draft'][1] / 1000:.2f}, "
+            f"committing {tree['phases_us']['commit'][1] / 1000:.2f}.") in readme
+    bench = json.loads((d / "bench_mtbench20_bf16.json").read_text(encoding="utf-8"))
+    plan, plain_tps = bench["plan"], bench["vanilla+graphs"]["tokens_per_s"]["median"]
+    assert bench["_run"]["device_name"].startswith("NVIDIA H100") and bench["_run"]["rounds_done"] == 3
+    assert (f"the planner's `{plan['tree']}` decodes that workload at {plan['tokens_per_s']['median']:,.0f} tokens/s "
+            f"there, {plan['vs_vanilla+graphs']:.2f}× plain decoding's {plain_tps:,.0f}.") in status
