@@ -272,7 +272,7 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         **chunked_attention.pdl_option(pdl > 0))
 
 
-def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor,
+def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor, *,
                      launch: Launch, shape: TileShape, pdl: int) -> torch.Tensor:
     """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
     out = torch.empty_like(residual)
