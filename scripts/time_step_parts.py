@@ -111,7 +111,7 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    def chunked(split, warps, stages, bias_reads="tail", merge_rows=chunked_attention.MERGE_ROWS):  # ours
+    def chunked(split, warps, stages, bias_reads="tail", merge_rows=None):  # ours
         def run():  # (``runtime/chunked_attention.py``)
             for k, v in zip(keys, values):
                 chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split,
@@ -126,7 +126,7 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
     for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS][:MERGE_ROWS], to choose the defaults by
         split, warps, stages, *rest = variant.split(":")
         bias_reads = "all" if "all" in rest else "tail"
-        merge_rows = next((int(v) for v in rest if v.isdigit()), chunked_attention.MERGE_ROWS)
+        merge_rows = next((int(v) for v in rest if v.isdigit()), None)
         out[f"chunked-{variant}"] = chunked(int(split), int(warps), None if stages == "auto" else int(stages),
                                             bias_reads, merge_rows)
         got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g,

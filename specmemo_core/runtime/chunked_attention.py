@@ -34,13 +34,20 @@ from specmemo_core.runtime import kernel_probe
 
 CHUNK = 64  # slots scored at once inside a program (SPLIT / CHUNK iterations)
 MERGE_BLOCK = 16  # chunks merged at once by the second kernel
-MERGE_ROWS = 4  # rows a program of the second kernel merges (a tree's 64 rows: 2,048 programs of one)
+# rows a program of the second kernel merges (one number for every step, so a row's sums run in one
+# order whatever rows its step has): on an H100 vicuna-7b's attention (32 layers) took 0.585 ms for a
+# 64-node tree with 8 (0.600 with 4, 0.746 with one a program) and 0.385 for one token (0.408); the
+# default model's 0.274 and 0.176 (0.296, 0.176). 16 rows of 64-wide heads broke Triton 3.6's compiler
+MERGE_ROWS = 8
 FAMILY, FALLBACK = "chunked attention", "attention runs through SDPA, slower for trees and grouped heads"
 WARPS = 4  # warps a program of the first kernel
 # stages of its slot loop's pipeline, by rows: 3 for a plain step's few, 2 for a tree's (on the
 # H200 a 64-node tree's attention ran 0.90 -> 0.73 ms for 32 layers, a plain step's 0.357 -> 0.365
 # with 2: docs/results/chunked_attention_h200/tuning/); the arithmetic is the same either way
 STAGES_FEW_ROWS, STAGES_MANY_ROWS = 3, 2
+# the largest head dim the kernels take (Llama's, Qwen's, Mistral's: 64 or 128): on an H100 an fp32
+# step of 256-wide heads asked more shared memory than a block has (large_tiles_h100/FILES.md)
+MAX_HEAD_DIM = 128
 
 
 @functools.cache
@@ -72,11 +79,11 @@ def fits(keys: torch.Tensor, cache_length: object, *, rows: int, head_dim: int, 
     """Whether ``attend`` runs an attention of ``rows`` query rows a key/value head in ``dtype``
     on ``device`` (asked without the queries: ``token_layer`` asks before it makes them): at
     most ``MAX_ROWS`` rows over a static cache (its length a tensor on the keys' device), a
-    power-of-two head dim, on a CUDA device with Triton installed (or in Triton's interpreter,
+    power-of-two head dim up to ``MAX_HEAD_DIM``, on a CUDA device with Triton installed (or in Triton's interpreter,
     ``TRITON_INTERPRET=1``, which runs the same kernels on a CPU: the tests do)."""
     on_gpu = device.type == "cuda"
     return (rows <= MAX_ROWS and isinstance(cache_length, torch.Tensor)
-            and cache_length.device == keys.device and head_dim & (head_dim - 1) == 0 and 16 <= head_dim <= 256
+            and cache_length.device == keys.device and head_dim & (head_dim - 1) == 0 and 16 <= head_dim <= MAX_HEAD_DIM
             and keys.stride(-1) == 1 and (on_gpu or os.environ.get("TRITON_INTERPRET") == "1")
             and _kernels() is not None
             and (not on_gpu or kernel_probe.runs_on(FAMILY, device, dtype, _probe)))
@@ -102,7 +109,7 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
-           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int = MERGE_ROWS) -> torch.Tensor:
+           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -113,7 +120,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     masks them); False reads it at every slot (only to time the difference). ``pdl``: the two
     kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
     none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps).
-    ``merge_rows``: rows a program of the merge takes (a power of two; given only to time it)."""
+    ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
@@ -131,6 +138,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         TAIL_BIAS=tail_bias, PDL=pdl[0], num_warps=warps, num_stages=stages, **pdl_option(pdl[0] > 0),
     )
     out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
+    merge_rows = merge_rows or MERGE_ROWS
     merge_chunks[(hkv, triton.cdiv(rows, merge_rows))](
         m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0), HD=hd, BLOCK=MERGE_BLOCK, ROWS=merge_rows,
         PDL=pdl[1], **pdl_option(pdl[1] > 0))
