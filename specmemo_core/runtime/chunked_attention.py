@@ -37,7 +37,7 @@ MERGE_BLOCK = 16  # chunks merged at once by the second kernel
 # rows a program of the second kernel merges (one number for every step, so a row's sums run in one
 # order whatever rows its step has): on an H100 vicuna-7b's attention (32 layers) took 0.585 ms for a
 # 64-node tree with 8 (0.600 with 4, 0.746 with one a program) and 0.385 for one token (0.408); the
-# default model's 0.274 and 0.176 (0.296, 0.176). 16 rows of 64-wide heads broke Triton 3.6's compiler
+# default model's 0.274 and 0.176 (0.295, 0.176). 16 rows of 64-wide heads broke Triton 3.6's compiler
 MERGE_ROWS = 8
 FAMILY, FALLBACK = "chunked attention", "attention runs through SDPA, slower for trees and grouped heads"
 WARPS = 4  # warps a program of the first kernel
