@@ -197,10 +197,15 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
-    """Whether a step of several tokens x [T, D] of ``layer`` runs as tiles (``Launch.row_tiles``)."""
+    """Whether a step of several tokens x [T, D] of ``layer`` runs as tiles (``Launch.row_tiles``):
+    by default in 16 bits, a large layer's (``tile_shape``) for at most one tile of tokens
+    (``TILE_M``): a longer prompt chunk would read its weights again for every further tile,
+    where cuBLAS reads them once and is bound by arithmetic."""
     if launch.row_tiles is not None:
         return launch.row_tiles
-    return x.dtype in (torch.bfloat16, torch.float16)
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return x.shape[0] <= TILE_M or _layer_bytes(layer) <= launch.tile_layer_bytes
 
 
 class TileShape(NamedTuple):
@@ -210,10 +215,15 @@ class TileShape(NamedTuple):
 
 def tile_shape(layer: "DecoderLayer", launch: Launch) -> TileShape:
     """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights."""
-    weights = (layer.self_attn.qkv[0], layer.self_attn.o_proj.weight, layer.mlp.gate_up[0], layer.mlp.down_proj.weight)
-    if sum(w.numel() * w.element_size() for w in weights) > launch.tile_layer_bytes:
+    if _layer_bytes(layer) > launch.tile_layer_bytes:
         return TileShape(launch.large_tile_n, launch.large_tile_stages)
     return TileShape(launch.tile_n, launch.tile_stages)
+
+
+def _layer_bytes(layer: "DecoderLayer") -> int:
+    """The bytes of the layer's four (fused) matmuls' weights."""
+    weights = (layer.self_attn.qkv[0], layer.self_attn.o_proj.weight, layer.mlp.gate_up[0], layer.mlp.down_proj.weight)
+    return sum(w.numel() * w.element_size() for w in weights)
 
 
 def fitting_stages(stages: int, *, stage_bytes: int, shared_bytes: int) -> int:
@@ -237,9 +247,12 @@ def _stages(shape: TileShape, *, block_m: int, block_k: int, weight_rows: int, x
     return fitting_stages(shape.stages, stage_bytes=stage_bytes, shared_bytes=_shared_bytes(x.device))
 
 
+TILE_M = 64  # the most tokens a tile program takes
+
+
 def _tile_m(tokens: int, launch: Launch) -> int:
-    """Tokens a tile program takes: ``launch.tile_m``, else the tensor cores' least (16) up to 64."""
-    return launch.tile_m or (16 if tokens <= 16 else (32 if tokens <= 32 else 64))
+    """Tokens a tile program takes: ``launch.tile_m``, else the tensor cores' least (16) up to ``TILE_M``."""
+    return launch.tile_m or (16 if tokens <= 16 else (32 if tokens <= 32 else TILE_M))
 
 
 def _tile_k(launch: Launch, k_cols: int) -> int:

@@ -56,7 +56,8 @@ def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, preno
 def test_several_16_bit_tokens_run_as_tiles_and_a_large_layer_takes_wider_ones():
     """By default (``row_tiles=None``) a step of several tokens takes the tile kernels in bf16
     or fp16, not in fp32 (the tensor cores' IEEE products are slow); True or False say either. A
-    layer past ``tile_layer_bytes`` of weights takes the large tiles (``tile_shape``)."""
+    layer past ``tile_layer_bytes`` of weights takes the large tiles (``tile_shape``), and only for
+    steps of at most one tile of tokens (a longer prompt chunk would read its weights again)."""
     model = _model(seed=4)
     layer = model.model.layers[0]
     x = torch.zeros(3, model.spec.hidden_size, device=DEVICE)
@@ -70,6 +71,10 @@ def test_several_16_bit_tokens_run_as_tiles_and_a_large_layer_takes_wider_ones()
     assert token_layer.tile_shape(layer, token_layer.Launch(tile_layer_bytes=size)) == small
     assert token_layer.tile_shape(layer, token_layer.Launch(tile_layer_bytes=size - 1)) == large
     assert token_layer.tile_shape(layer, token_layer.LAUNCH) == small  # a tiny layer
+    large_layer = token_layer.Launch(tile_layer_bytes=size - 1)
+    tile, longer = (torch.zeros(n, model.spec.hidden_size, device=DEVICE, dtype=torch.bfloat16) for n in (64, 65))
+    assert token_layer.row_tiles(layer, tile, large_layer) and not token_layer.row_tiles(layer, longer, large_layer)
+    assert token_layer.row_tiles(layer, longer, auto)  # a small layer's prompt chunks: tiles at any length
 
 
 def test_tile_stages_shrink_to_what_a_blocks_shared_memory_holds():
