@@ -9,7 +9,8 @@
 #          default (large tiles) against cuBLAS and the regions (compiled-notiles)
 #   exact: the layer kernels' and the attention's tests on the GPU
 #   small: the default model's shape with the shipped heads, whole graph steps
-#   bench: specmemo bench, bf16, 20 MT-Bench queries (chain_pdl_gpu.sh bench)
+#   bench: specmemo bench, bf16, 20 MT-Bench queries (chain_pdl_gpu.sh bench), the planner's step timing
+#          and its plan (to see why it took the tree it took: a 64-node step cost what a 20-node one did)
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -34,6 +35,9 @@ small)
     --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 3 --trees single,medusa-64,1-10-16-17+lookup-8 \
     --regions compiled > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-160 ;;
-bench)
-  bash docs/results/chain_pdl_gpu.sh bench ${2:-400} ;;
+bench)  # then the planner's step timing (its fitted costs) beside the bench, and each tree's prediction
+  bash docs/results/chain_pdl_gpu.sh bench ${2:-400}
+  find "$SPECMEMO_DATA_DIR" -name step_timing.json -exec cp {} "$OUT/" \;
+  timeout 60 python3 -m specmemo_core.cli plan --device cuda --dtype bf16 --json > "$OUT/plan.json" 2> "$OUT/plan.err"
+  echo "plan rc=$?" ;;
 esac
