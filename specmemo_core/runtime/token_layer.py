@@ -100,6 +100,7 @@ class Launch:
 
 
 LAUNCH = Launch()
+TILE_M = 64  # the most tokens a tile program takes (``_tile_m``)
 
 
 class _Kernels(NamedTuple):
@@ -245,9 +246,6 @@ def _shared_bytes(device: torch.device) -> int:
 def _stages(shape: TileShape, *, block_m: int, block_k: int, weight_rows: int, x: torch.Tensor) -> int:
     stage_bytes = (block_m + weight_rows) * block_k * x.element_size()
     return fitting_stages(shape.stages, stage_bytes=stage_bytes, shared_bytes=_shared_bytes(x.device))
-
-
-TILE_M = 64  # the most tokens a tile program takes
 
 
 def _tile_m(tokens: int, launch: Launch) -> int:
