@@ -134,6 +134,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
     if stages is None:
         stages = STAGES_FEW_ROWS if rows <= 16 else STAGES_MANY_ROWS
+    stages = fitting_stages(stages, block_m=block_m, head_dim=hd, element_size=q.element_size(),
+                            shared_bytes=kernel_probe.shared_bytes(q.device))
     m = torch.empty(hkv, splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(hkv, splits, rows, hd, dtype=torch.float32, device=q.device)
@@ -149,6 +151,16 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0), HD=hd, BLOCK=MERGE_BLOCK, ROWS=merge_rows,
         PDL=pdl[1], **pdl_option(pdl[1] > 0))
     return out
+
+
+def fitting_stages(stages: int, *, block_m: int, head_dim: int, element_size: int, shared_bytes: int) -> int:
+    """The most of ``stages`` whose keys and values ([CHUNK, hd] each a stage) fit ``shared_bytes``
+    beside a program's queries [block_m, hd] and probabilities [block_m, CHUNK]
+    (``kernel_probe.fitting_stages``): a plain step of 128-wide 16-bit heads asks ~100 KB with 3,
+    more than most laptop GPUs give a block, where Triton would refuse to launch it."""
+    fixed = block_m * (head_dim + CHUNK) * element_size
+    return kernel_probe.fitting_stages(stages, stage_bytes=2 * CHUNK * head_dim * element_size,
+                                       shared_bytes=shared_bytes - fixed)
 
 
 def pdl_option(pdl: bool) -> dict[str, bool]:

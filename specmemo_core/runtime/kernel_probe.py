@@ -8,6 +8,7 @@ a small input against torch: a fact of the machine, like Triton's own import cac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from pathlib import Path
@@ -50,3 +51,26 @@ def source_revision(module_file: str, kernels: str) -> str:
     step timed under other kernels is timed again (``planning.timing.engine_timing_key``)."""
     here = Path(module_file).resolve()
     return hashlib.sha256(here.read_bytes() + here.with_name(kernels).read_bytes()).hexdigest()[:12]
+
+
+@functools.cache
+def shared_bytes(device: torch.device) -> int:
+    """Shared memory one program (a thread block) may use on ``device``, as Triton checks it before
+    a launch (its driver's ``max_shared_mem``: 227 KB on an H100 or H200, ~100 KB on most laptop
+    GPUs); no bound off a GPU (Triton's interpreter)."""
+    if device.type != "cuda":
+        return 1 << 30
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - an older Triton: torch's figure, else the least of CUDA GPUs since Volta
+        return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0) or 99 << 10
+
+
+def fitting_stages(stages: int, *, stage_bytes: int, shared_bytes: int) -> int:
+    """The most of ``stages`` (a kernel's loads in flight, ``stage_bytes`` of buffers each) that fit
+    ``shared_bytes``, at least one: Triton refuses a kernel that asks more than a block has, and the
+    stages change only how far loads run ahead, not the arithmetic."""
+    return max(1, min(stages, shared_bytes // stage_bytes))

@@ -84,7 +84,7 @@ class Launch:
     tile_k: int = 0  # input columns it reads at once (also its sums' order); 0: 128 for K ≥ 1,024, else 64
     tile_warps: int = 4
     # its weight loads in flight (3 left the tiles ~25% behind cuBLAS's), fewer where the GPU's
-    # shared memory per block holds fewer (``fitting_stages``: a laptop's ~100 KB)
+    # shared memory per block holds fewer (``_stages``: a laptop's ~100 KB)
     tile_stages: int = 5
     # a layer past ``tile_layer_bytes`` (its four matmuls' weights) takes wider tiles with more loads
     # in flight: on an H100 a vicuna-7b medusa-64 step ran 7.22 ms with 32 rows and 6 stages, 7.89
@@ -211,7 +211,7 @@ def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
 
 class TileShape(NamedTuple):
     n: int  # weight rows (pairs for the norm's kernels) a program finishes
-    stages: int  # weight loads in flight, at most (``fitting_stages`` takes fewer where they do not fit)
+    stages: int  # weight loads in flight, at most (``_stages`` takes fewer where they do not fit)
 
 
 def tile_shape(layer: "DecoderLayer", launch: Launch) -> TileShape:
@@ -227,25 +227,13 @@ def _layer_bytes(layer: "DecoderLayer") -> int:
     return sum(w.numel() * w.element_size() for w in weights)
 
 
-def fitting_stages(stages: int, *, stage_bytes: int, shared_bytes: int) -> int:
-    """The most of ``stages`` whose buffers (``stage_bytes`` each: a tile of the tokens and one of
-    the weights) fit a block's ``shared_bytes``, at least one: Triton refuses a kernel that asks
-    more (an H100 or H200 holds 227 KB a block, most laptops' GPUs ~100 KB)."""
-    return max(1, min(stages, shared_bytes // stage_bytes))
-
-
-@functools.cache
-def _shared_bytes(device: torch.device) -> int:
-    """Shared memory a block may opt in to on ``device`` (Triton's interpreter on a CPU: no bound)."""
-    if device.type != "cuda":
-        return 1 << 30
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 0) or 99 << 10  # the least of CUDA GPUs since Volta
-
-
 def _stages(shape: TileShape, *, block_m: int, block_k: int, weight_rows: int, x: torch.Tensor) -> int:
+    """The tile kernel's stages that fit the GPU (``kernel_probe.fitting_stages``): a tile of the
+    tokens and one of the weights each, as Triton buffers them (6 stages of a 7B layer's q/k/v tiles
+    ask 192 KB, 5 of the small ones 120)."""
     stage_bytes = (block_m + weight_rows) * block_k * x.element_size()
-    return fitting_stages(shape.stages, stage_bytes=stage_bytes, shared_bytes=_shared_bytes(x.device))
+    return kernel_probe.fitting_stages(shape.stages, stage_bytes=stage_bytes,
+                                       shared_bytes=kernel_probe.shared_bytes(x.device))
 
 
 def _tile_m(tokens: int, launch: Launch) -> int:

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from specmemo_core.runtime import token_layer
+from specmemo_core.runtime import kernel_probe, token_layer
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import random_heads
 from specmemo_core.runtime.model import EAGER_REGIONS, attention_bias
@@ -81,9 +81,10 @@ def test_tile_stages_shrink_to_what_a_blocks_shared_memory_holds():
     """A 7B layer's q/k/v tiles (64 tokens and 64 weight rows, 128 columns of bf16: 32 KB a stage)
     take their 6 stages on an H100 (227 KB a block) and 3 on a laptop GPU (99 KB); never none."""
     stage = (64 + 64) * 128 * 2
-    assert token_layer.fitting_stages(6, stage_bytes=stage, shared_bytes=227 << 10) == 6
-    assert token_layer.fitting_stages(6, stage_bytes=stage, shared_bytes=99 << 10) == 3
-    assert token_layer.fitting_stages(5, stage_bytes=stage, shared_bytes=16 << 10) == 1
+    assert kernel_probe.fitting_stages(6, stage_bytes=stage, shared_bytes=227 << 10) == 6
+    assert kernel_probe.fitting_stages(6, stage_bytes=stage, shared_bytes=99 << 10) == 3
+    assert kernel_probe.fitting_stages(5, stage_bytes=stage, shared_bytes=16 << 10) == 1
+    assert kernel_probe.shared_bytes(torch.device("cpu")) >= 1 << 30  # Triton's interpreter: no bound
 
 
 def _model(seed: int, **kw):
