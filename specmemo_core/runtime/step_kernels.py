@@ -152,7 +152,7 @@ def greedy_picks(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     index = torch.empty(blocks, tokens, dtype=torch.long, device=h.device)
     kernels = _kernels()
     # Triton's default 3 stages of [block_t + PICK_BLOCK, 64] loads, fewer where a block's shared
-    # memory holds fewer (fp32 one row: 108 KB, where a laptop GPU gives ~100)
+    # memory may not hold them (counting every stage: fp32 one row 108 KB, a laptop GPU gives ~100)
     stages = kernel_probe.fitting_stages(3, stage_bytes=(block_t + PICK_BLOCK) * 64 * h.element_size(),
                                          shared_bytes=kernel_probe.shared_bytes(h.device))
     kernels.pick_blocks[(blocks, -(-tokens // block_t))](

@@ -72,9 +72,9 @@ def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, le
 
 
 def test_the_stages_fit_a_blocks_shared_memory():
-    """A plain step of 128-wide bf16 heads asks ~100 KB with 3 stages: it keeps them on an H100
-    (227 KB a block) and takes 2 on a laptop GPU (99 KB), where Triton would refuse 3; a tree's
-    2 fit both; fp32 on the laptop: 1."""
+    """A plain step of 128-wide bf16 heads counts ~100 KB with 3 stages: it keeps them on an H100
+    (227 KB a block) and takes 2 on a laptop GPU (99 KB); a tree's 2 fit both; fp32 on the
+    laptop: 1."""
     for shared, plain, tree in ((227 << 10, 3, 2), (99 << 10, 2, 2)):
         assert chunked_attention.fitting_stages(3, block_m=16, head_dim=128, element_size=2, shared_bytes=shared) == plain
         assert chunked_attention.fitting_stages(2, block_m=64, head_dim=128, element_size=2, shared_bytes=shared) == tree
