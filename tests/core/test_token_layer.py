@@ -84,6 +84,9 @@ def test_tile_stages_shrink_to_what_a_blocks_shared_memory_holds():
     assert kernel_probe.fitting_stages(6, stage_bytes=stage, shared_bytes=227 << 10) == 6
     assert kernel_probe.fitting_stages(6, stage_bytes=stage, shared_bytes=99 << 10) == 3
     assert kernel_probe.fitting_stages(5, stage_bytes=stage, shared_bytes=16 << 10) == 1
+    down = (64 + 16) * 128 * 2  # the default model's down_proj tiles (K = 1,536): 100 KB in 5 stages
+    assert kernel_probe.fitting_stages(5, stage_bytes=down, shared_bytes=99 << 10) == 4
+    assert kernel_probe.fitting_stages(5, stage_bytes=down, shared_bytes=227 << 10) == 5
     assert kernel_probe.shared_bytes(torch.device("cpu")) >= 1 << 30  # Triton's interpreter: no bound
 
 
