@@ -13,10 +13,12 @@
 # the sha256.
 export SPECMEMO_DATA_DIR=/tmp/smdata PYTHONPATH=/tmp/site:.
 mkdir -p /tmp/smdata/models /tmp/smdata/data /tmp/site
-for wheels in .whl .whl_lite; do
-  [ -d $wheels ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site $wheels/*.whl
-  cp -n $wheels/data/* /tmp/smdata/data/ 2>/dev/null
+for wheel in .whl/*.whl .whl_lite/*.whl; do  # each wheel once a machine (a warm one keeps /tmp/site)
+  name=${wheel##*/}
+  [ -f "$wheel" ] && [ ! -d "/tmp/site/${name%%-*}" ] \
+    && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel"
 done
+cp -n .whl/data/* .whl_lite/data/* /tmp/smdata/data/ 2>/dev/null
 GGUF=/tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f .gguf1/part_aa.gz ] && cp .gguf1/part_aa.gz /tmp/part_aa.gz
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53

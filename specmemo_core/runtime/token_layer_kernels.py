@@ -4,11 +4,11 @@ A one-token step's matmuls are matrix-vector products bound by reading the weigh
 read it once, with what cuBLAS would leave to kernels of their own (the norm before, the
 rotary, cache write, SiLU or residual add after) done on the way in or out. Weights are
 loaded to be evicted first: each is read once a step, and the activations and the cache
-are what L2 should keep. A step of several tokens of a small layer runs the same work as
-tiles on the tensor cores (``norm_pair_rows``, ``matmul_add_rows``: each weight tile read once
-for all the tokens; ``norm_scale_rows`` first, the norm once per token); a large layer's keeps
-cuBLAS's matmul and ends it with ``rotate_rows``: the one-token kernel's rotary and cache
-write, for every token.
+are what L2 should keep. A 16-bit step of several tokens runs the same work as tiles on the
+tensor cores (``norm_pair_rows``, ``matmul_add_rows``: each weight tile read once for all the
+tokens; ``norm_scale_rows`` first, the norm once per token); an fp32 one, or a large layer's
+prompt chunk past one tile of tokens, keeps cuBLAS's matmul and ends it with ``rotate_rows``:
+the one-token kernel's rotary and cache write, for every token.
 Parameters are positional pointers, sizes and strides, as Triton kernels take them
 (``scripts/check_code_shape.py`` leaves ``@triton.jit`` functions' parameter counts alone).
 """
