@@ -8,6 +8,8 @@
 #   steps: whole vicuna-7b graph steps, 1,000-token context, alternating in one process: the code's
 #          default (large tiles) against cuBLAS and the regions (compiled-notiles)
 #   exact: the layer kernels' and the attention's tests on the GPU
+#   profile: one eager vicuna-7b step of each (plain, medusa-64) under the profiler, kernels and GPU µs by
+#          phase and name (scripts/show_step_profile.py shows them)
 #   small: the default model's shape with the shipped heads, whole graph steps
 #   bench: specmemo bench, bf16, 20 MT-Bench queries (chain_pdl_gpu.sh bench), the planner's step timing
 #          and its plan (to see why it took the tree it took: a 64-node step cost what a 20-node one did)
@@ -30,6 +32,11 @@ exact)
   timeout ${2:-150} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \
     tests/core/test_chunked_attention.py > "$OUT/exact_token_layer.log" 2>&1
   tail -2 "$OUT/exact_token_layer.log" ;;
+profile)
+  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees single,medusa-64 \
+    --modes graphs --steps 30 --kernels --compile --draft-vocab 8192 \
+    > "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/profile-${SHAPE:-vicuna-7b}.err"
+  echo "profile rc=$?"; python3 scripts/show_step_profile.py "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" | head -60 ;;
 small)
   timeout ${2:-120} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
     --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 3 --trees single,medusa-64,1-10-16-17+lookup-8 \
