@@ -353,6 +353,8 @@ class HydraHeads(nn.Module):
         n = tree.depths.shape[0]
         tokens = torch.empty(*hidden.shape[:-1], n, dtype=torch.long, device=hidden.device)  # [..., N]
         tokens[..., 0] = root
+        if self._drafts_in_kernels(hidden, tree, embed):
+            return self._draft_in_kernels(hidden, tree, embed.weight, lm_head, tokens)
         starts = tree.level_starts
         states = hidden[..., None, :]  # [..., 1, D] parent state of the root
         prev_lo = 0
@@ -363,6 +365,36 @@ class HydraHeads(nn.Module):
             top = self.propose(states, lm_head, tree.topk_needed[d])  # [..., P, k]
             child = slice(starts[d + 1], starts[d + 2])
             tokens[..., child] = top[..., tree.parents[child] - lo, tree.rank[child]]
+            prev_lo = lo
+        return tokens
+
+    def _drafts_in_kernels(self, hidden: torch.Tensor, tree: TreeBuffers, embed: nn.Embedding) -> bool:
+        """Whether a tree's levels draft through ``step_kernels`` (``_draft_in_kernels``): one
+        sequence, a static tree, plain weights where the kernels run, top-k rows they take."""
+        starts = tree.level_starts
+        if hidden.dim() != 1 or tree.children is None or len(starts) < 3 or not isinstance(embed, nn.Embedding):
+            return False
+        vocab = self.vocab_head.weight.shape[0] if self.vocab_head is not None else self.spec.vocab_size
+        widest = max(starts[d + 1] - starts[d] for d in range(len(starts) - 2))
+        return (vocab <= step_kernels.TOP_K_COLUMNS
+                and step_kernels.takes_hydra_state(hidden[None], embed.weight, self.inputs[0], widest))
+
+    def _draft_in_kernels(self, hidden: torch.Tensor, tree: TreeBuffers, embed: torch.Tensor, lm_head: nn.Linear,
+                          tokens: torch.Tensor) -> torch.Tensor:
+        """``draft`` for one sequence in three kernels a level, where its torch ops ran about a dozen:
+        the head's states (``step_kernels.hydra_state``: gathers, matmul, SiLU, residual), their
+        logits (the drafting vocabulary's rows of the LM head) and the top-k written straight
+        into the children's tokens (``step_kernels.top_k_into``)."""
+        starts, states, prev_lo = tree.level_starts, hidden[None], 0  # [1, D]: the root's parent state
+        head = lm_head if self.vocab_head is None else self.vocab_head
+        ids = None if self.vocab_head is None else self.vocab_ids
+        for d in range(0, len(starts) - 2):
+            lo, hi = starts[d], starts[d + 1]
+            states = self.blocks[d](step_kernels.hydra_state(states, parents=tree.parents, tokens=tokens,
+                                                             level=(lo, hi), prev_lo=prev_lo, embed=embed,
+                                                             layer=self.inputs[d]))  # [P, D]
+            step_kernels.top_k_into(head(states), tree.topk_needed[d], ids=ids, children=tree.children[lo:hi],
+                                    tokens=tokens)
             prev_lo = lo
         return tokens
 

@@ -174,15 +174,63 @@ def top_k(x: torch.Tensor, k: int, *, ids: torch.Tensor | None = None,
     (fp32, descending; with ``log_softmax`` the rows' log-probabilities) and their indices
     [..., k], as ``ids`` [V] names them if given."""
     lead, cols = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, cols)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=x.device)
     index = torch.empty(rows.shape[0], k, dtype=torch.long, device=x.device)
     _kernels().top_k[(rows.shape[0],)](
-        rows, rows if ids is None else ids, values, index, cols, k, rows.stride(0), values.stride(0),
-        BLOCK=_pow2(cols), MAP_IDS=ids is not None, LOG_SOFTMAX=log_softmax, num_warps=8 if cols > 4096 else 4)
+        rows, rows if ids is None else ids, values, index, index, index, cols, k, rows.stride(0), values.stride(0), 0,
+        BLOCK=_pow2(cols), MAP_IDS=ids is not None, LOG_SOFTMAX=log_softmax, SCATTER=False,
+        num_warps=8 if cols > 4096 else 4)
     return values.view(*lead, k), index.view(*lead, k)
+
+
+def top_k_into(x: torch.Tensor, k: int, *, ids: torch.Tensor | None, children: torch.Tensor,
+               tokens: torch.Tensor) -> None:
+    """``top_k``'s indices of each row r of ``x`` [R, V] straight into a tree's tokens [N]: the i-th
+    at ``tokens[children[r, i]]`` (``TreeBuffers.children``' rows of a level; -1: no such child)."""
+    rows, cols = _rows(x), x.shape[-1]
+    _kernels().top_k[(rows.shape[0],)](
+        rows, rows if ids is None else ids, tokens, tokens, children, tokens, cols, k, rows.stride(0), 0,
+        children.stride(0), BLOCK=_pow2(cols), MAP_IDS=ids is not None, LOG_SOFTMAX=False, SCATTER=True,
+        num_warps=8 if cols > 4096 else 4)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+HYDRA_ROWS = 64  # the most nodes of a tree level ``hydra_state`` takes (one tile of them)
+
+
+def takes_hydra_state(prev: torch.Tensor, embed: torch.Tensor, layer: torch.nn.Linear, count: int) -> bool:
+    """Whether ``hydra_state`` runs a level of ``count`` nodes from the states ``prev`` [P', D]:
+    plain weights (the token embedding [V, D], the head's input layer [D, 2D] with its bias) of
+    ``prev``'s dtype and device, rows contiguous, at most ``HYDRA_ROWS`` nodes."""
+    weights = (embed, layer.weight, layer.bias)
+    return (count <= HYDRA_ROWS and prev.dim() == 2 and prev.stride(-1) == 1 and applies(prev)
+            and prev.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and all(type(w) in (torch.Tensor, torch.nn.Parameter) and w.dtype == prev.dtype
+                    and w.device == prev.device and w.stride(-1) == 1 for w in weights))
+
+
+def hydra_state(prev: torch.Tensor, *, parents: torch.Tensor, tokens: torch.Tensor, level: tuple[int, int],
+                prev_lo: int, embed: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """The states [P, D] of a tree level's nodes ``level`` (lo, hi) under a hydra head whose input
+    layer is ``layer`` (``HydraHeads.step`` before its blocks): each node's parent's row of
+    ``prev`` (``parents`` [N] minus ``prev_lo``, the root's parent row 0) and the embedding of its
+    token (``tokens`` [N]) in, one kernel (``takes_hydra_state``)."""
+    (lo, hi), d_model = level, prev.shape[-1]
+    out = torch.empty(hi - lo, d_model, dtype=prev.dtype, device=prev.device)
+    block_n, block_k = (32, 128) if d_model >= 2048 else (16, 64)
+    block_p = max(16, _pow2(hi - lo))
+    stages = kernel_probe.fitting_stages(4, stage_bytes=2 * (block_p + block_n) * block_k * prev.element_size(),
+                                         shared_bytes=kernel_probe.shared_bytes(prev.device))
+    _kernels().hydra_state[(-(-d_model // block_n),)](
+        prev, parents, tokens, embed, layer.weight, layer.bias, out, lo, hi - lo, prev_lo, d_model, prev.stride(0),
+        embed.stride(0), layer.weight.stride(0), out.stride(0), BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_K=block_k,
+        IEEE=prev.dtype == torch.float32, num_stages=stages)
+    return out
 
 
 def _pow2(n: int) -> int:
@@ -192,7 +240,8 @@ def _pow2(n: int) -> int:
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels build and give the torch ops' answers on ``device``
     (``kernel_probe``): a 3-path tree accepted, 3 entries moved over 2 planes, a top-3, the greedy
-    picks of 3 rows over a 300-row head in fp32 (the most shared memory they ask)."""
+    picks of 3 rows over a 300-row head in fp32 (the most shared memory they ask), a hydra
+    level's states."""
     try:
         tokens = torch.tensor([[5, 7, 8, 9, 4], [5, 7, 6, 9, 9]], device=device)
         picks = torch.tensor([[7, 9, 1, 2, 3], [6, 0, 9, 9, 1]], device=device)
@@ -206,11 +255,21 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
         g = torch.Generator(device="cpu").manual_seed(0)
         hidden, head = (torch.randn(n, 64, generator=g).to(device) for n in (3, 300))
         best = greedy_picks(hidden, head)
+        layer = torch.nn.utils.skip_init(torch.nn.Linear, 128, 64, device=device)  # no draw from torch's RNG
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(64, 128, generator=g) * 0.1)
+            layer.bias.copy_(torch.randn(64, generator=g))
+        embed, prev = (torch.randn(n, 64, generator=g).to(device) for n in (9, 1))
+        level = torch.tensor([-1, 0, 0, 0], device=device), torch.tensor([7, 2, 8, 2], device=device)
+        states = hydra_state(prev, parents=level[0], tokens=level[1], level=(1, 4), prev_lo=0, embed=embed,
+                             layer=layer)
+        want_states = prev + torch.nn.functional.silu(layer(torch.cat((prev.expand(3, 64), embed[level[1][1:]]), -1)))
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the torch ops
         return kernel_probe.failed(FAMILY, device, e, FALLBACK)
     right = (nodes.tolist() == [[0, 1, 3], [0, 2, 0]] and count.tolist() == [3, 2]
              and path.out.tolist() == [[3, 7, 9, 2], [2, 6, 9, 9]] and path.last.tolist() == [[2], [1]]
              and torch.equal(moved[..., 2:4, :], cache[..., 3:5, :]) and ids.tolist()[1:4] == [1, 3, 4]
              and index.tolist() == [[1, 3, 4]] and values.tolist() == [[2.0, 2.0, 1.5]]
-             and torch.equal(best, (hidden @ head.T).argmax(-1)))
+             and torch.equal(best, (hidden @ head.T).argmax(-1))
+             and (states - want_states).abs().max().item() < 1e-4)
     return right or kernel_probe.wrong(FAMILY, device, 1.0, FALLBACK)

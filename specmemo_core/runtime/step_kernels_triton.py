@@ -73,11 +73,13 @@ def move_entries(k_ptr, v_ptr, ids_ptr, nodes_ptr, length_ptr, width, stride_kp,
 
 
 @triton.jit
-def top_k(x_ptr, ids_ptr, values_ptr, index_ptr, n_cols, k, stride_x, stride_o,
-          BLOCK: tl.constexpr, MAP_IDS: tl.constexpr, LOG_SOFTMAX: tl.constexpr):
+def top_k(x_ptr, ids_ptr, values_ptr, index_ptr, child_ptr, tokens_ptr, n_cols, k, stride_x, stride_o, stride_c,
+          BLOCK: tl.constexpr, MAP_IDS: tl.constexpr, LOG_SOFTMAX: tl.constexpr, SCATTER: tl.constexpr):
     """One program per row of x [R, V] (V ≤ BLOCK): its ``k`` largest values (fp32, in
     descending order; equals by their lowest index first) and their indices, mapped through
-    ``ids`` [V] if MAP_IDS; with LOG_SOFTMAX the values are the row's log-probabilities."""
+    ``ids`` [V] if MAP_IDS; with LOG_SOFTMAX the values are the row's log-probabilities.
+    SCATTER: instead, the i-th index goes to tokens[children[r, i]] (a tree level's children by
+    rank, -1 where row r has no child of that rank), values and indices unstored."""
     r = tl.program_id(0)
     col = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + r * stride_x + col, mask=col < n_cols, other=float("-inf")).to(tl.float32)
@@ -87,11 +89,15 @@ def top_k(x_ptr, ids_ptr, values_ptr, index_ptr, n_cols, k, stride_x, stride_o,
         shift = top + tl.log(tl.sum(tl.exp(x - top), axis=0))
     for i in range(k):
         value, at = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
-        tl.store(values_ptr + r * stride_o + i, value - shift)
+        token = at.to(tl.int64)
         if MAP_IDS:
-            tl.store(index_ptr + r * stride_o + i, tl.load(ids_ptr + at))
+            token = tl.load(ids_ptr + at)
+        if SCATTER:
+            child = tl.load(child_ptr + r * stride_c + i)
+            tl.store(tokens_ptr + tl.maximum(child, 0), token, mask=child >= 0)
         else:
-            tl.store(index_ptr + r * stride_o + i, at.to(tl.int64))
+            tl.store(values_ptr + r * stride_o + i, value - shift)
+            tl.store(index_ptr + r * stride_o + i, token)
         x = tl.where(col == at, float("-inf"), x)
 
 
@@ -176,3 +182,42 @@ def pick_best(values_ptr, index_ptr, out_ptr, blocks, tokens, BLOCK_P: tl.conste
         row = tl.where(value > best, tl.load(index_ptr + (lo + at) * tokens + t), row)
         best = tl.maximum(best, value)
     tl.store(out_ptr + t, row)
+
+
+@triton.jit
+def hydra_state(prev_ptr, parents_ptr, tokens_ptr, emb_ptr, w_ptr, b_ptr, out_ptr, lo, count, prev_lo, d_model,
+                stride_p, stride_e, stride_w, stride_o, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    """A hydra head's states for a tree level's ``count`` nodes lo… (``HydraHeads.step``), BLOCK_N
+    of their D columns a program: out[p] = s + silu(W·[s; e] + b), where s is the node's parent's
+    state (row parents[lo + p] - prev_lo of prev [P', D]; the root's: row 0) and e the embedding of
+    the node's token (tokens[lo + p]), W [D, 2D] and b [D] the head's input layer. The gathers,
+    the concatenation, the matmul, its bias, the SiLU and the residual in one kernel."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    p = tl.arange(0, BLOCK_P)
+    in_p, in_n = p < count, n < d_model
+    rows = tl.maximum(tl.load(parents_ptr + lo + p, mask=in_p, other=0) - prev_lo, 0)
+    toks = tl.load(tokens_ptr + lo + p, mask=in_p, other=0)
+    acc = tl.zeros((BLOCK_P, BLOCK_N), tl.float32)
+    for k0 in range(0, d_model, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        in_k = k < d_model
+        both = in_p[:, None] & in_k[None, :]
+        s = tl.load(prev_ptr + rows[:, None] * stride_p + k[None, :], mask=both, other=0.0)
+        e = tl.load(emb_ptr + toks[:, None] * stride_e + k[None, :], mask=both, other=0.0)
+        w_at = w_ptr + n[None, :] * stride_w + k[:, None]  # [BLOCK_K, BLOCK_N]: W's rows as columns
+        w_live = in_n[None, :] & in_k[:, None]
+        ws = tl.load(w_at, mask=w_live, other=0.0, eviction_policy="evict_first")
+        we = tl.load(w_at + d_model, mask=w_live, other=0.0, eviction_policy="evict_first")
+        if IEEE:
+            acc = tl.dot(s, ws, acc, input_precision="ieee")
+            acc = tl.dot(e.to(s.dtype), we, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(s, ws, acc)
+            acc = tl.dot(e.to(s.dtype), we, acc)
+    acc = (acc + tl.load(b_ptr + n, mask=in_n, other=0.0).to(tl.float32)[None, :]).to(out_ptr.dtype.element_ty)
+    acc = acc.to(tl.float32)  # the layer's output as stored, then its SiLU and the residual
+    both = in_p[:, None] & in_n[None, :]
+    s = tl.load(prev_ptr + rows[:, None] * stride_p + n[None, :], mask=both, other=0.0).to(tl.float32)
+    silu = (acc / (1.0 + tl.exp(-acc))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + p[:, None] * stride_o + n[None, :], (s + silu).to(out_ptr.dtype.element_ty), mask=both)

@@ -67,6 +67,9 @@ class TreeBuffers:
     level_starts: tuple[int, ...]  # [depth + 2]: nodes of depth d are level_starts[d]:level_starts[d+1]
     lookup: int = 0  # the last ``lookup`` nodes: the lookup chain (root → first → … → last)
     growth: Growth | None = None  # a grown tree: each step lays out its heads' nodes anew (growth.py)
+    # [N, max(topk_needed)] long: node i's child at each rank its head proposes, -1 none (drafting
+    # writes a level's picks straight into the tokens: ``step_kernels.top_k_into``); None: grown
+    children: torch.Tensor | None = None
 
     def row(self, b: int) -> "TreeBuffers":
         """Sequence ``b``'s tree: the same buffers for a tree shared by a batch; row ``b`` of
@@ -243,6 +246,9 @@ def build_tree_buffers(tree: Tree) -> TreeBuffers:
     for r, row in enumerate(rows):
         retrieve[r, : len(row)] = torch.tensor(row)
     topk = tuple(max(p[-1] for p in paths if len(p) == d) + 1 for d in range(1, depth + 1))
+    children = torch.full((n, max(topk, default=1)), -1, dtype=torch.long)  # [N, k]
+    for i, p in enumerate(paths):
+        children[index[p[:-1]], p[-1]] = i + 1
     return TreeBuffers(
         parents=parents,
         depths=depths,
@@ -254,6 +260,7 @@ def build_tree_buffers(tree: Tree) -> TreeBuffers:
         leaf_count=len(rows),
         level_starts=tuple(itertools.accumulate(tree.level_counts, initial=0)),
         lookup=chain,
+        children=children,
     )
 
 
@@ -267,7 +274,7 @@ def _grown_skeleton(tree: Tree) -> TreeBuffers:
     retrieve[:, : star.retrieve_indices.shape[1]] = star.retrieve_indices
     return replace(star, retrieve_indices=retrieve, head_index=torch.full_like(star.head_index, -1),
                    rank=torch.full_like(star.rank, -1), topk_needed=(), level_starts=(0, 1, 1 + tree.growth.nodes),
-                   growth=tree.growth)
+                   growth=tree.growth, children=None)
 
 
 def _level_counts(paths: Paths) -> tuple[int, ...]:

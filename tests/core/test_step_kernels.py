@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=21)
+    run_in_interpreter(__file__, passed=23)
 
 
 @elsewhere
@@ -138,6 +138,35 @@ def test_the_top_k_kernel_gives_torchs_top_k(cols, k, dtype):
     assert (scores - torch.log_softmax(x.float(), -1).topk(k, dim=-1).values).abs().max().item() < 1e-5
     ties = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]], device=DEVICE, dtype=dtype)
     assert step_kernels.top_k(ties, 4)[1].tolist() == [[1, 2, 4, 0]]
+
+
+@kernels
+@pytest.mark.parametrize("tree_name,dtype,draft_vocab", [
+    ("medusa-64", torch.float32, 200), ("1-3-2+lookup-3", torch.float32, 0)]
+    + ([("medusa-64", torch.bfloat16, 200)] if DEVICE == "cuda" else []))  # the interpreter's bf16 sums: see above
+def test_the_draft_kernels_draft_the_torch_levels(tree_name, dtype, draft_vocab, monkeypatch):
+    """Hydra heads drafting one sequence's static tree (four levels, up to 30 nodes a level;
+    through a drafting vocabulary and through the whole LM head): the heads' states, each
+    level's gathers, matmul, SiLU and residual in one kernel and the top-k written into the
+    children's tokens, draft every node's token as the torch ops do; a batch keeps the torch ops."""
+    model = tiny_model(seed=4, vocab_size=300, device=DEVICE).to(dtype)
+    heads = random_heads(4, 64, 300, seed=6, scale=0.5, kind="hydra", draft_vocab=draft_vocab).to(DEVICE, dtype)
+    heads.use_draft_vocab(model.lm_head.weight)
+    buf = load_tree(tree_name).buffers.to(DEVICE)
+    embed, heads_nodes = model.draft_embedding(), buf.depths.shape[0] - buf.lookup
+    g = torch.Generator().manual_seed(7)
+    for trial in range(3):
+        hidden = torch.randn(64, generator=g).to(DEVICE, dtype)
+        root = torch.tensor(trial + 3, device=DEVICE)
+        monkeypatch.setenv("SPECMEMO_STEP_KERNELS", "1")
+        assert heads._drafts_in_kernels(hidden, buf, embed)
+        got = heads.draft(hidden, root, buf, embed, model.lm_head)[:heads_nodes]
+        monkeypatch.setenv("SPECMEMO_STEP_KERNELS", "0")
+        want = heads.draft(hidden, root, buf, embed, model.lm_head)[:heads_nodes]
+        assert torch.equal(got, want), (got, want)
+    monkeypatch.setenv("SPECMEMO_STEP_KERNELS", "1")
+    assert not heads._drafts_in_kernels(hidden[None].expand(2, 64), buf, embed)
+    assert len(set(want.tolist())) > heads_nodes // 4  # the levels drafted many distinct tokens
 
 
 @kernels
