@@ -130,6 +130,8 @@ def region_kind(kinds: dict, kind: str):
         return region_kind(kinds, kind.removesuffix("-noglue"))
     if kind.endswith("-nopicks"):  # the same regions; alternate_regions turns the picks kernel off
         return region_kind(kinds, kind.removesuffix("-nopicks"))
+    if kind.endswith("-nodraft"):  # the same regions; alternate_regions turns the drafting kernels off
+        return region_kind(kinds, kind.removesuffix("-nodraft"))
     if kind.endswith("-ctxregions"):  # the same regions; the heads' context layer runs its own (no token_layer)
         return region_kind(kinds, kind.removesuffix("-ctxregions"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
@@ -196,6 +198,8 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
                 os.environ["SPECMEMO_STEP_KERNELS"] = "0" if "-noglue" in kind else "1"
                 # "-nopicks": the acceptance's argmax through the LM head's blocks of matmuls (model.greedy_picks)
                 os.environ["SPECMEMO_PICK_KERNEL"] = "0" if "-nopicks" in kind else "1"
+                # "-nodraft": a hydra tree level's drafting as torch ops (HydraHeads._draft_in_kernels)
+                os.environ["SPECMEMO_DRAFT_KERNELS"] = "0" if "-nodraft" in kind else "1"
                 if heads is not None and heads.context is not None:  # "-ctxregions": its layer without token_layer
                     heads.context.layer.regions = dataclasses.replace(
                         EAGER_REGIONS, kernels=None if "-ctxregions" in kind else token_layer.LAUNCH)
@@ -245,7 +249,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

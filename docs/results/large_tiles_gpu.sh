@@ -7,7 +7,7 @@
 #          rows a program (SPLIT:WARPS:STAGES:MERGE_ROWS), 8 warps, chunks of 256
 #   steps: whole vicuna-7b graph steps, 1,000-token context, alternating in one process: the code's
 #          default (large tiles) against cuBLAS and the regions (compiled-notiles)
-#   exact: the layer kernels' and the attention's tests on the GPU
+#   exact: the layer kernels', the attention's and the step kernels' tests on the GPU
 #   profile: one eager vicuna-7b step of each (plain, medusa-64) under the profiler, kernels and GPU µs by
 #          phase and name (scripts/show_step_profile.py shows them)
 #   small: the default model's shape with the shipped heads, whole graph steps
@@ -30,7 +30,7 @@ steps)
   echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160 ;;
 exact)
   timeout ${2:-150} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \
-    tests/core/test_chunked_attention.py > "$OUT/exact_token_layer.log" 2>&1
+    tests/core/test_chunked_attention.py tests/core/test_step_kernels.py > "$OUT/exact_token_layer.log" 2>&1
   tail -2 "$OUT/exact_token_layer.log" ;;
 profile)
   timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees single,medusa-64 \
@@ -39,8 +39,8 @@ profile)
   echo "profile rc=$?"; python3 scripts/show_step_profile.py "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" | head -60 ;;
 small)
   timeout ${2:-120} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
-    --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats 3 --trees single,medusa-64,1-10-16-17+lookup-8 \
-    --regions compiled > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
+    --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats ${REPEATS:-3} --trees single,medusa-64,1-10-16-17+lookup-8 \
+    --regions ${REGIONS:-compiled} > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-160 ;;
 bench)  # then the planner's step timing (its fitted costs) beside the bench, and each tree's prediction
   bash docs/results/chain_pdl_gpu.sh bench ${2:-400}
