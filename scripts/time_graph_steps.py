@@ -154,6 +154,10 @@ def region_kind(kinds: dict, kind: str):
         return dataclasses.replace(kinds[base], kernels=token_layer.Launch(
             row_tiles=True, tile_n=n, tile_k=k, tile_warps=warps, tile_stages=stages, tile_m=m[0] if m else 0,
             large_tile_n=n, large_tile_stages=stages))
+    if "%" in kind:  # e.g. compiled%64:6: a large layer's o_proj and down_proj tiles (rows:stages), the rest as is
+        base, launch = kind.split("%")
+        n, stages = (int(v) for v in launch.split(":"))
+        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(large_add_n=n, large_add_stages=stages))
     if kind.endswith("-regions"):  # plain steps through the regions, not token_layer's kernels
         return dataclasses.replace(kinds[kind.removesuffix("-regions")], kernels=None)
     if "@" in kind:  # e.g. compiled@4:4:512:4: token_layer's kernels launched so (pairs:rows:block_k:warps)
@@ -249,7 +253,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

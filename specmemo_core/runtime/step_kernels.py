@@ -209,8 +209,8 @@ def takes_hydra_state(prev: torch.Tensor, embed: torch.Tensor, layer: torch.nn.L
     ``prev``'s dtype and device, rows contiguous, at most ``HYDRA_ROWS`` nodes; not with
     ``SPECMEMO_DRAFT_KERNELS=0`` (to time the torch ops it replaces)."""
     weights = (embed, layer.weight, layer.bias)
-    return (count <= HYDRA_ROWS and os.environ.get("SPECMEMO_DRAFT_KERNELS") != "0" and prev.dim() == 2 and prev.stride(-1) == 1 and applies(prev)
-            and prev.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return (count <= HYDRA_ROWS and os.environ.get("SPECMEMO_DRAFT_KERNELS") != "0" and prev.dim() == 2
+            and prev.stride(-1) == 1 and applies(prev) and prev.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and all(type(w) in (torch.Tensor, torch.nn.Parameter) and w.dtype == prev.dtype
                     and w.device == prev.device and w.stride(-1) == 1 for w in weights))
 

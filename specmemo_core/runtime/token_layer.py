@@ -92,6 +92,10 @@ class Launch:
     tile_layer_bytes: int = 64 << 20
     large_tile_n: int = 32
     large_tile_stages: int = 6
+    # a large layer's o_proj and down_proj tiles (``matmul_add_rows``), where they differ (0: as above):
+    # their 32 weight rows a program read the tokens' tile twice for each weight byte
+    large_add_n: int = 0
+    large_add_stages: int = 0
     # the norm's x·g and 1/rms by a kernel of their own before each norm tile kernel (one program a
     # token) instead of inside it, where every program redid them for its rows: on an H100 the
     # default model's medusa-64 step ran 1.197 ms against 1.335 (chain_pdl_h100/scan/)
@@ -179,7 +183,8 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
         shape = tile_shape(layer, launch)
         norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, shape=shape, pdl=tiles_pdl)
-        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, shape=shape, pdl=tiles_pdl)
+        add_shape = tile_shape(layer, launch, add=True)
+        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, shape=add_shape, pdl=tiles_pdl)
     else:
         norm_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
         matmul_add = functools.partial(_matmul_add, kernels.matmul_add, launch=launch, pdl=pdl)
@@ -214,9 +219,12 @@ class TileShape(NamedTuple):
     stages: int  # weight loads in flight, at most (``_stages`` takes fewer where they do not fit)
 
 
-def tile_shape(layer: "DecoderLayer", launch: Launch) -> TileShape:
-    """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights."""
+def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False) -> TileShape:
+    """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights
+    (``add``: o_proj's and down_proj's, ``Launch.large_add_n``)."""
     if _layer_bytes(layer) > launch.tile_layer_bytes:
+        if add and launch.large_add_n:
+            return TileShape(launch.large_add_n, launch.large_add_stages or launch.large_tile_stages)
         return TileShape(launch.large_tile_n, launch.large_tile_stages)
     return TileShape(launch.tile_n, launch.tile_stages)
 
