@@ -21,6 +21,11 @@ two (docs/results/chain_pdl_h100/: 0.04 ms less a tree step, 0.014 a plain one):
 - ``greedy_picks``: the base model's argmax at every node, the LM head scored on the tensor
   cores block by block and only each block's best kept (``CausalLM.greedy_picks``' blocks of
   matmuls, maxima, stacks and gathers: ~12 kernels).
+- ``hydra_state`` and ``top_k_into``: a hydra tree level's drafting for one sequence
+  (``HydraHeads.draft``): the parents' states and the nodes' embeddings gathered, the head's
+  input layer, its SiLU and residual in one kernel, and the level's top-k written straight into
+  its children's tokens; with the LM head's matmul between them, three kernels a level where
+  the torch ops ran about a dozen (``SPECMEMO_DRAFT_KERNELS=0`` runs those).
 
 Each answers what the torch ops it stands for answer, in the same integer arithmetic (the
 drafting top-k may order equal values otherwise: that changes a draft, never a reply). Where
