@@ -144,8 +144,8 @@ def region_kind(kinds: dict, kind: str):
     if "-pdl:" in kind:  # e.g. compiled-pdl:2:1:0: the attention's, its merge's and the tiles' dependent launch
         base, modes = kind.split("-pdl:")
         attend, merge, tiles = (int(v) for v in modes.split(":"))
-        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(  # every layer's, small or large
-            pdl_attention=(attend, merge), pdl_tiles=tiles, large_pdl_attention=(attend, merge), large_pdl_tiles=tiles))
+        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(  # every step's, one token or several
+            pdl_attention=(attend, merge), busy_pdl=(attend, merge, tiles)))
     if kind.endswith("-notiles"):  # steps of several tokens through cuBLAS and the regions, never the tiles
         return dataclasses.replace(kinds[kind.removesuffix("-notiles")], kernels=token_layer.Launch(row_tiles=False))
     if "#" in kind:  # e.g. compiled#32:128:4:5[:16]: always the tile kernels, launched so (tile_n:tile_k:warps:stages[:tile_m])

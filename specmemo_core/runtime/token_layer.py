@@ -68,17 +68,16 @@ class Launch:
     # programmatic dependent launch: each kernel's programs start (and read their first weight
     # tile) while the kernel before drains; where Triton and the GPU have it (``_dependent_launch``)
     pdl: bool = True
-    # where ``pdl`` is on, the attention's two kernels and the tiles launch so too, as
-    # ``chunked_attention_kernels.dependent_launch`` says (0 none, 1 wait then let the next start,
-    # 2 let it start then wait)
+    # where ``pdl`` is on, the attention's two kernels launch so too in a small layer's one-token
+    # step, as ``chunked_attention_kernels.dependent_launch`` says (0 none, 1 wait then let the next
+    # start, 2 let it start then wait): (1, 1) made the default model's plain step slower on an H100
+    # (0.613 ms against 0.585, large_tiles_h100/pdl/)
     pdl_attention: tuple[int, int] = (0, 0)
-    pdl_tiles: int = 0
-    # the same for a large layer's (past ``tile_layer_bytes``): each waiting first, then letting the
-    # next start. On an H100 vicuna-7b's plain step ran 5.070 ms against 5.117 without, its
-    # medusa-64 step 6.757 against 6.913 (the default model's plain step ran slower so: 0.613 ms
-    # against 0.585, large_tiles_h100/pdl/)
-    large_pdl_attention: tuple[int, int] = (1, 1)
-    large_pdl_tiles: int = 1
+    # the attention's, its merge's and the tiles' modes in a step of several tokens and in any step
+    # of a large layer (past ``tile_layer_bytes``). On an H100, each waiting first and then letting
+    # the next start: vicuna-7b's plain step 5.070 ms against 5.117 with none, its medusa-64 step
+    # 6.757 against 6.913; the default model's medusa-64 step 1.101 against 1.131
+    busy_pdl: tuple[int, int, int] = (1, 1, 1)
     # a step of several tokens through the tile kernels (``norm_pair_rows``, ``matmul_add_rows``):
     # five kernels and the attention's two a layer, where cuBLAS's matmuls, ``rotate_rows`` and
     # the compiled regions run about twelve. None: for 16-bit layers (fp32's IEEE products on the
@@ -183,7 +182,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     kernels = _kernels()
     tiles = x.shape[0] > 1 and row_tiles(layer, x, launch)
     pdl = kernels.dependent_launch and launch.pdl and x.is_cuda and _dependent_launch(x.device)
-    attention_pdl, tiles_pdl = _pdl_modes(layer, launch) if pdl else ((0, 0), 0)
+    attention_pdl, tiles_pdl = _pdl_modes(layer, x.shape[0], launch) if pdl else ((0, 0), 0)
     if x.shape[0] > 1 and not tiles:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
@@ -208,11 +207,13 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return matmul_add(hidden, mlp.down_proj, mid)
 
 
-def _pdl_modes(layer: "DecoderLayer", launch: Launch) -> tuple[tuple[int, int], int]:
-    """The attention's two kernels' and the tiles' dependent launch modes for ``layer``'s steps."""
-    if _layer_bytes(layer) > launch.tile_layer_bytes:
-        return launch.large_pdl_attention, launch.large_pdl_tiles
-    return launch.pdl_attention, launch.pdl_tiles
+def _pdl_modes(layer: "DecoderLayer", tokens: int, launch: Launch) -> tuple[tuple[int, int], int]:
+    """The attention's two kernels' and the tiles' dependent launch modes for a step of ``tokens``
+    of ``layer``: ``Launch.busy_pdl`` for several tokens or a large layer, else ``pdl_attention``."""
+    if tokens > 1 or _layer_bytes(layer) > launch.tile_layer_bytes:
+        attend, merge, tiles = launch.busy_pdl
+        return (attend, merge), tiles
+    return launch.pdl_attention, 0  # a one-token step has no tiles
 
 
 def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
