@@ -1060,3 +1060,48 @@ def test_the_large_tiles_paragraph_and_status_line_hold_their_h100_runs():
     assert bench["_run"]["device_name"].startswith("NVIDIA H100") and bench["_run"]["rounds_done"] == 3
     assert (f"the planner's `{plan['tree']}` decodes that workload at {plan['tokens_per_s']['median']:,.0f} tokens/s "
             f"there, {plan['vs_vanilla+graphs']:.2f}× plain decoding's {plain_tps:,.0f}.") in status
+
+
+def test_the_drafting_kernels_and_dependent_launch_paragraph_holds_its_h100_runs():
+    """README's session-30 paragraph is docs/results/large_tiles_h100/pdl/: whole vicuna-7b and
+    default-model steps with the drafting kernels and dependent launch against without, and the
+    profile of a tree step with them."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/large_tiles_h100/pdl"
+
+    def ms(name: str, tree: str, regions: str) -> float:
+        return _last_json(d / f"{name}.jsonl")["alternating"][f"{tree}+graphs {regions}"]["median"]
+
+    drafted, torch_ops = ms("vicuna-7b-scan1", "medusa-64", "compiled"), ms("vicuna-7b-scan1", "medusa-64",
+                                                                            "compiled-nodraft")
+    small, small_ops = ms("smollm2-135m", "medusa-64", "compiled"), ms("smollm2-135m", "medusa-64", "compiled-nodraft")
+    assert drafted < torch_ops and small < small_ops
+    assert f"took {drafted:.3f} ms against {torch_ops:.3f} with the torch ops; the default model's took {small:.3f} " \
+           f"against {small_ops:.3f}" in readme
+    plain, plain_off = ms("vicuna-7b-pdl", "single", "compiled"), ms("vicuna-7b-pdl", "single", "compiled-pdl:0:0:0")
+    tree, tree_off = ms("vicuna-7b-pdl", "medusa-64", "compiled"), ms("vicuna-7b-pdl", "medusa-64", "compiled-pdl:0:0:0")
+    small_pdl, one_pdl = ms("smollm2-135m", "medusa-64", "compiled-pdl:1:1:1"), ms("smollm2-135m", "single",
+                                                                                   "compiled-pdl:1:1:1")
+    one = ms("smollm2-135m", "single", "compiled")
+    assert plain < plain_off and tree < tree_off and small_pdl < small and one_pdl > one
+    assert (f"plain step {plain:.3f} ms against {plain_off:.3f} without, its `medusa-64` step {tree:.3f} against "
+            f"{tree_off:.3f}, the default model's tree step {small_pdl:.3f} against {small:.3f}, but the default "
+            f"model's plain step {one_pdl:.3f} against {one:.3f}") in readme
+    assert f"tree step now costs {tree / plain:.2f}× a plain one" in readme
+    from specmemo_core.runtime import token_layer
+    assert token_layer.LAUNCH.busy_pdl == (1, 1, 1) and token_layer.LAUNCH.pdl_attention == (0, 0)
+    rows = _json_lines(d / "profile-vicuna-7b.jsonl")
+    tree_row = [r for r in rows if "phases_us" in r and "draft" in r["phases_us"]][0]
+    one_row = [r for r in rows if "phases_us" in r and "draft" not in r["phases_us"]][0]
+    us = {(row is tree_row, name): t for row in (tree_row, one_row) for name, _, t in row["top"]}
+    assert tree_row["phases_us"]["draft"][0] == 13 and "drafts in 13 kernels where it ran 51" in readme
+    assert (f"q/k/v and gate/up as tiles {us[True, 'norm_pair_rows']:,.0f} against the one-token kernels' "
+            f"{us[False, 'norm_pair_matmul']:,.0f}, o_proj and down_proj {us[True, 'matmul_add_rows']:,.0f} against "
+            f"{us[False, 'matmul_add']:,.0f}, the attention "
+            f"{us[True, 'attend_chunks'] + us[True, 'merge_chunks']:,.0f} against "
+            f"{us[False, 'attend_chunks'] + us[False, 'merge_chunks']:,.0f}, the tiles' norms "
+            f"{us[True, 'norm_scale_rows']:,.0f}, drafting {tree_row['phases_us']['draft'][1]:,.0f}, committing "
+            f"{tree_row['phases_us']['commit'][1]:,.0f}") in readme
+    assert (f"o_proj's and down_proj's tiles at 64 rows ({ms('vicuna-7b-scan1', 'medusa-64', 'compiled%64:6'):.3f}), "
+            f"7 stages ({ms('vicuna-7b-pdl', 'medusa-64', 'compiled#32:128:4:7'):.3f}), fewer "
+            f"(3: {ms('vicuna-7b-scan2', 'medusa-64', 'compiled#32:128:4:3'):.3f})") in readme
