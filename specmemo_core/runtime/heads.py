@@ -211,12 +211,14 @@ class ContextLayer(nn.Module):
         return KVCache(1, m.num_kv_heads, m.head_dim, capacity, dtype, device)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache, next_emb: torch.Tensor | None = None) -> torch.Tensor:
+                cache: KVCache, next_emb: torch.Tensor | None = None, *,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [..., T, D] at scratch slots ``cache.length + i`` → h' [..., T, D] (caller commits);
-        ``mask`` [T, S] bool, as ``CausalLM.forward`` takes it; ``next_emb``: see ``inputs``."""
+        ``mask`` [T, S] bool, as ``CausalLM.forward`` takes it, or its additive ``bias`` if given
+        (``CausalLM.tables``); ``next_emb``: see ``inputs``."""
         cache.ensure_room(hidden.shape[-2])
         x = self.inputs(hidden, next_emb)
-        return self.layer(x, cos, sin, attention_bias(mask, self.mspec, hidden.dtype), cache)
+        return self.layer(x, cos, sin, attention_bias(mask, self.mspec, hidden.dtype) if bias is None else bias, cache)
 
     def forward_batch(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       next_emb: torch.Tensor | None = None) -> torch.Tensor:

@@ -135,6 +135,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.mul_(sin).addcmul_(x, cos)
 
 
+def step_tables(rope: tuple[torch.Tensor, float], positions: torch.Tensor, mask: torch.Tensor, spec: ModelSpec,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rope_tables`` at ``positions`` (``rope``: the inverse frequencies and scale) and
+    ``attention_bias`` of ``mask``: one kernel where ``step_kernels.takes_tables`` (a GPU step of
+    one sequence), the torch ops elsewhere; the same numbers either way."""
+    inv_freq, scale = rope
+    if step_kernels.takes_tables(positions, mask, inv_freq):
+        return step_kernels.step_tables(positions, mask, inv_freq=inv_freq, scale=scale,
+                                        groups=spec.num_heads // spec.num_kv_heads, dtype=dtype)
+    return (*rope_tables(inv_freq, scale, positions, dtype), attention_bias(mask, spec, dtype))
+
+
 def attention_bias(mask: torch.Tensor, spec: ModelSpec, dtype: torch.dtype) -> torch.Tensor:
     """The [..., T, S] bool mask (True = may attend) as the additive bias [..., groups·T, S]
     that ``Attention`` takes: built once per forward, not converted again in every layer,
@@ -502,6 +514,11 @@ class CausalLM(nn.Module):
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
 
+    def tables(self, positions: torch.Tensor, mask: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, ...]:
+        """cos, signed sin and the attention bias of a step of a layer shaped ``spec`` on this model's
+        device (``step_tables``): the heads' context layer's."""
+        return step_tables((self.inv_freq, self.rope_scale), positions, mask, spec, self.dtype)
+
     def forward(
         self,
         tokens: torch.Tensor,  # [..., T] token ids
@@ -523,8 +540,8 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(tokens.to(self.model.embed_tokens.weight.device))  # [..., T, D]
         for segment in self.segments():  # one, unless split: then x crosses each border once
             x = x.to(segment.device)
-            cos, sin = rope_tables(segment.inv_freq, self.rope_scale, positions.to(segment.device), self.dtype)
-            bias = attention_bias(mask.to(segment.device), self.spec, self.dtype)
+            cos, sin, bias = step_tables((segment.inv_freq, self.rope_scale), positions.to(segment.device),
+                                         mask.to(segment.device), self.spec, self.dtype)
             for layer in segment.layers:
                 x = layer(x, cos, sin, bias, cache)
         return self.model.norm(x.to(self.device))  # [..., T, D]

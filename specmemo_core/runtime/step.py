@@ -336,7 +336,8 @@ def contextualize(parts: StepParts, hidden: torch.Tensor, span: int | None = Non
     c = parts.context_cache
     positions, mask = c.prepare(torch.arange(hidden.shape[-2], device=hidden.device), span=span)
     next_emb = parts.model.draft_embedding()(next_ids) if reads_next(parts) else None
-    return parts.context(hidden, *parts.model.rope(positions), mask, c, next_emb)
+    cos, sin, bias = parts.model.tables(positions, mask, parts.context.mspec)
+    return parts.context(hidden, cos, sin, mask, c, next_emb, bias=bias)
 
 
 def commit(parts: StepParts, verified: Verified, accepted: Accepted, span: int | None) -> torch.Tensor:

@@ -200,6 +200,29 @@ def top_k_into(x: torch.Tensor, k: int, *, ids: torch.Tensor | None, children: t
         num_warps=8 if cols > 4096 else 4)
 
 
+def takes_tables(positions: torch.Tensor, mask: torch.Tensor, inv_freq: torch.Tensor) -> bool:
+    """Whether ``step_tables`` builds a step's tables: one sequence's positions [T] and bool mask
+    [T, S] (rows contiguous) and fp32 inverse frequencies, on a device where the kernels run."""
+    return (positions.dim() == 1 and mask.dim() == 2 and mask.dtype == torch.bool
+            and mask.shape[0] == positions.shape[0] and mask.stride(-1) == 1 and inv_freq.dtype == torch.float32
+            and mask.device == positions.device == inv_freq.device and applies(positions))
+
+
+def step_tables(positions: torch.Tensor, mask: torch.Tensor, *, inv_freq: torch.Tensor, scale: float, groups: int,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``model.rope_tables`` and ``model.attention_bias`` of a step in one kernel (``takes_tables``):
+    cos and signed sin [T, hd] and the bias [groups·T, S], the same numbers (the angle, its cosine
+    and sine in fp32, scaled, then rounded), where the torch ops ran about fourteen kernels."""
+    (tokens, span), half = mask.shape, inv_freq.shape[0]
+    cos = torch.empty(tokens, 2 * half, dtype=dtype, device=mask.device)
+    sin = torch.empty_like(cos)
+    bias = torch.empty(groups * tokens, span, dtype=dtype, device=mask.device)
+    _kernels().step_tables[(tokens,)](
+        positions, inv_freq, mask, cos, sin, bias, tokens, span, groups, float(scale), mask.stride(0), cos.stride(0),
+        bias.stride(0), HALF=half, BLOCK_H=_pow2(half), BLOCK_S=min(1024, _pow2(span)), LIBDEVICE=mask.is_cuda)
+    return cos, sin, bias
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     return rows if rows.stride(-1) == 1 else rows.contiguous()
@@ -247,7 +270,7 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels build and give the torch ops' answers on ``device``
     (``kernel_probe``): a 3-path tree accepted, 3 entries moved over 2 planes, a top-3, the greedy
     picks of 3 rows over a 300-row head in fp32 (the most shared memory they ask), a hydra
-    level's states."""
+    level's states, a step's rotary tables (an angle of 40 radians too) and bias."""
     try:
         tokens = torch.tensor([[5, 7, 8, 9, 4], [5, 7, 6, 9, 9]], device=device)
         picks = torch.tensor([[7, 9, 1, 2, 3], [6, 0, 9, 9, 1]], device=device)
@@ -270,6 +293,10 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
         states = hydra_state(prev, parents=level[0], tokens=level[1], level=(1, 4), prev_lo=0, embed=embed,
                              layer=layer)
         want_states = prev + torch.nn.functional.silu(layer(torch.cat((prev.expand(3, 64), embed[level[1][1:]]), -1)))
+        inv, positions = torch.tensor([1.0, 0.01], device=device), torch.tensor([3, 4000], device=device)
+        tables = step_tables(positions, torch.tensor([[True, False], [True, True]], device=device), inv_freq=inv,
+                             scale=1.0, groups=2, dtype=torch.float32)
+        angles = positions[:, None].float() * inv
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the torch ops
         return kernel_probe.failed(FAMILY, device, e, FALLBACK)
     right = (nodes.tolist() == [[0, 1, 3], [0, 2, 0]] and count.tolist() == [3, 2]
@@ -277,5 +304,8 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
              and torch.equal(moved[..., 2:4, :], cache[..., 3:5, :]) and ids.tolist()[1:4] == [1, 3, 4]
              and index.tolist() == [[1, 3, 4]] and values.tolist() == [[2.0, 2.0, 1.5]]
              and torch.equal(best, (hidden @ head.T).argmax(-1))
-             and (states - want_states).abs().max().item() < 1e-4)
+             and (states - want_states).abs().max().item() < 1e-4
+             and (tables[0] - angles.cos().repeat(1, 2)).abs().max().item() < 1e-5
+             and (tables[1][:, 2:] - angles.sin()).abs().max().item() < 1e-5
+             and tables[2].tolist() == [[0.0, float("-inf")], [0.0, 0.0]] * 2)
     return right or kernel_probe.wrong(FAMILY, device, 1.0, FALLBACK)

@@ -6,6 +6,7 @@ Their parameters are positional pointers, sizes and strides, as Triton kernels t
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -221,3 +222,37 @@ def hydra_state(prev_ptr, parents_ptr, tokens_ptr, emb_ptr, w_ptr, b_ptr, out_pt
     s = tl.load(prev_ptr + rows[:, None] * stride_p + n[None, :], mask=both, other=0.0).to(tl.float32)
     silu = (acc / (1.0 + tl.exp(-acc))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + p[:, None] * stride_o + n[None, :], (s + silu).to(out_ptr.dtype.element_ty), mask=both)
+
+
+@triton.jit
+def step_tables(pos_ptr, inv_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr, tokens, span, groups, scale,
+                stride_m, stride_t, stride_b, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+                LIBDEVICE: tl.constexpr):
+    """One program per token t of a step: its rotary tables cos, signed sin [T, 2·HALF] (as
+    ``model.rope_tables``: angle pos·inv_freq in fp32, cos and sin scaled, then rounded to the
+    tables' dtype; the sin's first half negated) and its rows g·T + t of the additive attention
+    bias [groups·T, S] (0 where ``mask`` [T, S] lets it attend, else -inf, as ``attention_bias``).
+    LIBDEVICE: the cosine and sine of CUDA's math library, as torch's take them (not the hardware's
+    approximations, whose error grows with the angle); off in Triton's interpreter, which has none."""
+    t = tl.program_id(0)
+    j = tl.arange(0, BLOCK_H)
+    live = j < HALF
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + j, mask=live, other=0.0)
+    if LIBDEVICE:
+        c = libdevice.cos(angle) * scale
+        s = libdevice.sin(angle) * scale
+    else:
+        c = tl.cos(angle) * scale
+        s = tl.sin(angle) * scale
+    row = t * stride_t
+    tl.store(cos_ptr + row + j, c.to(cos_ptr.dtype.element_ty), mask=live)
+    tl.store(cos_ptr + row + HALF + j, c.to(cos_ptr.dtype.element_ty), mask=live)
+    tl.store(sin_ptr + row + j, (-s).to(sin_ptr.dtype.element_ty), mask=live)
+    tl.store(sin_ptr + row + HALF + j, s.to(sin_ptr.dtype.element_ty), mask=live)
+    for s0 in range(0, span, BLOCK_S):
+        cols = s0 + tl.arange(0, BLOCK_S)
+        in_s = cols < span
+        seen = tl.load(mask_ptr + t * stride_m + cols, mask=in_s, other=0) != 0
+        bias = tl.where(seen, 0.0, float("-inf")).to(bias_ptr.dtype.element_ty)
+        for g in range(groups):
+            tl.store(bias_ptr + (g * tokens + t) * stride_b + cols, bias, mask=in_s)

@@ -10,6 +10,8 @@ from specmemo_core.runtime.batch import BatchDecoder
 from specmemo_core.runtime.decoding import Decoder, GenerationConfig
 from specmemo_core.runtime.heads import draft_topk, random_heads
 from specmemo_core.runtime.lookup import lookup_draft
+from specmemo_core.runtime.model import attention_bias, rope_tables
+from specmemo_core.runtime.model import step_tables as model_step_tables
 from specmemo_core.runtime.split import LayerSplit, split_model
 from specmemo_core.runtime.split_cache import SplitCache
 from specmemo_core.runtime.static_decoding import StaticDecoder, StaticKVCache, new_static_cache
@@ -23,7 +25,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=23)
+    run_in_interpreter(__file__, passed=26)
 
 
 @elsewhere
@@ -170,6 +172,32 @@ def test_the_draft_kernels_draft_the_torch_levels(tree_name, dtype, draft_vocab,
     monkeypatch.setenv("SPECMEMO_STEP_KERNELS", "1")
     assert not heads._drafts_in_kernels(hidden[None].expand(2, 64), buf, embed)
     assert len(set(want.tolist())) > heads_nodes // 4  # the levels drafted many distinct tokens
+
+
+@kernels
+@pytest.mark.parametrize("half,tokens,span,groups,dtype,scale", [
+    (32, 64, 1024, 3, torch.float32, 1.0), (64, 5, 300, 1, torch.bfloat16, 0.5), (16, 1, 128, 4, torch.float32, 1.0)])
+def test_the_tables_kernel_gives_the_rotary_tables_and_bias(half, tokens, span, groups, dtype, scale):
+    """Positions up to 30,000 (large angles), a random mask: the rotary tables as ``rope_tables``
+    gives them (on a GPU the same bits: CUDA's cosine and sine, as torch's; the interpreter's are
+    numpy's, an ulp apart at some angles) and the bias exactly as ``attention_bias``, repeated
+    for each group; ``CausalLM.forward`` takes it for a step of one sequence."""
+    g = torch.Generator().manual_seed(half + tokens)
+    inv = (1.0 / (10000 ** (torch.arange(half).float() / half))).to(DEVICE)
+    positions = torch.randint(0, 30000, (tokens,), generator=g).to(DEVICE)
+    mask = (torch.rand(tokens, span, generator=g) < 0.7).to(DEVICE)
+    spec = tiny_model(seed=1, vocab_size=16, device="cpu").spec
+    spec = type(spec)(**{**vars(spec), "num_heads": groups * 2, "num_kv_heads": 2})
+    assert step_kernels.takes_tables(positions, mask, inv)
+    cos, sin, bias = model_step_tables((inv, scale), positions, mask, spec, dtype)
+    want_cos, want_sin = rope_tables(inv, scale, positions, dtype)
+    assert torch.equal(bias, attention_bias(mask, spec, dtype))
+    for got, want in ((cos, want_cos), (sin, want_sin)):
+        if DEVICE == "cuda":
+            assert torch.equal(got, want)
+        else:
+            assert (got.float() - want.float()).abs().max().item() <= (1e-6 if dtype == torch.float32 else 8e-3)
+    assert not step_kernels.takes_tables(positions[None], mask[None], inv)  # a batch: the torch ops
 
 
 @kernels
