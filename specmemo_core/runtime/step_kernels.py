@@ -204,7 +204,8 @@ def takes_tables(positions: torch.Tensor, mask: torch.Tensor, inv_freq: torch.Te
     """Whether ``step_tables`` builds a step's tables: one sequence's positions [T] and bool mask
     [T, S] (rows contiguous) and fp32 inverse frequencies, on a device where the kernels run; not
     with ``SPECMEMO_TABLES_KERNEL=0`` (to time the torch ops it replaces)."""
-    return (os.environ.get("SPECMEMO_TABLES_KERNEL") != "0" and positions.dim() == 1 and mask.dim() == 2 and mask.dtype == torch.bool
+    return (os.environ.get("SPECMEMO_TABLES_KERNEL") != "0" and positions.dim() == 1 and mask.dim() == 2
+            and mask.dtype == torch.bool
             and mask.shape[0] == positions.shape[0] and mask.stride(-1) == 1 and inv_freq.dtype == torch.float32
             and mask.device == positions.device == inv_freq.device and applies(positions))
 
