@@ -207,7 +207,8 @@ def takes_tables(positions: torch.Tensor, mask: torch.Tensor, inv_freq: torch.Te
     return (os.environ.get("SPECMEMO_TABLES_KERNEL") != "0" and positions.dim() == 1 and mask.dim() == 2
             and mask.dtype == torch.bool
             and mask.shape[0] == positions.shape[0] and mask.stride(-1) == 1 and inv_freq.dtype == torch.float32
-            and mask.device == positions.device == inv_freq.device and applies(positions))
+            and mask.device == positions.device == inv_freq.device and applies(positions)
+            and (not mask.is_cuda or kernel_probe.runs_on(TABLES, mask.device, torch.float32, _probe_tables)))
 
 
 def step_tables(positions: torch.Tensor, mask: torch.Tensor, *, inv_freq: torch.Tensor, scale: float, groups: int,
@@ -221,8 +222,27 @@ def step_tables(positions: torch.Tensor, mask: torch.Tensor, *, inv_freq: torch.
     bias = torch.empty(groups * tokens, span, dtype=dtype, device=mask.device)
     _kernels().step_tables[(tokens,)](
         positions, inv_freq, mask, cos, sin, bias, tokens, span, groups, float(scale), mask.stride(0), cos.stride(0),
-        bias.stride(0), HALF=half, BLOCK_H=_pow2(half), BLOCK_S=min(1024, _pow2(span)), LIBDEVICE=mask.is_cuda)
+        bias.stride(0), HALF=half, BLOCK_H=_pow2(half), BLOCK_S=min(1024, _pow2(span)),
+        LIBDEVICE=mask.is_cuda and _kernels().libdevice is not None)
     return cos, sin, bias
+
+
+TABLES = "a step's rotary tables and bias kernel"  # its own probe: a failure leaves the other kernels on
+
+
+def _probe_tables(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``step_tables`` builds and gives torch's tables on ``device``: angles of 3 and 40
+    radians, two groups."""
+    try:
+        inv, positions = torch.tensor([1.0, 0.01], device=device), torch.tensor([3, 4000], device=device)
+        cos, sin, bias = step_tables(positions, torch.tensor([[True, False], [True, True]], device=device),
+                                     inv_freq=inv, scale=1.0, groups=2, dtype=torch.float32)
+        angles = positions[:, None].float() * inv
+    except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the torch ops
+        return kernel_probe.failed(TABLES, device, e, "the tables are torch ops")
+    error = max((cos - angles.cos().repeat(1, 2)).abs().max().item(), (sin[:, 2:] - angles.sin()).abs().max().item())
+    right = error < 1e-5 and bias.tolist() == [[0.0, float("-inf")], [0.0, 0.0]] * 2
+    return right or kernel_probe.wrong(TABLES, device, error, "the tables are torch ops")
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -272,7 +292,7 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels build and give the torch ops' answers on ``device``
     (``kernel_probe``): a 3-path tree accepted, 3 entries moved over 2 planes, a top-3, the greedy
     picks of 3 rows over a 300-row head in fp32 (the most shared memory they ask), a hydra
-    level's states, a step's rotary tables (an angle of 40 radians too) and bias."""
+    level's states."""
     try:
         tokens = torch.tensor([[5, 7, 8, 9, 4], [5, 7, 6, 9, 9]], device=device)
         picks = torch.tensor([[7, 9, 1, 2, 3], [6, 0, 9, 9, 1]], device=device)
@@ -295,10 +315,6 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
         states = hydra_state(prev, parents=level[0], tokens=level[1], level=(1, 4), prev_lo=0, embed=embed,
                              layer=layer)
         want_states = prev + torch.nn.functional.silu(layer(torch.cat((prev.expand(3, 64), embed[level[1][1:]]), -1)))
-        inv, positions = torch.tensor([1.0, 0.01], device=device), torch.tensor([3, 4000], device=device)
-        tables = step_tables(positions, torch.tensor([[True, False], [True, True]], device=device), inv_freq=inv,
-                             scale=1.0, groups=2, dtype=torch.float32)
-        angles = positions[:, None].float() * inv
     except Exception as e:  # noqa: BLE001 - any failure to build or launch means: the torch ops
         return kernel_probe.failed(FAMILY, device, e, FALLBACK)
     right = (nodes.tolist() == [[0, 1, 3], [0, 2, 0]] and count.tolist() == [3, 2]
@@ -306,8 +322,5 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
              and torch.equal(moved[..., 2:4, :], cache[..., 3:5, :]) and ids.tolist()[1:4] == [1, 3, 4]
              and index.tolist() == [[1, 3, 4]] and values.tolist() == [[2.0, 2.0, 1.5]]
              and torch.equal(best, (hidden @ head.T).argmax(-1))
-             and (states - want_states).abs().max().item() < 1e-4
-             and (tables[0] - angles.cos().repeat(1, 2)).abs().max().item() < 1e-5
-             and (tables[1][:, 2:] - angles.sin()).abs().max().item() < 1e-5
-             and tables[2].tolist() == [[0.0, float("-inf")], [0.0, 0.0]] * 2)
+             and (states - want_states).abs().max().item() < 1e-4)
     return right or kernel_probe.wrong(FAMILY, device, 1.0, FALLBACK)

@@ -6,7 +6,11 @@ Their parameters are positional pointers, sizes and strides, as Triton kernels t
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
+
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # an older Triton: ``step_tables`` takes tl.cos and tl.sin (LIBDEVICE off)
+    libdevice = None
 
 
 @triton.jit

@@ -33,9 +33,16 @@ def test_where_the_kernels_cannot_run_the_probe_says_why_and_torch_stays(caplog)
     assert_probe_falls_back(step_kernels._probe, caplog, says=("decoding-step glue kernels unavailable", "torch ops"))
 
 
+@elsewhere
+def test_where_the_tables_kernel_cannot_run_its_probe_says_why(caplog):
+    assert_probe_falls_back(step_kernels._probe_tables, caplog, says=("rotary tables and bias kernel unavailable",
+                                                                      "the tables are torch ops"))
+
+
 @kernels
 def test_the_probe_passes_where_the_kernels_run():
     assert step_kernels._probe(torch.device(DEVICE), torch.long) is True
+    assert step_kernels._probe_tables(torch.device(DEVICE), torch.float32) is True
 
 
 def _accept(model, tokens, hidden, buf, monkeypatch, on: bool):
