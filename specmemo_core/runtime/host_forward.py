@@ -21,7 +21,7 @@ from torch import nn
 from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.cpu_linear import Int8RowLinear
 from specmemo_core.runtime.kv_cache import KVCache
-from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables
+from specmemo_core.runtime.model import ModelSpec, rope_inverse_frequencies, rope_tables, step_tables
 
 
 @dataclass
@@ -108,6 +108,10 @@ class HostForwardLM(nn.Module):
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.inv_freq, self.rope_scale, positions, self.dtype)
+
+    def tables(self, positions: torch.Tensor, mask: torch.Tensor, spec: ModelSpec) -> tuple[torch.Tensor, ...]:
+        """As ``CausalLM.tables``: the heads' context layer's rotary tables and attention bias."""
+        return step_tables((self.inv_freq, self.rope_scale), positions, mask, spec, self.dtype)
 
     def _kept(self, hidden: torch.Tensor) -> slice | torch.Tensor | None:
         """Which rows of the last forward ``hidden``'s rows are ([T] indices, or every one in order),
