@@ -30,6 +30,8 @@ def real_window(qtbot, shared_data_dir, tmp_path):
 
     store = ChatStore(tmp_path / "history.sqlite3")
     window = MainWindow(store, ChatSettings(max_reply_tokens=16), tmp_path, loader)
+    # questions recorded and closed, not shown: a failed reply's modal dialog would stop the suite
+    window.dialogs = Answers()
     qtbot.addWidget(window)
     window.show()
     window.start()
@@ -46,6 +48,7 @@ def test_real_model_replies_through_the_worker(qtbot, real_window, tmp_path):
     window.chat.worker.token_ready.connect(pieces.append)  # direct: in the worker's order
     type_and_send(qtbot, window, "Write a Python function that adds two numbers.")
     wait_reply(qtbot, window)
+    assert not window.dialogs.asked, window.dialogs.asked  # e.g. ("The reply failed", what went wrong, …)
     reply = window.history[-1][2]
     assert window.history[-1][1] == "assistant" and reply.strip()
     assert len(pieces) > 1 and "".join(pieces) == reply  # streamed piece by piece, nothing lost
