@@ -19,6 +19,10 @@ def main() -> None:
                 print(row["kernel_us_total"], row["phases_us"])
                 for kernel in row["top"][:30]:
                     print("   ", kernel)
+                for phase, kernels in row.get("by_phase", {}).items():
+                    print("  ", phase)
+                    for kernel in kernels:
+                        print("     ", kernel)
             elif "tree" in row:
                 print(row)
 

@@ -31,6 +31,15 @@ from specmemo_core.runtime.step import GreedyAcceptance, StepUnit
 from specmemo_core.runtime.tree import load_tree
 
 
+def _busiest(events, count: int = 15) -> list:
+    """A phase's kernels by name: (name, launches, GPU µs), the busiest ``count``."""
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name[:60], []).append(e.device_time_total)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:count]
+    return [(name, len(us), round(sum(us), 1)) for name, us in top]
+
+
 def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096) -> int:
     """GPU kernels launched by one greedy step unit, run uncaptured under the profiler
     (printing where their time goes; the step's one host read included)."""
@@ -61,12 +70,12 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
     # kernels and their GPU µs, by the phase they started in
-    inside = {name: [e.device_time_total for e in kernels if span.start <= e.time_range.start < span.end]
-              for name, span in spans.items()}
-    phases = {name: [len(us), round(sum(us), 1)] for name, us in inside.items()}
+    inside = {name: [e for e in kernels if span.start <= e.time_range.start < span.end] for name, span in spans.items()}
+    phases = {name: [len(es), round(sum(e.device_time_total for e in es), 1)] for name, es in inside.items()}
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
                       "phases_us": phases,
-                      "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top]}), flush=True)
+                      "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top],
+                      "by_phase": {name: _busiest(es) for name, es in inside.items()}}), flush=True)
     return len(kernels)
 
 
