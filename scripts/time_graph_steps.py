@@ -70,7 +70,8 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
     # kernels and their GPU µs, by the phase they started in
-    inside = {name: [e for e in kernels if span.start <= e.time_range.start < span.end] for name, span in spans.items()}
+    inside = {name: [e for e in kernels if span.start <= e.time_range.start < span.end]
+              for name, span in spans.items()}
     phases = {name: [len(es), round(sum(e.device_time_total for e in es), 1)] for name, es in inside.items()}
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
                       "phases_us": phases,
