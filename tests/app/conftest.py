@@ -36,6 +36,21 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+class NoQuestions:
+    """The window's dialogs where a test expects none (a test that expects some sets ``Answers``):
+    a question or notice would open a modal box that nobody closes, and the suite would stop there;
+    this fails the test with its text instead."""
+
+    def ask(self, title, text, choices):
+        raise AssertionError(f"unexpected question {title!r}: {text} {choices}")
+
+    def tell(self, title, text):
+        raise AssertionError(f"unexpected notice {title!r}: {text}")
+
+    def inform(self, title, text):
+        raise AssertionError(f"unexpected notice {title!r}: {text}")
+
+
 @pytest.fixture
 def make_window(qtbot, folder: Path):
     """make_window(runtime=fake, loader=None) → a shown MainWindow on ``folder``/history.sqlite3."""
@@ -49,6 +64,7 @@ def make_window(qtbot, folder: Path):
         settings = settings or (runtime.settings if runtime else ChatSettings())
         kwargs = {"loader": loader} if loader is not None else {}
         window = MainWindow(store, settings, folder, **kwargs)
+        window.dialogs = NoQuestions()
         qtbot.addWidget(window)
         window.show()
         if start and runtime is not None:
