@@ -32,7 +32,7 @@ from specmemo_core.runtime.tree import load_tree
 
 
 def _busiest(events, count: int = 15) -> list:
-    """A phase's kernels by name: (name, launches, GPU µs), the busiest ``count``."""
+    """Kernels by name (a step's, or a phase's): (name, launches, GPU µs), the busiest ``count``."""
     by_name: dict[str, list[float]] = {}
     for e in events:
         by_name.setdefault(e.name[:60], []).append(e.device_time_total)
@@ -65,17 +65,13 @@ def count_kernels(model, heads, tree, context: int = 1000, capacity: int = 4096)
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     spans = {e.name: e.time_range for e in events if e.name in PHASES}  # each phase's span on the GPU
     kernels = [e for e in events if e.name not in PHASES]
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name[:60], []).append(e.device_time_total)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
     # kernels and their GPU µs, by the phase they started in
     inside = {name: [e for e in kernels if span.start <= e.time_range.start < span.end]
               for name, span in spans.items()}
     phases = {name: [len(es), round(sum(e.device_time_total for e in es), 1)] for name, es in inside.items()}
     print(json.dumps({"kernel_us_total": round(sum(e.device_time_total for e in kernels), 1),
                       "phases_us": phases,
-                      "top": [(kernel, len(us), round(sum(us), 1)) for kernel, us in top],
+                      "top": _busiest(kernels, 40),
                       "by_phase": {name: _busiest(es) for name, es in inside.items()}}), flush=True)
     return len(kernels)
 

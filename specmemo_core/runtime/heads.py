@@ -374,8 +374,7 @@ class HydraHeads(nn.Module):
         """Whether a tree's levels draft through ``step_kernels`` (``_draft_in_kernels``): one
         sequence, a static tree, plain weights where the kernels run, top-k rows they take."""
         starts = tree.level_starts
-        if (hidden.dim() != 1 or tree.children is None or len(starts) < 3 or not isinstance(embed, nn.Embedding)
-                or not step_kernels.applies(hidden)):  # a CPU step leaves here (its heads may be packed)
+        if hidden.dim() != 1 or tree.children is None or len(starts) < 3 or not isinstance(embed, nn.Embedding):
             return False
         vocab = self.spec.draft_vocab if self.vocab_head is not None else self.spec.vocab_size
         widest = max(starts[d + 1] - starts[d] for d in range(len(starts) - 2))

@@ -258,11 +258,11 @@ def takes_hydra_state(prev: torch.Tensor, embed: torch.Tensor, layer: torch.nn.L
     plain weights (the token embedding [V, D], the head's input layer [D, 2D] with its bias) of
     ``prev``'s dtype and device, rows contiguous, at most ``HYDRA_ROWS`` nodes; not with
     ``SPECMEMO_DRAFT_KERNELS=0`` (to time the torch ops it replaces)."""
-    weights = (embed, layer.weight, layer.bias)
     return (count <= HYDRA_ROWS and os.environ.get("SPECMEMO_DRAFT_KERNELS") != "0" and prev.dim() == 2
             and prev.stride(-1) == 1 and applies(prev) and prev.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and all(type(w) in (torch.Tensor, torch.nn.Parameter) and w.dtype == prev.dtype
-                    and w.device == prev.device and w.stride(-1) == 1 for w in weights))
+                    and w.device == prev.device and w.stride(-1) == 1
+                    for w in (embed, layer.weight, layer.bias)))  # read where the kernels run (a CPU's: packed)
 
 
 def hydra_state(prev: torch.Tensor, *, parents: torch.Tensor, tokens: torch.Tensor, level: tuple[int, int],
@@ -274,7 +274,7 @@ def hydra_state(prev: torch.Tensor, *, parents: torch.Tensor, tokens: torch.Tens
     (lo, hi), d_model = level, prev.shape[-1]
     out = torch.empty(hi - lo, d_model, dtype=prev.dtype, device=prev.device)
     block_n, block_k = (32, 128) if d_model >= 2048 else (16, 64)
-    block_p = max(16, _pow2(hi - lo))
+    block_p = _pow2(hi - lo)  # at least 16: the tensor cores' least
     stages = kernel_probe.fitting_stages(4, stage_bytes=2 * (block_p + block_n) * block_k * prev.element_size(),
                                          shared_bytes=kernel_probe.shared_bytes(prev.device))
     _kernels().hydra_state[(-(-d_model // block_n),)](

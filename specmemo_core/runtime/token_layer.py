@@ -210,7 +210,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 def _pdl_modes(layer: "DecoderLayer", tokens: int, launch: Launch) -> tuple[tuple[int, int], int]:
     """The attention's two kernels' and the tiles' dependent launch modes for a step of ``tokens``
     of ``layer``: ``Launch.busy_pdl`` for several tokens or a large layer, else ``pdl_attention``."""
-    if tokens > 1 or _layer_bytes(layer) > launch.tile_layer_bytes:
+    if tokens > 1 or _large(layer, launch):
         attend, merge, tiles = launch.busy_pdl
         return (attend, merge), tiles
     return launch.pdl_attention, 0  # a one-token step has no tiles
@@ -225,7 +225,7 @@ def row_tiles(layer: "DecoderLayer", x: torch.Tensor, launch: Launch) -> bool:
         return launch.row_tiles
     if x.dtype not in (torch.bfloat16, torch.float16):
         return False
-    return x.shape[0] <= TILE_M or _layer_bytes(layer) <= launch.tile_layer_bytes
+    return x.shape[0] <= TILE_M or not _large(layer, launch)
 
 
 class TileShape(NamedTuple):
@@ -236,11 +236,18 @@ class TileShape(NamedTuple):
 def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False) -> TileShape:
     """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights
     (``add``: o_proj's and down_proj's, ``Launch.large_add_n``)."""
-    if _layer_bytes(layer) > launch.tile_layer_bytes:
+    if _large(layer, launch):
         if add and launch.large_add_n:
             return TileShape(launch.large_add_n, launch.large_add_stages or launch.large_tile_stages)
         return TileShape(launch.large_tile_n, launch.large_tile_stages)
     return TileShape(launch.tile_n, launch.tile_stages)
+
+
+def _large(layer: "DecoderLayer", launch: Launch) -> bool:
+    """Whether ``layer`` is a large one (past ``launch.tile_layer_bytes``): its tiles, its prompt
+    chunks' matmuls and its dependent launch follow from that (``tile_shape``, ``row_tiles``,
+    ``_pdl_modes``)."""
+    return _layer_bytes(layer) > launch.tile_layer_bytes
 
 
 def _layer_bytes(layer: "DecoderLayer") -> int:
