@@ -1005,7 +1005,7 @@ def test_the_tiles_norm_apart_sentence_holds_its_h100_scan():
 def test_the_large_tiles_paragraph_and_status_line_hold_their_h100_runs():
     """README's session-29 paragraph is docs/results/large_tiles_h100/: whole vicuna-7b and
     llama-3-8b steps with the tiles forced against cuBLAS (the large shape the fastest), the
-    profile before; the status line's H100 figures are its bench."""
+    profile before; the status line's H100 figures are the newest bench (session 31's, tables/)."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     status = " ".join((REPO / "README.md").read_text(encoding="utf-8").split("\n\n")[2].split())
     d = REPO / "docs/results/large_tiles_h100"
@@ -1055,7 +1055,7 @@ def test_the_large_tiles_paragraph_and_status_line_hold_their_h100_runs():
             f"(its merge of the chunks {kernel_ms(tree, 'merge_chunks'):.2f} against "
             f"{kernel_ms(one, 'merge_chunks'):.2f}), drafting {tree['phases_us']['draft'][1] / 1000:.2f}, "
             f"committing {tree['phases_us']['commit'][1] / 1000:.2f}.") in readme
-    bench = json.loads((d / "bench_mtbench20_bf16.json").read_text(encoding="utf-8"))
+    bench = json.loads((d / "tables/bench_mtbench20_bf16.json").read_text(encoding="utf-8"))  # the newest
     plan, plain_tps = bench["plan"], bench["vanilla+graphs"]["tokens_per_s"]["median"]
     assert bench["_run"]["device_name"].startswith("NVIDIA H100") and bench["_run"]["rounds_done"] == 3
     assert (f"the planner's `{plan['tree']}` decodes that workload at {plan['tokens_per_s']['median']:,.0f} tokens/s "
@@ -1090,6 +1090,18 @@ def test_the_drafting_kernels_and_dependent_launch_paragraph_holds_its_h100_runs
     assert f"tree step now costs {tree / plain:.2f}× a plain one" in readme
     from specmemo_core.runtime import token_layer
     assert token_layer.LAUNCH.busy_pdl == (1, 1, 1) and token_layer.LAUNCH.pdl_attention == (0, 0)
+    tables = d.parent / "tables"
+    big = _last_json(tables / "vicuna-7b.jsonl")["alternating"]
+    few = _last_json(tables / "smollm2-135m.jsonl")["alternating"]
+    (vt, vt0), (vp, vp0), (st, st0), (sp, sp0) = ((runs[f"{tree}+graphs compiled"]["median"],
+                                                   runs[f"{tree}+graphs compiled-notables"]["median"])
+                                                  for runs in (big, few) for tree in ("medusa-64", "single"))
+    assert vt < vt0 and st < st0 and sp < sp0
+    assert (f"vicuna-7b's `medusa-64` step {vt:.3f} ms against {vt0:.3f}, its plain step {vp:.3f} against {vp0:.3f} "
+            f"({vt / vp:.2f}×); the default model's `medusa-64` step {st:.3f} against {st0:.3f}, its plain step "
+            f"{sp:.3f} against {sp0:.3f}.") in readme
+    log = (tables / "exact_token_layer.log").read_text(encoding="utf-8")
+    assert "58 passed" in log and "failed" not in log
     rows = _json_lines(d / "profile-vicuna-7b.jsonl")
     tree_row = [r for r in rows if "phases_us" in r and "draft" in r["phases_us"]][0]
     one_row = [r for r in rows if "phases_us" in r and "draft" not in r["phases_us"]][0]
