@@ -33,13 +33,13 @@ exact)
     tests/core/test_chunked_attention.py tests/core/test_step_kernels.py > "$OUT/exact_token_layer.log" 2>&1
   tail -2 "$OUT/exact_token_layer.log" ;;
 profile)
-  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees single,medusa-64 \
-    --modes graphs --steps 30 --kernels --compile --draft-vocab 8192 \
+  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees ${TREES:-single,medusa-64} \
+    --modes graphs --steps 30 --kernels --compile --draft-vocab 8192 ${HEADS:+--heads $HEADS} \
     > "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/profile-${SHAPE:-vicuna-7b}.err"
   echo "profile rc=$?"; python3 scripts/show_step_profile.py "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" | head -60 ;;
 small)
   timeout ${2:-120} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 \
-    --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats ${REPEATS:-3} --trees single,medusa-64,1-10-16-17+lookup-8 \
+    --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats ${REPEATS:-3} --trees ${TREES:-single,medusa-64,1-10-16-17+lookup-8} \
     --regions ${REGIONS:-compiled} > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-160 ;;
 bench)  # then the planner's step timing (its fitted costs) beside the bench, and each tree's prediction

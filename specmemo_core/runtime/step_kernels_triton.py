@@ -120,7 +120,7 @@ def lookup_chain(ids_ptr, length_ptr, root_ptr, out_ptr, capacity, count, stride
     root = tl.load(root_ptr + b)
     best_score = tl.full((), -1, tl.int64)
     best = tl.full((), 0, tl.int64)
-    for start in range(0, capacity, BLOCK):
+    for start in range(0, length, BLOCK):  # only the committed slots (the cache's capacity may be 8× more)
         p = start + tl.arange(0, BLOCK).to(tl.int64)
         run = p < length
         matched = tl.zeros((BLOCK,), tl.int64)
