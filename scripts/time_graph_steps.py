@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,7 +29,7 @@ from specmemo_core.planning.plan_check import random_model
 from specmemo_core.runtime.static_decoding import StaticDecoder, new_static_cache
 from specmemo_core.runtime.step import STEP_PHASES as PHASES
 from specmemo_core.runtime.step import GreedyAcceptance, StepUnit
-from specmemo_core.runtime.tree import load_tree
+from specmemo_core.runtime.engine import resolve_tree
 
 
 def _busiest(events, count: int = 15) -> list:
@@ -140,8 +141,6 @@ def region_kind(kinds: dict, kind: str):
         return region_kind(kinds, kind.removesuffix("-nodraft"))
     if kind.endswith("-notables"):  # the same regions; alternate_regions turns the tables kernel off
         return region_kind(kinds, kind.removesuffix("-notables"))
-    if kind.endswith("-twomerge"):  # the same regions; alternate_regions merges the attention's chunks apart
-        return region_kind(kinds, kind.removesuffix("-twomerge"))
     if kind.endswith("-ctxregions"):  # the same regions; the heads' context layer runs its own (no token_layer)
         return region_kind(kinds, kind.removesuffix("-ctxregions"))
     if kind.endswith("-sdpa"):  # attention by SDPA instead of the chunked kernel (and no one-token kernels)
@@ -200,7 +199,7 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
         kinds[kind] = region_kind(kinds, kind)
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
-        tree = None if name == "single" else load_tree(name)
+        tree = None if name == "single" else resolve_tree(name, Path(args.heads) if args.heads else None)
         heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         times: dict[str, list[float]] = {k: [] for k in args.regions.split(",")}
         for _ in range(args.repeats):
@@ -216,8 +215,6 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
                 os.environ["SPECMEMO_DRAFT_KERNELS"] = "0" if "-nodraft" in kind else "1"
                 # "-notables": a step's rotary tables and bias as torch ops (model.step_tables)
                 os.environ["SPECMEMO_TABLES_KERNEL"] = "0" if "-notables" in kind else "1"
-                # "-twomerge": the attention's chunks merged by a kernel of their own (chunked_attention.merged_in_place)
-                os.environ["SPECMEMO_FUSED_MERGE"] = "0" if "-twomerge" in kind else "1"
                 if heads is not None and heads.context is not None:  # "-ctxregions": its layer without token_layer
                     heads.context.layer.regions = dataclasses.replace(
                         EAGER_REGIONS, kernels=None if "-ctxregions" in kind else token_layer.LAUNCH)
@@ -239,7 +236,7 @@ def alternate_topk(model, args) -> dict[str, dict[str, float]]:
     shape = model.spec
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
-        tree = None if name == "single" else load_tree(name)
+        tree = None if name == "single" else resolve_tree(name, Path(args.heads) if args.heads else None)
         chunks = [int(c) for c in args.topk_chunks.split(",")] if tree else [0]
         heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         times: dict[int, list[float]] = {c: [] for c in chunks}
@@ -267,7 +264,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -notables: the rotary tables and bias as torch ops; any -twomerge: the attention's merge as a kernel of its own; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -notables: the rotary tables and bias as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "
@@ -298,7 +295,7 @@ def main() -> None:
         print(json.dumps(out))
         return
     for name in args.trees.split(","):
-        tree = None if name == "single" else load_tree(name)
+        tree = None if name == "single" else resolve_tree(name, Path(args.heads) if args.heads else None)
         heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         for mode in args.modes.split(","):
             t0 = time.perf_counter()

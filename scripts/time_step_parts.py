@@ -111,26 +111,24 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    counters = torch.zeros(chunked_attention.counters_needed(hkv), dtype=torch.int32, device="cuda")
-
-    def chunked(split, warps, stages, bias_reads="tail", merge_rows=None, merged=True):  # ours
-        def run():  # (``runtime/chunked_attention.py``; merged: in its first kernel, as a static cache's steps)
+    def chunked(split, warps, stages, bias_reads="tail", merge_rows=None):  # ours
+        def run():  # (``runtime/chunked_attention.py``)
             for k, v in zip(keys, values):
                 chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split,
                                          warps=warps, stages=stages, tail_bias=bias_reads == "tail",
-                                         merge_rows=merge_rows, counters=counters if merged else None)
+                                         merge_rows=merge_rows)
         return run
     out["chunked"] = chunked(chunked_attention.SPLIT, chunked_attention.WARPS, None)
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
     print(json.dumps({"chunked_vs_sdpa_max_abs": float((got.float() - ref_rows.float()).abs().max())}), flush=True)
-    for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS][:MERGE_ROWS][:two], to choose the defaults by
+    for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS][:MERGE_ROWS], to choose the defaults by
         split, warps, stages, *rest = variant.split(":")
         bias_reads = "all" if "all" in rest else "tail"
         merge_rows = next((int(v) for v in rest if v.isdigit()), None)
         out[f"chunked-{variant}"] = chunked(int(split), int(warps), None if stages == "auto" else int(stages),
-                                            bias_reads, merge_rows, merged="two" not in rest)
+                                            bias_reads, merge_rows)
         got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g,
                                        split=int(split), tail_bias=bias_reads == "tail", merge_rows=merge_rows)
         print(json.dumps({"tokens": tokens, f"chunked-{variant}_vs_sdpa_max_abs":
@@ -183,9 +181,8 @@ def main() -> None:
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument("--no-others", action="store_true", help="attention: ours and cuDNN's only (no flex, math, ...)")
     ap.add_argument("--variants", default="", help="attention: ours at these chunk sizes and launches too, "
-                    "SPLIT:WARPS:STAGES[:BIAS][:MERGE_ROWS][:two] (STAGES auto: by the rows; BIAS all: the bias read at "
-                    "every slot, tail: at the step's own only, the default; two: the merge a kernel of its own), "
-                    "e.g. 256:4:3,128:4:auto:all,128:4:auto:two")
+                    "SPLIT:WARPS:STAGES[:BIAS] (STAGES auto: by the rows; BIAS all: the bias read at every "
+                    "slot, tail: at the step's own only, the default), e.g. 256:4:3,128:4:auto:all")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     shape = known_shape(args.shape)

@@ -40,7 +40,6 @@ MERGE_BLOCK = 16  # chunks merged at once by the second kernel
 # default model's 0.274 and 0.176 (0.295, 0.176). 16 rows of 64-wide heads broke Triton 3.6's compiler
 MERGE_ROWS = 8
 FAMILY, FALLBACK = "chunked attention", "attention runs through SDPA, slower for trees and grouped heads"
-MERGE_FAMILY, MERGE_FALLBACK = "chunked attention's in-place merge", "the chunks merge in a kernel of their own"
 WARPS = 4  # warps a program of the first kernel
 # stages of its slot loop's pipeline, by rows: 3 for a plain step's few, 2 for a tree's (on the
 # H200 a 64-node tree's attention ran 0.90 -> 0.73 ms for 32 layers, a plain step's 0.357 -> 0.365
@@ -110,42 +109,13 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
                 return kernel_probe.failed(FAMILY, device, e, FALLBACK)
             want = F.scaled_dot_product_attention(q[None], keys[None, :, :200], values[None, :, :200])[0]
             worst = max(worst, (got.float() - want.transpose(0, 1).reshape(rows, 2 * hd).float()).abs().max().item())
-    if worst >= 0.05:
-        return kernel_probe.wrong(FAMILY, device, worst, FALLBACK)
-    if device.type == "cuda":  # asked now, before any capture
-        kernel_probe.runs_on(MERGE_FAMILY, device, dtype, _probe_merge)
-    return True
-
-
-def _probe_merge(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``attend`` merged in place (``merged_in_place``) gives the two kernels' output bit
-    for bit on ``device`` in ``dtype`` and leaves its counters zero: 3 key/value heads of 64 and
-    128 wide over 1,000 of 1,024 slots, for 3 rows, 40 and 192 (a plain step's, a tree's, the
-    default model's 64-node tree's). Else the merge stays a kernel of its own."""
-    g = torch.Generator(device="cpu").manual_seed(1)
-    for hd in (64, 128):
-        for rows in (3, 40, 192):
-            q, keys, values = (torch.randn(3, n, hd, generator=g).to(device, dtype) for n in (rows, 1024, 1024))
-            bias = torch.zeros(rows, 1024, device=device, dtype=dtype)
-            bias[:, 1000:] = float("-inf")
-            length = torch.tensor(1000 - rows, device=device)
-            counters = torch.zeros(counters_needed(3), dtype=torch.int32, device=device)
-            try:
-                two = attend(q, keys, values, bias, length, new_tokens=rows, groups=1, in_place=False)
-                one = attend(q, keys, values, bias, length, new_tokens=rows, groups=1, counters=counters, in_place=True)
-            except Exception as e:  # noqa: BLE001 - any failure to build or launch means: two kernels
-                return kernel_probe.failed(MERGE_FAMILY, device, e, MERGE_FALLBACK)
-            if counters.any() or not torch.equal(one, two):
-                worst = (one.float() - two.float()).abs().max().item()
-                return kernel_probe.wrong(MERGE_FAMILY, device, worst if worst else float("nan"), MERGE_FALLBACK)
-    return True
+    return worst < 0.05 or kernel_probe.wrong(FAMILY, device, worst, FALLBACK)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
-           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None,
-           counters: torch.Tensor | None = None, in_place: bool | None = None) -> torch.Tensor:
+           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -156,11 +126,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     masks them); False reads it at every slot (only to time the difference). ``pdl``: the two
     kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
     none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps).
-    ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``).
-    ``counters``: int32 zeros, at least ``counters_needed`` (a static cache's, ``KVCache.attention_counters``):
-    given, the first kernel's last program for each block of rows merges them where
-    ``merged_in_place`` says (``in_place`` True or False: always or never, for the probe and tests),
-    so one kernel runs where two did."""
+    ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
@@ -173,42 +139,18 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     m = torch.empty(hkv, splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     acc = torch.empty(hkv, splits, rows, hd, dtype=torch.float32, device=q.device)
-    out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
-    merge_rows = merge_rows or MERGE_ROWS
-    merged = in_place if in_place is not None else merged_in_place(
-        counters, warps=warps, merge_rows=merge_rows, block_m=block_m, blocks=hkv * triton.cdiv(rows, block_m),
-        dtype=q.dtype)
     attend_chunks[(splits, hkv, triton.cdiv(rows, block_m))](
         q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-        bias.stride(0), counters if merged else m, out, groups, out.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split,
-        CHUNK=CHUNK, IEEE=q.dtype == torch.float32, TAIL_BIAS=tail_bias, PDL=pdl[0], MERGE=merged,
-        MERGE_BLOCK=MERGE_BLOCK, MERGE_ROWS=merge_rows, num_warps=warps, num_stages=stages, **pdl_option(pdl[0] > 0),
+        bias.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
+        TAIL_BIAS=tail_bias, PDL=pdl[0], num_warps=warps, num_stages=stages, **pdl_option(pdl[0] > 0),
     )
-    if not merged:
-        merge_chunks[(hkv, triton.cdiv(rows, merge_rows))](
-            m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0), HD=hd, BLOCK=MERGE_BLOCK, ROWS=merge_rows,
-            PDL=pdl[1], **pdl_option(pdl[1] > 0))
+    out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
+    merge_rows = merge_rows or MERGE_ROWS
+    merge_chunks[(hkv, triton.cdiv(rows, merge_rows))](
+        m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0), HD=hd, BLOCK=MERGE_BLOCK, ROWS=merge_rows,
+        PDL=pdl[1], **pdl_option(pdl[1] > 0))
     return out
-
-
-def counters_needed(kv_heads: int) -> int:
-    """The int32 counters ``attend`` counts a step's blocks of rows in: one per key/value head and
-    block of 16 rows (the fewest a block takes) up to ``MAX_ROWS``."""
-    return kv_heads * MAX_ROWS // 16
-
-
-def merged_in_place(counters: torch.Tensor | None, *, warps: int, merge_rows: int, block_m: int, blocks: int,
-                    dtype: torch.dtype) -> bool:
-    """Whether ``attend`` merges the chunks in its first kernel (the last program of each of the
-    ``blocks`` of ``block_m`` rows, counted in ``counters``, merges them ``merge_rows`` at a time):
-    given counters enough, at ``WARPS`` warps (the merge kernel's, so a row's sums keep their
-    order and its output its bits: the merge's layout follows the warps), not with
-    ``SPECMEMO_FUSED_MERGE=0`` (to time the second kernel); on a GPU where its probe found it
-    building and matching the two kernels bit for bit (``_probe_merge``)."""
-    return (counters is not None and counters.numel() >= blocks and warps == WARPS and block_m % merge_rows == 0
-            and os.environ.get("SPECMEMO_FUSED_MERGE") != "0"
-            and (counters.device.type != "cuda" or kernel_probe.runs_on(MERGE_FAMILY, counters.device, dtype, _probe_merge)))
 
 
 def fitting_stages(stages: int, *, block_m: int, head_dim: int, element_size: int, shared_bytes: int) -> int:

@@ -29,16 +29,14 @@ def dependent_launch(PDL: tl.constexpr):
 @triton.jit
 def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr,
                   rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
-                  stride_vh, stride_vs, stride_br, count_ptr, out_ptr, groups, stride_ot,
+                  stride_vh, stride_vs, stride_br,
                   HD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
-                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr, PDL: tl.constexpr,
-                  MERGE: tl.constexpr, MERGE_BLOCK: tl.constexpr, MERGE_ROWS: tl.constexpr):
+                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr, PDL: tl.constexpr):
     """One program: SPLIT slots of one key/value head for BLOCK_M of its rows; writes
     the chunk's row maxima m, sums l and unnormalised outputs acc (fp32). Every row sees
     the committed slots (before the cache's length): with TAIL_BIAS the bias is read only
     at the step's own slots (length and after), where the tree's mask differs by row. PDL:
-    launched while the kernel before drains; it waits for it before touching memory.
-    MERGE: the block's last program merges its rows into out_ptr (``merge_if_last``)."""
+    launched while the kernel before drains; it waits for it before touching memory."""
     dependent_launch(PDL)
     c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     splits = tl.num_programs(0)
@@ -84,43 +82,18 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
         tl.store(l_ptr + out, l_i, mask=live_rows)
         tl.store(acc_ptr + out[:, None] * HD + d[None, :], acc, mask=live_rows[:, None])
     tl.store(m_ptr + out, m_i, mask=live_rows)  # -inf alone past the end: merge_chunks skips it
-    if MERGE:
-        merge_if_last(m_ptr, l_ptr, acc_ptr, out_ptr, count_ptr + h * tl.num_programs(2) + rb, h, rb * BLOCK_M, rows,
-                      new_tokens, groups, splits, stride_ot, HD, BLOCK_M, MERGE_BLOCK, MERGE_ROWS)
-
-
-@triton.jit
-def merge_if_last(m_ptr, l_ptr, acc_ptr, out_ptr, counter, h, first, rows, new_tokens, groups, splits, stride_ot,
-                  HD: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_BLOCK: tl.constexpr, MERGE_ROWS: tl.constexpr):
-    """``attend_chunks``' MERGE: the program counts itself done at ``counter``; the block's last
-    (the splits-th) merges its rows first … first + BLOCK_M, MERGE_ROWS at a time (``merge_rows``,
-    as ``merge_chunks`` would), and leaves the counter zero for the next launch."""
-    tl.debug_barrier()  # every thread's stores before the count (its release orders them all)
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-        for sub in tl.static_range(0, BLOCK_M, MERGE_ROWS):
-            merge_rows(m_ptr, l_ptr, acc_ptr, out_ptr, h, first + sub, rows, new_tokens, groups, splits, stride_ot,
-                       HD, MERGE_BLOCK, MERGE_ROWS)
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def merge_chunks(m_ptr, l_ptr, acc_ptr, out_ptr, rows, new_tokens, groups, splits, stride_ot,
                  HD: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
     """One program per (key/value head, ROWS of its rows): each row's chunks' partial softmaxes
-    as one, written at the row's token and query head of the [T, H·hd] output (``merge_rows``)."""
+    as one, written at the row's token and query head of the [T, H·hd] output. A row's sums run
+    in the same order whichever of the ROWS it is (one layout, each row's fiber alike), so a
+    row's output does not depend on how many rows the step has."""
     dependent_launch(PDL)
-    merge_rows(m_ptr, l_ptr, acc_ptr, out_ptr, tl.program_id(0), tl.program_id(1) * ROWS, rows, new_tokens, groups,
-               splits, stride_ot, HD, BLOCK, ROWS)
-
-
-@triton.jit
-def merge_rows(m_ptr, l_ptr, acc_ptr, out_ptr, h, first, rows, new_tokens, groups, splits, stride_ot,
-               HD: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    """The rows first … first + ROWS of key/value head h merged: ``merge_chunks``' programs and
-    ``attend_chunks``' last ones (MERGE) run this. A row's sums run in the same order whichever
-    of the ROWS it is (one layout, each row's fiber alike), so a row's output does not depend on
-    how many rows the step has. Loads bypass the SM's L1 (.cg): other programs wrote them."""
-    r = first + tl.arange(0, ROWS)  # [ROWS]
+    h, rb = tl.program_id(0), tl.program_id(1)
+    r = rb * ROWS + tl.arange(0, ROWS)  # [ROWS]
     live_r = r < rows
     d = tl.arange(0, HD)
     m = tl.full((ROWS,), float("-inf"), tl.float32)
@@ -128,19 +101,17 @@ def merge_rows(m_ptr, l_ptr, acc_ptr, out_ptr, h, first, rows, new_tokens, group
         c = lo + tl.arange(0, BLOCK)
         at = (h * splits + c)[None, :] * rows + r[:, None]  # [ROWS, BLOCK]
         m = tl.maximum(m, tl.max(tl.load(m_ptr + at, mask=live_r[:, None] & (c < splits)[None, :],
-                                         other=float("-inf"), cache_modifier=".cg"), 1))
+                                         other=float("-inf")), 1))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     total = tl.zeros((ROWS,), tl.float32)
     acc = tl.zeros((ROWS, HD), tl.float32)
     for lo in range(0, splits, BLOCK):
         c = lo + tl.arange(0, BLOCK)
         at = (h * splits + c)[None, :] * rows + r[:, None]  # [ROWS, BLOCK]
-        m_c = tl.load(m_ptr + at, mask=live_r[:, None] & (c < splits)[None, :], other=float("-inf"),
-                      cache_modifier=".cg")
+        m_c = tl.load(m_ptr + at, mask=live_r[:, None] & (c < splits)[None, :], other=float("-inf"))
         w = tl.where(m_c == float("-inf"), 0.0, tl.exp(m_c - m_safe[:, None]))  # [ROWS, BLOCK]
-        total += tl.sum(w * tl.load(l_ptr + at, mask=w > 0, other=0.0, cache_modifier=".cg"), 1)
-        part = tl.load(acc_ptr + at[:, :, None] * HD + d[None, None, :], mask=(w > 0)[:, :, None], other=0.0,
-                       cache_modifier=".cg")
+        total += tl.sum(w * tl.load(l_ptr + at, mask=w > 0, other=0.0), 1)
+        part = tl.load(acc_ptr + at[:, :, None] * HD + d[None, None, :], mask=(w > 0)[:, :, None], other=0.0)
         acc += tl.sum(part * w[:, :, None], 1)
     t, j = r % new_tokens, r // new_tokens
     head = h * groups + j

@@ -87,11 +87,6 @@ class KVCache:
         cache's, ``token_layer``); None here: this cache's slots are the host's ``length``."""
         return None
 
-    def attention_counters(self, layer: int) -> torch.Tensor | None:
-        """The int32 zeros ``chunked_attention.attend`` counts ``layer``'s blocks of rows in (its
-        ``counters``: the chunks merged in its first kernel); None here: a static cache's only."""
-        return None
-
     def write_ids(self, tokens: torch.Tensor) -> None:
         """Record the token ids [T] of a forward at its scratch slots (as ``write`` does their KV)."""
         self.ids[self.length:self.length + tokens.shape[0]] = tokens

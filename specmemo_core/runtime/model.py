@@ -239,8 +239,8 @@ class Attention(nn.Module):
         keys, values = cache.write(self.layer, k, v)
         q = q.reshape(*lead, hkv, (h // hkv) * t, hd)  # heads kv·g + j stacked: [..., Hkv, g·T, hd]
         if chunked and chunked_attention.supports(q, keys, cache.live_length):
-            return chunked_attention.attend(q, keys, values, bias, cache.live_length, new_tokens=t, groups=h // hkv,
-                                            counters=cache.attention_counters(self.layer))  # [T, H·hd]
+            return chunked_attention.attend(q, keys, values, bias, cache.live_length, new_tokens=t,
+                                            groups=h // hkv)  # [T, H·hd]
         span = bias.shape[-1]  # a static cache may be attended over its first slots only
         keys, values = keys[..., :span, :], values[..., :span, :]  # [..., Hkv, S, hd]
         if lead:  # [B, Hkv, g·T, hd]; one bias per sequence, shared by its heads

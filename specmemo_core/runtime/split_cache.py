@@ -89,10 +89,6 @@ class SplitCache:
         part, local = self.owner[layer]
         return part.slot_target(local)
 
-    def attention_counters(self, layer: int) -> torch.Tensor | None:
-        part, _ = self.owner[layer]
-        return part.attention_counters(0)
-
     def write_ids(self, tokens: torch.Tensor) -> None:
         self.home.write_ids(tokens)
 

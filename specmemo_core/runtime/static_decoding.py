@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from specmemo_core.runtime import chunked_attention, step_kernels
+from specmemo_core.runtime import step_kernels
 from specmemo_core.runtime.decoding import PREFILL_CHUNK, Decoder
 from specmemo_core.runtime.kv_cache import KVCache, span_ladder
 from specmemo_core.runtime.split_cache import SplitCache
@@ -57,9 +57,6 @@ class StaticKVCache(KVCache):
         self.length_t = torch.zeros((), dtype=torch.long, device=device)  # == length, on the device
         self.columns = torch.arange(capacity, device=device)  # [C]
         self._spans = span_ladder(capacity)
-        # the attention's counters, shared by the layers (their steps run one after another; the
-        # kernel leaves them zero), where the chunks merge in its first kernel
-        self.counters = torch.zeros(chunked_attention.counters_needed(num_kv_heads), dtype=torch.int32, device=device)
 
     @property
     def live_length(self) -> torch.Tensor:
@@ -90,9 +87,6 @@ class StaticKVCache(KVCache):
 
     def slot_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.k[layer], self.v[layer], self.slots
-
-    def attention_counters(self, layer: int) -> torch.Tensor:
-        return self.counters
 
     def write_ids(self, tokens: torch.Tensor) -> None:
         self.ids.index_copy_(0, self.slots, tokens)

@@ -200,8 +200,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
     norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=t, groups=h // hkv, pdl=attention_pdl,
-                                        counters=cache.attention_counters(attn.layer))  # [T, H·hd]
+                                        new_tokens=t, groups=h // hkv, pdl=attention_pdl)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
@@ -332,7 +331,7 @@ def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, c
         keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         HALF=kernels.triton.next_power_of_2(hd // 2))
     return chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                    new_tokens=t, groups=h // hkv, counters=cache.attention_counters(attn.layer))
+                                    new_tokens=t, groups=h // hkv)  # [T, H·hd]
 
 
 def _ending(x: torch.Tensor, weight: torch.Tensor, rope: tuple | None) -> tuple[tuple, tuple, tuple]:
