@@ -115,7 +115,8 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
-           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None) -> torch.Tensor:
+           tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None,
+           block_m: int = 0) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -126,12 +127,14 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     masks them); False reads it at every slot (only to time the difference). ``pdl``: the two
     kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
     none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps).
-    ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``)."""
+    ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``).
+    ``block_m``: rows a program of the first kernel scores at most (16, 32 or 64; 0: as few
+    blocks as hold the rows, ``block_rows``)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
     splits = triton.cdiv(span, split)
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    block_m = block_rows(rows, block_m)
     if stages is None:
         stages = STAGES_FEW_ROWS if rows <= 16 else STAGES_MANY_ROWS
     stages = fitting_stages(stages, block_m=block_m, head_dim=hd, element_size=q.element_size(),
@@ -151,6 +154,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         m, l, acc, out, rows, new_tokens, groups, splits, out.stride(0), HD=hd, BLOCK=MERGE_BLOCK, ROWS=merge_rows,
         PDL=pdl[1], **pdl_option(pdl[1] > 0))
     return out
+
+
+def block_rows(rows: int, most: int = 0) -> int:
+    """Rows a program of ``attend``'s first kernel scores: the tensor cores' least (16) up to ``most``
+    (0: 64), as few blocks as hold ``rows`` within that."""
+    most = most or 64
+    return 16 if rows <= 16 or most == 16 else (32 if rows <= 32 or most == 32 else 64)
 
 
 def fitting_stages(stages: int, *, block_m: int, head_dim: int, element_size: int, shared_bytes: int) -> int:

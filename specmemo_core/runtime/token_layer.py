@@ -106,6 +106,9 @@ class Launch:
     # default model's medusa-64 step ran 1.197 ms against 1.335 (chain_pdl_h100/scan/)
     tile_prenorm: bool = True
     tile_m: int = 0  # tokens a tile program takes (16, 32 or 64); 0: as few tiles as hold the step's tokens
+    # query rows a program of the attention's first kernel scores at most (16, 32 or 64; 0: 64, as few
+    # blocks as hold a key/value head's rows): fewer, more programs (the default model has 3 heads)
+    attention_block_m: int = 0
 
 
 LAUNCH = Launch()
@@ -200,7 +203,8 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
     norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
-                                        new_tokens=t, groups=h // hkv, pdl=attention_pdl)  # [T, H·hd]
+                                        new_tokens=t, groups=h // hkv, pdl=attention_pdl,
+                                        block_m=launch.attention_block_m)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
