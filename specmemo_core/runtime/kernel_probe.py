@@ -69,6 +69,16 @@ def shared_bytes(device: torch.device) -> int:
         return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0) or 99 << 10
 
 
+@functools.cache
+def processors(device: torch.device) -> int:
+    """The streaming multiprocessors of ``device`` (132 on an H100 SXM, 20–60 on laptop GPUs); 0
+    off a GPU (Triton's interpreter: no figure to fill)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def fitting_stages(stages: int, *, stage_bytes: int, shared_bytes: int) -> int:
     """The most of ``stages`` (a kernel's loads in flight, ``stage_bytes`` of buffers each) that fit
     ``shared_bytes``, at least one: Triton refuses a kernel that asks more than a block has, and the
