@@ -16,8 +16,8 @@ from specmemo_core.planning.memory import known_shape
 from specmemo_core.planning.plan_check import random_model, time_forward
 from specmemo_core.runtime.engine import resolve_tree
 
-TREES = ("single", "lookup-8", "chain-1", "dynamic-16+lookup-8", "dynamic-32+lookup-8", "calibrated-24+lookup-8",
-         "medusa-64")
+TREES = ("single", "lookup-8", "chain-1", "calibrated-12+lookup-8", "dynamic-16+lookup-8", "dynamic-32+lookup-8",
+         "calibrated-24+lookup-8", "calibrated-48+lookup-8", "medusa-64")
 HEADS = Path("assets/heads/SmolLM2-135M-Instruct")
 
 
