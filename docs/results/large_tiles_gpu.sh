@@ -2,7 +2,7 @@
 # attention's merge taking several rows a program (chunked_attention.MERGE_ROWS), on the GPU machine
 # (device tool), from the repository root, carrying .whl_lite (bench: a GGUF part too, as
 # scripts/gpu_setup.sh says). Results: large_tiles_h100/ (FILES.md there).
-#   bash docs/results/large_tiles_gpu.sh [attention|steps|exact|small|bench]
+#   bash docs/results/large_tiles_gpu.sh [attention|steps|exact|profile|small|busy|bench]
 #   attention: vicuna-7b's attention alone (32 layers, T = 1 and 64, span 1,024), the merge at 1, 2, 4 and 8
 #          rows a program (SPLIT:WARPS:STAGES:MERGE_ROWS), 8 warps, chunks of 256
 #   steps: whole vicuna-7b graph steps, 1,000-token context, alternating in one process: the code's
@@ -42,6 +42,15 @@ small)
     --heads assets/heads/SmolLM2-135M-Instruct --steps 100 --repeats ${REPEATS:-3} --trees ${TREES:-single,medusa-64,1-10-16-17+lookup-8} \
     --regions ${REGIONS:-compiled} > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-160 ;;
+busy)  # session 31: the attention's rows a program by the SMs (chunked_attention.busy_rows) against 64 (-am64)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider tests/core/test_chunked_attention.py tests/core/test_token_layer.py \
+    tests/core/test_static_decoding.py > "$OUT/exact.log" 2>&1; tail -1 "$OUT/exact.log"
+  timeout 100 python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads assets/heads/SmolLM2-135M-Instruct \
+    --steps 100 --repeats 3 --context 900 --trees single,calibrated-12+lookup-8,medusa-64 --regions compiled,compiled-am64 \
+    > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
+  echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-150
+  PYTHONPATH=$PYTHONPATH:scripts timeout ${2:-150} python3 scripts/check_step_model.py 128,900 > "$OUT/step_model.jsonl" \
+    2> "$OUT/step_model.err"; echo "model rc=$?"; cut -c 1-160 "$OUT/step_model.jsonl" ;;
 bench)  # then the planner's step timing (its fitted costs) beside the bench, and each tree's prediction
   bash docs/results/chain_pdl_gpu.sh bench ${2:-400}
   find "$SPECMEMO_DATA_DIR" -name step_timing.json -exec cp {} "$OUT/" \;
