@@ -46,7 +46,7 @@ busy)  # session 31: the attention's rows a program by the SMs (chunked_attentio
   timeout 170 python3 -m pytest -q -p no:cacheprovider tests/core/test_chunked_attention.py tests/core/test_token_layer.py \
     tests/core/test_static_decoding.py > "$OUT/exact.log" 2>&1; tail -1 "$OUT/exact.log"
   timeout 100 python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads assets/heads/SmolLM2-135M-Instruct \
-    --steps 100 --repeats 3 --context 900 --trees single,calibrated-12+lookup-8,medusa-64 --regions compiled,compiled-am64 \
+    --steps 100 --repeats 3 --context 900 --trees single,calibrated-12+lookup-8,medusa-64 --regions compiled,compiled-am64,compiled#16:64:4:5:64 \
     > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-150
   PYTHONPATH=$PYTHONPATH:scripts timeout ${2:-150} python3 scripts/check_step_model.py 128,900 > "$OUT/step_model.jsonl" \
