@@ -1117,3 +1117,37 @@ def test_the_drafting_kernels_and_dependent_launch_paragraph_holds_its_h100_runs
     assert (f"o_proj's and down_proj's tiles at 64 rows ({ms('vicuna-7b-scan1', 'medusa-64', 'compiled%64:6'):.3f}), "
             f"7 stages ({ms('vicuna-7b-pdl', 'medusa-64', 'compiled#32:128:4:7'):.3f}), fewer "
             f"(3: {ms('vicuna-7b-scan2', 'medusa-64', 'compiled#32:128:4:3'):.3f})") in readme
+
+
+def test_the_busy_rows_paragraph_holds_its_h100_runs():
+    """README's session-31 paragraph is docs/results/large_tiles_h100/busy_rows/ and inplace_merge/:
+    the default model's tree steps at 1,000 and 900 tokens of context, the attention's rows a
+    program at 16, 32 and 64, vicuna-7b's, and the in-place merge against the two kernels."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/large_tiles_h100"
+
+    def runs(path: str) -> dict:  # "tree regions" -> median ms: the run's summary, else its lines (a cut run)
+        rows = _json_lines(d / path)
+        if "alternating" in rows[-1]:
+            return {k.replace("+graphs", ""): v["median"] for k, v in rows[-1]["alternating"].items()}
+        return {f"{r['tree']} {r['regions']}": r["median"] for r in rows if "regions" in r}
+
+    steps, scan, big, merge = (runs(f) for f in ("busy_rows/lookup-steps.jsonl", "busy_rows/small-scan.jsonl",
+                                                 "busy_rows/vicuna-scan.jsonl", "inplace_merge/vicuna-7b.jsonl"))
+    small_merge = runs("inplace_merge/smollm2-135m.jsonl")
+    assert (f"plain {steps['single compiled']:.3f} ms, `calibrated-12` {steps['calibrated-12 compiled']:.3f}, "
+            f"`medusa-64` {steps['medusa-64 compiled']:.3f})") in readme
+    assert f"(`calibrated-12+lookup-8` {steps['calibrated-12+lookup-8 compiled']:.3f})" in readme
+    c = "calibrated-12+lookup-8 compiled"
+    assert (f"`calibrated-12+lookup-8` {scan[c + '-am16']:.3f} ms with 16 rows a program against {scan[c]:.3f} with "
+            f"64 ({scan[c + '-am32']:.3f} with 32), `medusa-64` {scan['medusa-64 compiled-am32']:.3f} with 32 against "
+            f"{scan['medusa-64 compiled']:.3f} ({scan['medusa-64 compiled-am16']:.3f} with 16)") in readme
+    m = "medusa-64 compiled"
+    assert big[m] < min(big[m + "-am16"], big[m + "-am32"])
+    assert f"keep 64 ({big[m]:.3f} against {big[m + '-am16']:.3f} with 16, {big[m + '-am32']:.3f} with 32)" in readme
+    assert (f"(vicuna-7b `medusa-64` {merge[m]:.3f} ms against {merge[m + '-twomerge']:.3f}, the default model's "
+            f"{small_merge[m]:.3f} against {small_merge[m + '-twomerge']:.3f})") in readme
+    assert "4 failed" in (d / "inplace_merge/exact_token_layer.log").read_text(encoding="utf-8")
+    from specmemo_core.runtime import chunked_attention
+    pick = lambda rows, heads: chunked_attention.block_rows(rows, chunked_attention.busy_rows(rows, 8 * heads, 132))  # noqa: E731
+    assert (pick(60, 3), pick(192, 3), pick(64, 32)) == (16, 32, 64)
