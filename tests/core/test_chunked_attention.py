@@ -18,7 +18,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=10)
+    run_in_interpreter(__file__, passed=15)
 
 
 @elsewhere
@@ -52,7 +52,8 @@ def _tree_bias(length: int, tokens: int, span: int, groups: int, seed: int) -> t
     (2, 2, 20, 32, 129, 256, False),  # the same, its bias read at every slot (as timed against)
     (1, 1, 3, 16, 0, 128, True),  # the first forward of an empty cache
 ])
-def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, length, span, tail_bias):
+@pytest.mark.parametrize("block_m", [0, 16])  # 0: as the rows and the SMs say; 16: a tree's rows in blocks of 16
+def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, length, span, tail_bias, block_m):
     g = torch.Generator().manual_seed(hkv * 100 + tokens)
     capacity = span + 64
     keys = torch.randn(hkv, capacity, hd, generator=g).to(DEVICE)
@@ -62,7 +63,7 @@ def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, le
     q = torch.randn(hkv, groups * tokens, hd, generator=g).to(DEVICE)
     bias = _tree_bias(length, tokens, span, groups, seed=tokens).to(DEVICE)
     got = chunked_attention.attend(q, keys, values, bias, torch.tensor(length, device=DEVICE),
-                                   new_tokens=tokens, groups=groups, tail_bias=tail_bias)  # [T, H·hd]
+                                   new_tokens=tokens, groups=groups, tail_bias=tail_bias, block_m=block_m)  # [T, H·hd]
     end = length + tokens
     want = F.scaled_dot_product_attention(q[None], keys[None, :, :end], values[None, :, :end],
                                           attn_mask=bias[:, :end])[0]  # [Hkv, g·T, hd]
