@@ -106,8 +106,8 @@ class Launch:
     # default model's medusa-64 step ran 1.197 ms against 1.335 (chain_pdl_h100/scan/)
     tile_prenorm: bool = True
     tile_m: int = 0  # tokens a tile program takes (16, 32 or 64); 0: as few tiles as hold the step's tokens
-    # query rows a program of the attention's first kernel scores at most (16, 32 or 64; 0: 64, as few
-    # blocks as hold a key/value head's rows): fewer, more programs (the default model has 3 heads)
+    # query rows a program of the attention's first kernel scores at most (16, 32 or 64; 0: the widest
+    # whose programs fill the GPU's SMs, ``chunked_attention.busy_rows``; the others only to time it)
     attention_block_m: int = 0
 
 
