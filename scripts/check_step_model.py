@@ -8,6 +8,7 @@ on a GPU, at a 128- and a 1,000-token context (or those given), two timings of 6
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ HEADS = Path("assets/heads/SmolLM2-135M-Instruct")
 def main() -> None:
     from time_graph_steps import step_heads, time_steps
 
+    logging.basicConfig(level=logging.INFO)  # time_forward's timed steps, the fit's points, on stderr
     shape = known_shape("smollm2-135m")
     model = random_model(shape, "bf16", "cuda")
     model.fuse_projections()

@@ -10,6 +10,7 @@ measured peak memory.
 from __future__ import annotations
 
 import itertools
+import logging
 import resource
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,6 +21,8 @@ from specmemo_core.errors import SpecMemoError
 from specmemo_core.runtime.model import CausalLM
 from specmemo_core.planning.planner import Plan, StepTime, linear_step_time
 from specmemo_core.runtime.tree import load_tree
+
+log = logging.getLogger(__name__)
 
 
 class PlanDoesNotFit(SpecMemoError):
@@ -96,6 +99,8 @@ def time_forward(model: CausalLM, heads: Any = None, big: int = 32, context: int
         timed += [TimedStep(t.num_nodes, t.depth, fastest(t)) for t in drafted]
         grown = load_tree(f"dynamic-{TIMED_GROWN}")  # nodes picked each step from the heads' scores
         timed.append(TimedStep(grown.num_nodes, grown.depth, fastest(grown), grown=True))
+    log.info("timed steps (nodes, depth, grown: ms): plain %.3f; %s", t1 * 1e3,
+             "; ".join(f"{t.nodes}, {t.depth}, {t.grown}: {t.seconds * 1e3:.3f}" for t in timed))
     return solve_step_time(t1, *timed, big=big)
 
 
