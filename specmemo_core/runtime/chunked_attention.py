@@ -92,19 +92,20 @@ def fits(keys: torch.Tensor, cache_length: object, *, rows: int, head_dim: int, 
 def _probe(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the kernels build and give SDPA's answer on ``device`` in ``dtype``
     (``kernel_probe``): ``attend`` on 2 key/value heads over 200 of 256 slots, for heads 64 and
-    128 wide and 3 rows and 40 (the programs of a plain step and of a tree's): the variants a
-    model's steps build, so a GPU whose Triton cannot build one runs SDPA from the start
-    instead of failing in a reply (Triton 3.6 could not build the merge's 16 rows of 64)."""
+    128 wide and 3 rows and 40 (the programs of a plain step and of a tree's, the tree's in blocks
+    of 16, 32 and 64 rows: ``busy_rows`` picks by the GPU): the variants a model's steps build, so
+    a GPU whose Triton cannot build one runs SDPA from the start instead of failing in a reply
+    (Triton 3.6 could not build the merge's 16 rows of 64)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     worst = 0.0
     for hd in (64, 128):
-        for rows in (3, 40):
+        for rows, block_m in ((3, 16), (40, 16), (40, 32), (40, 64)):
             q, keys, values = (torch.randn(2, n, hd, generator=g).to(device, dtype) for n in (rows, 256, 256))
             bias = torch.zeros(rows, 256, device=device, dtype=dtype)
             bias[:, 200:] = float("-inf")
             try:
                 got = attend(q, keys, values, bias, torch.tensor(200 - rows, device=device), new_tokens=rows,
-                             groups=1)  # [rows, 2·hd]
+                             groups=1, block_m=block_m)  # [rows, 2·hd]
             except Exception as e:  # noqa: BLE001 - any failure to build or launch means: use SDPA
                 return kernel_probe.failed(FAMILY, device, e, FALLBACK)
             want = F.scaled_dot_product_attention(q[None], keys[None, :, :200], values[None, :, :200])[0]
