@@ -108,6 +108,11 @@ def weight_read_floor_ms(shape, bytes_per_s: float = H200_BYTES_PER_S) -> float:
     return (shape.num_layers * layer + shape.vocab_size * d) * 2 / bytes_per_s * 1e3
 
 
+def named_tree(name: str, heads: str):
+    """The tree ``--trees`` names (None for "single"); calibrated ones from ``--heads``' calibration."""
+    return None if name == "single" else resolve_tree(name, Path(heads) if heads else None)
+
+
 def step_heads(shape, model, device: str, path: str = "", draft_vocab: int = 0):
     """What a tree step drafts with: trained heads from ``path`` (of ``shape``'s sizes, with
     their drafting vocabulary), else random hydra heads with a context layer, drafting among
@@ -202,7 +207,7 @@ def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
         kinds[kind] = region_kind(kinds, kind)
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
-        tree = None if name == "single" else resolve_tree(name, Path(args.heads) if args.heads else None)
+        tree = named_tree(name, args.heads)
         heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         times: dict[str, list[float]] = {k: [] for k in args.regions.split(",")}
         for _ in range(args.repeats):
@@ -239,7 +244,7 @@ def alternate_topk(model, args) -> dict[str, dict[str, float]]:
     shape = model.spec
     out: dict[str, dict[str, float]] = {}
     for name in args.trees.split(","):
-        tree = None if name == "single" else resolve_tree(name, Path(args.heads) if args.heads else None)
+        tree = named_tree(name, args.heads)
         chunks = [int(c) for c in args.topk_chunks.split(",")] if tree else [0]
         heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         times: dict[int, list[float]] = {c: [] for c in chunks}
@@ -298,7 +303,7 @@ def main() -> None:
         print(json.dumps(out))
         return
     for name in args.trees.split(","):
-        tree = None if name == "single" else resolve_tree(name, Path(args.heads) if args.heads else None)
+        tree = named_tree(name, args.heads)
         heads = step_heads(shape, model, args.device, args.heads, args.draft_vocab) if tree else None
         for mode in args.modes.split(","):
             t0 = time.perf_counter()

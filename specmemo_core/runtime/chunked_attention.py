@@ -169,10 +169,9 @@ def busy_rows(rows: int, blocks: int, processors: int) -> int:
     return next((most for most in (64, 32) if blocks * -(-rows // most) >= processors), 16)
 
 
-def block_rows(rows: int, most: int = 0) -> int:
+def block_rows(rows: int, most: int) -> int:
     """Rows a program of ``attend``'s first kernel scores: the tensor cores' least (16) up to ``most``
-    (0: 64), as few blocks as hold ``rows`` within that."""
-    most = most or 64
+    (16, 32 or 64), as few blocks as hold ``rows`` within that."""
     return 16 if rows <= 16 or most == 16 else (32 if rows <= 32 or most == 32 else 64)
 
 
