@@ -109,6 +109,11 @@ class Launch:
     # query rows a program of the attention's first kernel scores at most (16, 32 or 64; 0: the widest
     # whose programs fill the GPU's SMs, ``chunked_attention.busy_rows``; the others only to time it)
     attention_block_m: int = 0
+    # in a step of several tokens, where PDL launches a kernel while the one ahead drains: the columns of
+    # each weight row a tile program asks L2 for before it waits (``prefetch_rows``; 0 none, at most K),
+    # and whether the attention's programs ask for their committed keys and values so (GPU only)
+    tile_prefetch: int = 0
+    attention_prefetch: bool = False
 
 
 LAUNCH = Launch()
@@ -204,7 +209,8 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
                                         new_tokens=t, groups=h // hkv, pdl=attention_pdl,
-                                        block_m=launch.attention_block_m)  # [T, H·hd]
+                                        block_m=launch.attention_block_m,
+                                        prefetch=launch.attention_prefetch and x.is_cuda)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
@@ -300,8 +306,8 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=shape.n, BLOCK_K=block_k,
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        PRENORMED=launch.tile_prenorm, num_warps=launch.tile_warps, num_stages=stages,
-        **chunked_attention.pdl_option(pdl > 0))
+        PRENORMED=launch.tile_prenorm, **_prefetch(launch, x, weight.shape[-1]), num_warps=launch.tile_warps,
+        num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
 
 
 def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor, *,
@@ -315,9 +321,18 @@ def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
         BLOCK_N=shape.n, BLOCK_K=block_k, HAS_BIAS=linear.bias is not None,
-        IEEE=a.dtype == torch.float32, PDL=pdl, num_warps=launch.tile_warps, num_stages=stages,
-        **chunked_attention.pdl_option(pdl > 0))
+        IEEE=a.dtype == torch.float32, PDL=pdl, **_prefetch(launch, a, k), num_warps=launch.tile_warps,
+        num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
     return out
+
+
+def _prefetch(launch: Launch, x: torch.Tensor, k_cols: int) -> dict[str, int]:
+    """A tile kernel's PREFETCH and LINE (``Launch.tile_prefetch``, on a GPU: the interpreter runs no
+    PTX): the columns asked a weight row, a power of two of whole 128-byte lines within K."""
+    line = 128 // x.element_size()
+    if not (launch.tile_prefetch and x.is_cuda) or k_cols < line:
+        return {}
+    return {"PREFETCH": max(1 << (min(launch.tile_prefetch, k_cols).bit_length() - 1), line), "LINE": line}
 
 
 def _attend_rows(kernels: _Kernels, layer: "DecoderLayer", x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 # programmatic dependent launch (None where Triton lacks it: ``token_layer`` launches without it)
-from specmemo_core.runtime.chunked_attention_kernels import dependent_launch, gdc_launch_dependents, gdc_wait
+from specmemo_core.runtime.chunked_attention_kernels import (dependent_launch, gdc_launch_dependents, gdc_wait,
+                                                             prefetch_rows)
 
 
 @triton.jit
@@ -189,24 +190,25 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
                    stride_kh, stride_ks, stride_vh, stride_vs, heads, kv_heads,
                    BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                   PRENORMED: tl.constexpr = False):
-    """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS
-    weight-row pairs for BLOCK_M tokens (grid: pair tiles × token tiles), reading each weight
-    tile once for them all. The norm's weight g scales x before the tensor cores' products
-    (x·g in x's precision), its 1/rms, one per token, the sums after. Endings as the one-token
-    kernel's, per token: ROPE stores q at out [H, T, hd] and k, v at the cache slots
-    ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o`` apart. PRENORMED: x holds x·g
-    and g_ptr the 1/rms per token (``norm_scale_rows``), so the loop only loads and multiplies
-    (every program redid the norm for its rows: this kernel took 8.6 µs a call in a tree step of
-    the default model on an H100, and the step is 0.14 ms shorter with the norm apart).
-    PDL: ``dependent_launch``'s modes."""
-    dependent_launch(PDL)
+                   PRENORMED: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
+    """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS weight-row
+    pairs for BLOCK_M tokens (grid: pair tiles × token tiles), each weight tile read once for them all.
+    The norm's weight g scales x before the tensor cores' products (x·g in x's precision), its 1/rms,
+    one per token, the sums after. Endings as the one-token kernel's, per token: ROPE stores q at out
+    [H, T, hd] and k, v at the cache slots ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o``
+    apart. PRENORMED: x holds x·g and g_ptr the 1/rms per token (``norm_scale_rows``), so the loop only
+    loads and multiplies (the norm in every program: the default model's tree step 0.14 ms longer on an
+    H100). PDL: ``dependent_launch``'s modes; PREFETCH: a weight row's columns asked of L2 before it waits."""
     p, mt = tl.program_id(0), tl.program_id(1)
     per_group = tl.cdiv(half, PAIRS)
     grp = p // per_group
     j = (p % per_group) * PAIRS + tl.arange(0, PAIRS)
     live = j < half
     rows_a = grp * group + j
+    if PREFETCH > 0:  # the weights are no kernel's output: asked for while the kernel ahead drains
+        prefetch_rows(w_ptr, grp * group + tl.where(live, j, 0), stride_w, PREFETCH, LINE)
+        prefetch_rows(w_ptr, grp * group + tl.where(live, j, 0) + half, stride_w, PREFETCH, LINE)
+    dependent_launch(PDL)
     t = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     in_t = t < tokens
     squares = tl.zeros((BLOCK_M,), tl.float32)
@@ -273,14 +275,17 @@ def _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, 
 @triton.jit
 def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols, stride_a, stride_w, stride_r,
                     stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                    PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
     """``matmul_add`` for T tokens a [T, K] at once, as tiles (grid: output tiles × token
-    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL as
-    ``norm_pair_rows``."""
-    dependent_launch(PDL)
+    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL and
+    PREFETCH as ``norm_pair_rows``."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     live, in_t = n < n_rows, t < tokens
+    if PREFETCH > 0:
+        prefetch_rows(w_ptr, tl.where(live, n, 0), stride_w, PREFETCH, LINE)
+    dependent_launch(PDL)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_cols, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
