@@ -158,11 +158,9 @@ def region_kind(kinds: dict, kind: str):
     if "-am" in kind:  # e.g. compiled-am16: the attention's first kernel at most 16 rows a program
         base, most = kind.split("-am")
         return dataclasses.replace(kinds[base], kernels=token_layer.Launch(attention_block_m=int(most)))
-    if "-pf:" in kind:  # e.g. compiled-pf:512:1: the tiles' weight columns and the attention's slots asked of L2
-        base, asks = kind.split("-pf:")  # before each kernel waits for the one ahead (Launch.tile_prefetch)
-        cols, attention = (int(v) for v in asks.split(":"))
-        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(tile_prefetch=cols,
-                                                                           attention_prefetch=bool(attention)))
+    if "-pf:" in kind:  # e.g. compiled-pf:512: the tiles' weight columns asked of L2 before each waits
+        base, cols = kind.split("-pf:")  # for the kernel ahead (Launch.tile_prefetch)
+        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(tile_prefetch=int(cols)))
     if "-pdl:" in kind:  # e.g. compiled-pdl:2:1:0: the attention's, its merge's and the tiles' dependent launch
         base, modes = kind.split("-pdl:")
         attend, merge, tiles = (int(v) for v in modes.split(":"))
@@ -277,7 +275,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-pf:COLS:A (L2 asks before PDL waits),compiled-amM (the attention's rows a program at most),compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -notables: the rotary tables and bias as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-pf:COLS (the tiles' L2 asks before PDL waits),compiled-amM (the attention's rows a program at most),compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -notables: the rotary tables and bias as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

@@ -1,19 +1,20 @@
-# Issue 23, session 32: L2 asks before a kernel's dependent-launch wait (token_layer.Launch.tile_prefetch,
-# attention_prefetch), on the GPU machine (device tool), from the repository root, carrying .whl_lite.
+# Issue 23, session 32: L2 asks before a kernel's dependent-launch wait (token_layer.Launch.tile_prefetch),
+# on the GPU machine (device tool), from the repository root, carrying .whl_lite.
 #   bash docs/results/prefetch_gpu.sh [steps|exact]
 #   steps: a compile check (probe_step with the asks on, against the regions), then whole graph steps of
 #          SHAPE (vicuna-7b), 1,000-token context, plain, a 64-node chain (lookup-63: the tree's own cost,
-#          drafting ~free) and medusa-64 (random hydra heads), the asks off and on, alternating in one process
+#          drafting ~free) and medusa-64 (random hydra heads), the asks off and on (-pf:COLS a weight row),
+#          the norm inside the tiles (-innernorm), alternating in one process
 #   exact: the layer kernels', the attention's and the step's tests on the GPU
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 case "${1:-steps}" in
 steps)
-  timeout 60 python3 - <<'PY' 2>&1 | tail -3 | tee "$OUT/compile_check.txt"
+  timeout 60 python3 - <<'PY' 2>&1 | tail -6 | tee "$OUT/compile_check.txt"
 import torch
 from specmemo_core.runtime import token_layer
-launch = token_layer.Launch(tile_prefetch=512, attention_prefetch=True, row_tiles=True)
+launch = token_layer.Launch(tile_prefetch=512, row_tiles=True)
 for dtype in (torch.bfloat16, torch.float32):
     got = token_layer.probe_step(torch.device("cuda"), dtype, kernels=True, launch=launch)
     want = token_layer.probe_step(torch.device("cuda"), dtype, kernels=False)
@@ -21,7 +22,7 @@ for dtype in (torch.bfloat16, torch.float32):
 PY
   timeout ${2:-420} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --draft-vocab 8192 \
     --steps 40 --repeats ${REPEATS:-3} --trees ${TREES:-single,lookup-63,medusa-64} \
-    --regions ${REGIONS:-compiled,compiled-pf:512:0,compiled-pf:4096:0,compiled-pf:0:1,compiled-pf:4096:1} \
+    --regions ${REGIONS:-compiled,compiled-pf:256,compiled-pf:512,compiled-pf:1024,compiled-pf:2048,compiled-innernorm} \
     > "$OUT/${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/${SHAPE:-vicuna-7b}.err"
   echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160; tail -3 "$OUT/${SHAPE:-vicuna-7b}.err" ;;
 exact)

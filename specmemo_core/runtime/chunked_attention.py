@@ -117,7 +117,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
            tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None,
-           block_m: int = 0, prefetch: bool = False) -> torch.Tensor:
+           block_m: int = 0) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -129,9 +129,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
     none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps).
     ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``).
-    ``block_m``: rows a program of the first kernel scores at most (16, 32 or 64; 0: ``busy_rows``).
-    ``prefetch``: each chunk's keys and values asked of L2 before the first kernel waits (a GPU's
-    dependent launch: ``attend_chunks``' PREFETCH)."""
+    ``block_m``: rows a program of the first kernel scores at most (16, 32 or 64; 0: ``busy_rows``)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
@@ -148,8 +146,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
         q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         bias.stride(0), HD=hd, BLOCK_M=block_m, SPLIT=split, CHUNK=CHUNK, IEEE=q.dtype == torch.float32,
-        TAIL_BIAS=tail_bias, PDL=pdl[0], PREFETCH=128 // keys.element_size() if prefetch else 0, num_warps=warps,
-        num_stages=stages, **pdl_option(pdl[0] > 0),
+        TAIL_BIAS=tail_bias, PDL=pdl[0], num_warps=warps, num_stages=stages, **pdl_option(pdl[0] > 0),
     )
     out = torch.empty(new_tokens, hkv * groups * hd, dtype=q.dtype, device=q.device)
     merge_rows = merge_rows or MERGE_ROWS

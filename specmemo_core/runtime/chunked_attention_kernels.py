@@ -27,53 +27,18 @@ def dependent_launch(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs):
-    """Ask L2 for the 128-byte line at each of ``ptrs`` (``prefetch.global.L2``): nothing comes
-    to the program and nothing waits, so a kernel may ask before ``gdc_wait`` for what the kernel
-    ahead of it does not write (weights, committed cache slots; L2 is where the GPU's writes meet,
-    so a line asked early is never stale). Only on a GPU: Triton's interpreter runs no PTX."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_rows(base_ptr, rows, stride, COLS: tl.constexpr, LINE: tl.constexpr):
-    """``prefetch_l2`` of the first COLS columns of each of ``rows`` (valid row numbers) of a
-    row-major matrix at ``base_ptr`` (``stride`` elements apart): one ask per LINE elements."""
-    lines = tl.arange(0, COLS // LINE) * LINE
-    prefetch_l2(base_ptr + rows[:, None] * stride + lines[None, :])
-
-
-@triton.jit
-def _ask_slots(k_ptr, v_ptr, start, end, stride_ks, stride_vs, HD: tl.constexpr, SPLIT: tl.constexpr,
-               LINE: tl.constexpr):
-    """``prefetch_rows`` of one head's keys and values at slots [start, start + SPLIT) before ``end``
-    (``end`` read before the wait only bounds the ask)."""
-    if start < end:
-        s = start + tl.arange(0, SPLIT)
-        s = tl.where(s < end, s, start)
-        prefetch_rows(k_ptr, s, stride_ks, HD, LINE)
-        prefetch_rows(v_ptr, s, stride_vs, HD, LINE)
-
-
-@triton.jit
 def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_ptr,
                   rows, new_tokens, scale, stride_qh, stride_qr, stride_kh, stride_ks,
                   stride_vh, stride_vs, stride_br,
                   HD: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
-                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr, PDL: tl.constexpr,
-                  PREFETCH: tl.constexpr = 0):
+                  CHUNK: tl.constexpr, IEEE: tl.constexpr, TAIL_BIAS: tl.constexpr, PDL: tl.constexpr):
     """One program: SPLIT slots of one key/value head for BLOCK_M of its rows; writes
     the chunk's row maxima m, sums l and unnormalised outputs acc (fp32). Every row sees
     the committed slots (before the cache's length): with TAIL_BIAS the bias is read only
     at the step's own slots (length and after), where the tree's mask differs by row. PDL:
-    launched while the kernel before drains; it waits for it before touching memory it writes.
-    PREFETCH (elements a line; 0: none): a first row block asks L2 for its slots before it waits."""
-    c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PREFETCH > 0 and rb == 0:
-        _ask_slots(k_ptr + h * stride_kh, v_ptr + h * stride_vh, c * SPLIT, tl.load(length_ptr) + new_tokens,
-                   stride_ks, stride_vs, HD, SPLIT, PREFETCH)
+    launched while the kernel before drains; it waits for it before touching memory."""
     dependent_launch(PDL)
+    c, h, rb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     splits = tl.num_programs(0)
     length = tl.load(length_ptr)
     end = length + new_tokens  # slots [0, end) may be visible

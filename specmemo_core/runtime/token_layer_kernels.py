@@ -17,8 +17,24 @@ import triton
 import triton.language as tl
 
 # programmatic dependent launch (None where Triton lacks it: ``token_layer`` launches without it)
-from specmemo_core.runtime.chunked_attention_kernels import (dependent_launch, gdc_launch_dependents, gdc_wait,
-                                                             prefetch_rows)
+from specmemo_core.runtime.chunked_attention_kernels import dependent_launch, gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte line at each of ``ptrs`` (``prefetch.global.L2``): nothing comes to the
+    program and nothing waits, so a kernel may ask before ``gdc_wait`` for what the kernel ahead of it
+    does not write (weights). Only on a GPU: Triton's interpreter runs no PTX."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_rows(base_ptr, rows, stride, COLS: tl.constexpr, LINE: tl.constexpr):
+    """``prefetch_l2`` of the first COLS columns of each of ``rows`` (valid row numbers) of a
+    row-major matrix at ``base_ptr`` (``stride`` elements apart): one ask per LINE elements."""
+    lines = tl.arange(0, COLS // LINE) * LINE
+    prefetch_l2(base_ptr + rows[:, None] * stride + lines[None, :])
 
 
 @triton.jit
