@@ -158,6 +158,9 @@ def region_kind(kinds: dict, kind: str):
     if "-am" in kind:  # e.g. compiled-am16: the attention's first kernel at most 16 rows a program
         base, most = kind.split("-am")
         return dataclasses.replace(kinds[base], kernels=token_layer.Launch(attention_block_m=int(most)))
+    if kind.endswith("}"):  # e.g. compiled{tile_prefetch=512;large_add_n=64}: token_layer.Launch's fields so
+        base, fields = kind[:-1].split("{")
+        return dataclasses.replace(kinds[base], kernels=launch_with(fields))
     if "-pf:" in kind:  # e.g. compiled-pf:512: the tiles' weight columns asked of L2 before each waits
         base, cols = kind.split("-pf:")  # for the kernel ahead (Launch.tile_prefetch)
         return dataclasses.replace(kinds[base], kernels=token_layer.Launch(tile_prefetch=int(cols)))
@@ -195,6 +198,19 @@ def region_kind(kinds: dict, kind: str):
         autotuned = functools.partial(torch.compile, dynamic=False, mode="max-autotune-no-cudagraphs")
         return LayerRegions(autotuned(project_layer), autotuned(finish_layer))
     raise SystemExit(f"unknown --regions kind {kind!r}")
+
+
+def launch_with(fields: str):
+    """``token_layer.Launch`` with the fields ``name=value;…`` names (ints, bools as 0/1, tuples as a:b:c)."""
+    from specmemo_core.runtime import token_layer
+
+    values = {}
+    for field in filter(None, fields.split(";")):
+        name, value = field.split("=")
+        default = getattr(token_layer.LAUNCH, name)
+        values[name] = (tuple(int(v) for v in value.split(":")) if isinstance(default, tuple)
+                        else None if value == "None" else type(default if default is not None else True)(int(value)))
+    return token_layer.Launch(**values)
 
 
 def alternate_regions(model, shape, args) -> dict[str, dict[str, float]]:
@@ -275,7 +291,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate matmuls")
     ap.add_argument("--compile", action="store_true", help="compile the decoder layers' regions (CausalLM.compile_layers)")
-    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-pf:COLS (the tiles' L2 asks before PDL waits),compiled-amM (the attention's rows a program at most),compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -notables: the rotary tables and bias as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
+    ap.add_argument("--regions", default="", help="eager,compiled[,static1,autotune1,eager-sdpa,compiled-sdpa,compiled-regions,compiled-notiles,compiled-pdl:A:M:T,compiled-pf:COLS (the tiles' L2 asks before PDL waits),compiled{FIELD=V;…} (token_layer.Launch's fields),compiled-amM (the attention's rows a program at most),compiled-prenorm,compiled-innernorm,compiled@P:R:K:W,compiled#N:K:W:S[:M],compiled%N:S (a large layer's o/down tiles),autotune; any +lt: cuBLASLt; any -noglue: the step's glue as torch ops; any -nopicks: the acceptance's argmax through blocks of matmuls; any -nodraft: hydra drafting as torch ops; any -notables: the rotary tables and bias as torch ops; any -ctxregions: the heads' context layer through its regions]: time each, alternating in this process "
                     "(--repeats rounds each; medians and spread)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--topk-chunks", default="", help="e.g. 0,512: time each tree's step with the heads' drafting "

@@ -1,10 +1,11 @@
 # Issue 23, session 32: L2 asks before a kernel's dependent-launch wait (token_layer.Launch.tile_prefetch),
 # on the GPU machine (device tool), from the repository root, carrying .whl_lite.
-#   bash docs/results/prefetch_gpu.sh [steps|exact]
+#   bash docs/results/prefetch_gpu.sh [steps|small|exact]
 #   steps: a compile check (probe_step with the asks on, against the regions), then whole graph steps of
 #          SHAPE (vicuna-7b), 1,000-token context, plain, a 64-node chain (lookup-63: the tree's own cost,
 #          drafting ~free) and medusa-64 (random hydra heads), the asks off and on (-pf:COLS a weight row),
 #          the norm inside the tiles (-innernorm), alternating in one process
+#   small: the default model's shape (shipped heads), context 900, REGIONS (the code's default and the asks)
 #   exact: the layer kernels', the attention's and the step's tests on the GPU
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
@@ -22,9 +23,14 @@ for dtype in (torch.bfloat16, torch.float32):
 PY
   timeout ${2:-420} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --draft-vocab 8192 \
     --steps 40 --repeats ${REPEATS:-3} --trees ${TREES:-single,lookup-63,medusa-64} \
-    --regions ${REGIONS:-compiled,compiled-pf:256,compiled-pf:512,compiled-pf:1024,compiled-pf:2048,compiled-innernorm} \
+    --regions "${REGIONS:-compiled,compiled-pf:256,compiled-pf:512,compiled-pf:1024,compiled-pf:2048,compiled-innernorm}" \
     > "$OUT/${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/${SHAPE:-vicuna-7b}.err"
   echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160; tail -3 "$OUT/${SHAPE:-vicuna-7b}.err" ;;
+small)  # the default model's shape with the shipped heads, context 900
+  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads assets/heads/SmolLM2-135M-Instruct \
+    --steps 100 --repeats 3 --context 900 --trees ${TREES:-single,calibrated-12+lookup-8,medusa-64} \
+    --regions "${REGIONS:-compiled,compiled{tile_prefetch=512}}" > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
+  echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-150 ;;
 exact)
   timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \
     tests/core/test_chunked_attention.py tests/core/test_step_kernels.py tests/core/test_static_decoding.py \
