@@ -15,7 +15,7 @@ steps)
   timeout 60 python3 - <<'PY' 2>&1 | tail -6 | tee "$OUT/compile_check.txt"
 import torch
 from specmemo_core.runtime import token_layer
-launch = token_layer.Launch(tile_prefetch=512, row_tiles=True, tile_fused_norm=True)
+launch = token_layer.Launch(tile_prefetch=512, row_tiles=True)
 for dtype in (torch.bfloat16, torch.float32):
     got = token_layer.probe_step(torch.device("cuda"), dtype, kernels=True, launch=launch)
     want = token_layer.probe_step(torch.device("cuda"), dtype, kernels=False)

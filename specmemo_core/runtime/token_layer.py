@@ -114,9 +114,6 @@ class Launch:
     # GPU only). The attention's programs asking for their committed keys and values so made vicuna-7b's
     # 64-node step slower on an H100 (6.455 ms against 6.362; prefetch_h100/)
     tile_prefetch: int = 0
-    # o_proj's tiles write the post-attention norm's x·g and their sums of squares a token, so gate/up's
-    # tile kernel starts at once (``matmul_add_rows``' NORMED) instead of after ``norm_scale_rows``
-    tile_fused_norm: bool = False
 
 
 LAUNCH = Launch()
@@ -213,21 +210,10 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
                                         new_tokens=t, groups=h // hkv, pdl=attention_pdl,
                                         block_m=launch.attention_block_m)  # [T, H·hd]
+    mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
-    if tiles and launch.tile_fused_norm:  # o_proj's tiles start the norm after them (NORMED)
-        normed = _normed_buffers(x, layer.post_attention_layernorm, kernels.triton.cdiv(x.shape[-1], add_shape.n))
-        mid = matmul_add(attended, attn.o_proj, x, normed=normed)
-        norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None, prenormed=normed[1:])
-    else:
-        mid = matmul_add(attended, attn.o_proj, x)
-        norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
+    norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
     return matmul_add(hidden, mlp.down_proj, mid)
-
-
-def _normed_buffers(x: torch.Tensor, norm: torch.nn.Module, tiles: int) -> tuple[torch.Tensor, ...]:
-    """What ``matmul_add_rows``' NORMED ending takes for the norm after it: the norm's weight, then
-    its outputs out·g [T, D] and the sums of squares [tiles, T] (fp32)."""
-    return (norm.weight, torch.empty_like(x), torch.empty(tiles, x.shape[0], dtype=torch.float32, device=x.device))
 
 
 def _pdl_modes(layer: "DecoderLayer", tokens: int, launch: Launch) -> tuple[tuple[int, int], int]:
@@ -298,18 +284,15 @@ def _tile_k(launch: Launch, k_cols: int) -> int:
 
 
 def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, fused: tuple, out: torch.Tensor, *,
-                    rope: tuple | None, launch: Launch, shape: TileShape, pdl: int,
-                    prenormed: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                    rope: tuple | None, launch: Launch, shape: TileShape, pdl: int) -> None:
     """``_norm_pairs`` for x [T, D] through ``norm_pair_rows`` (after ``norm_scale_rows`` where
-    ``launch.tile_prenorm``; ``prenormed``: x·g and the sums of squares ``matmul_add_rows`` wrote
-    instead): with ``rope`` q into out [H, T, hd] and k, v into the cache, else silu(gate)·up into out [T, I]."""
+    ``launch.tile_prenorm``): with ``rope`` q into out [H, T, hd] and k, v into the cache, else
+    silu(gate)·up into out [T, I]."""
     weight, bias = fused
     (cos, sin, slots, keys, values, heads, kv_heads), (half, group, groups), strides = _ending(x, weight, rope)
     cdiv, block_m = kernels.triton.cdiv, _tile_m(x.shape[0], launch)
-    scale, parts = norm.weight, 0
-    if prenormed is not None:
-        (x, scale), parts = prenormed, prenormed[1].shape[0]
-    elif launch.tile_prenorm:  # x·g and the 1/rms by a kernel of their own first
+    scale = norm.weight
+    if launch.tile_prenorm:  # x·g and the 1/rms by a kernel of their own first
         xg, scale = torch.empty_like(x), torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
         kernels.norm_scale_rows[(x.shape[0],)](x, norm.weight, xg, scale, x.shape[-1], norm.eps, x.stride(0),
                                                xg.stride(0), BLOCK_D=kernels.triton.next_power_of_2(x.shape[-1]),
@@ -322,25 +305,22 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=shape.n, BLOCK_K=block_k,
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        PRENORMED=launch.tile_prenorm or parts > 0, PARTS=parts, **_prefetch(launch, x, weight.shape[-1]),
-        num_warps=launch.tile_warps, num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
+        PRENORMED=launch.tile_prenorm, **_prefetch(launch, x, weight.shape[-1]), num_warps=launch.tile_warps,
+        num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
 
 
 def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear, residual: torch.Tensor, *,
-                     launch: Launch, shape: TileShape, pdl: int, normed: tuple | None = None) -> torch.Tensor:
-    """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``; ``normed`` (``_normed_buffers``):
-    the norm after it started too."""
+                     launch: Launch, shape: TileShape, pdl: int) -> torch.Tensor:
+    """residual [T, N] + linear(a [T, K]) through ``matmul_add_rows``."""
     out = torch.empty_like(residual)
-    g, xg, squares = normed or (out, out, out)  # unread without NORMED
     (n, k), tokens = linear.weight.shape, a.shape[0]
     cdiv, block_m, block_k = kernels.triton.cdiv, _tile_m(tokens, launch), _tile_k(launch, k)
     stages = _stages(shape, block_m=block_m, block_k=block_k, weight_rows=shape.n, x=a)
     kernels.matmul_add_rows[(cdiv(n, shape.n), cdiv(tokens, block_m))](
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
-        a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), g, xg, squares, BLOCK_M=block_m,
+        a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
         BLOCK_N=shape.n, BLOCK_K=block_k, HAS_BIAS=linear.bias is not None,
-        IEEE=a.dtype == torch.float32, PDL=pdl, NORMED=normed is not None, **_prefetch(launch, a, k),
-        num_warps=launch.tile_warps,
+        IEEE=a.dtype == torch.float32, PDL=pdl, **_prefetch(launch, a, k), num_warps=launch.tile_warps,
         num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
     return out
 

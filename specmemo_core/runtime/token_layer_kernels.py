@@ -206,8 +206,7 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
                    stride_kh, stride_ks, stride_vh, stride_vs, heads, kv_heads,
                    BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                   PRENORMED: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                   PARTS: tl.constexpr = 0):
+                   PRENORMED: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
     """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS weight-row
     pairs for BLOCK_M tokens (grid: pair tiles × token tiles), each weight tile read once for them all.
     The norm's weight g scales x before the tensor cores' products (x·g in x's precision), its 1/rms,
@@ -215,8 +214,7 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     [H, T, hd] and k, v at the cache slots ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o``
     apart. PRENORMED: x holds x·g and g_ptr the 1/rms per token (``norm_scale_rows``), so the loop only
     loads and multiplies (the norm in every program: the default model's tree step 0.14 ms longer on an
-    H100); with PARTS, g_ptr holds PARTS sums of squares a token instead (``matmul_add_rows``' NORMED).
-    PDL: ``dependent_launch``'s modes; PREFETCH: a weight row's columns asked of L2 before it waits."""
+    H100). PDL: ``dependent_launch``'s modes; PREFETCH: a weight row's columns asked of L2 before it waits."""
     p, mt = tl.program_id(0), tl.program_id(1)
     per_group = tl.cdiv(half, PAIRS)
     grp = p // per_group
@@ -244,7 +242,10 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
             xg = (x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(w_ptr.dtype.element_ty)
         acc_a = _dot(xg, _weight_tile_t(w_ptr, rows_a, live, k, d_model, stride_w), acc_a, IEEE)
         acc_b = _dot(xg, _weight_tile_t(w_ptr, rows_a + half, live, k, d_model, stride_w), acc_b, IEEE)
-    rstd = _rstd(g_ptr, t, tokens, squares, d_model, eps, PRENORMED, PARTS)
+    if PRENORMED:
+        rstd = tl.load(g_ptr + t, mask=in_t, other=0.0)
+    else:
+        rstd = 1.0 / tl.sqrt(squares / d_model + eps)
     ya = acc_a * rstd[:, None]
     yb = acc_b * rstd[:, None]
     if HAS_BIAS:
@@ -260,24 +261,6 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     else:
         tl.store(out_ptr + t[:, None] * stride_o + j[None, :],
                  (ya / (1.0 + tl.exp(-ya)) * yb).to(out_ptr.dtype.element_ty), mask=both)
-
-
-@triton.jit
-def _rstd(g_ptr, t, tokens, squares, d_model, eps, PRENORMED: tl.constexpr, PARTS: tl.constexpr):
-    """``norm_pair_rows``' 1/rms of the tokens t: from PARTS sums of squares [PARTS, T] at g_ptr (added
-    in one order), read at g_ptr (PRENORMED), or from the program's own ``squares``."""
-    if PARTS > 0:
-        total = tl.zeros(t.shape, tl.float32)
-        for p0 in range(0, PARTS, 32):
-            p = p0 + tl.arange(0, 32)
-            total += tl.sum(tl.load(g_ptr + p[:, None] * tokens + t[None, :],
-                                    mask=(p < PARTS)[:, None] & (t < tokens)[None, :], other=0.0), 0)
-        rstd = 1.0 / tl.sqrt(total / d_model + eps)
-    elif PRENORMED:
-        rstd = tl.load(g_ptr + t, mask=t < tokens, other=0.0)
-    else:
-        rstd = 1.0 / tl.sqrt(squares / d_model + eps)
-    return rstd
 
 
 @triton.jit
@@ -307,14 +290,12 @@ def _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, 
 
 @triton.jit
 def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols, stride_a, stride_w, stride_r,
-                    stride_o, g_ptr, xg_ptr, sq_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                    PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64, NORMED: tl.constexpr = False):
+                    stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                    PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
     """``matmul_add`` for T tokens a [T, K] at once, as tiles (grid: output tiles × token
     tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL and
-    PREFETCH as ``norm_pair_rows``. NORMED: the next norm's start too (its weight g): out·g at xg
-    (rows ``stride_o`` apart) and the tile's Σ out² a token at sq [output tiles, T], for
-    ``norm_pair_rows``' PARTS (``norm_scale_rows``' work, without its launch)."""
+    PREFETCH as ``norm_pair_rows``."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     live, in_t = n < n_rows, t < tokens
@@ -333,8 +314,3 @@ def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols,
         acc = acc.to(tl.float32)
     acc += tl.load(r_ptr + t[:, None] * stride_r + n[None, :], mask=both, other=0.0).to(tl.float32)
     tl.store(out_ptr + t[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty), mask=both)
-    if NORMED:
-        y = tl.where(both, acc.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)  # as stored
-        tl.store(sq_ptr + tl.program_id(0) * tokens + t, tl.sum(y * y, 1), mask=in_t)
-        g = tl.load(g_ptr + n, mask=live, other=0.0).to(tl.float32)
-        tl.store(xg_ptr + t[:, None] * stride_o + n[None, :], (y * g[None, :]).to(out_ptr.dtype.element_ty), mask=both)
