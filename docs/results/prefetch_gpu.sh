@@ -29,7 +29,7 @@ PY
 small)  # the default model's shape with the shipped heads, context 900
   timeout ${2:-150} python3 scripts/time_graph_steps.py --shape smollm2-135m --dtype bf16 --heads assets/heads/SmolLM2-135M-Instruct \
     --steps 100 --repeats 3 --context 900 --trees ${TREES:-single,calibrated-12+lookup-8,medusa-64} \
-    --regions "${REGIONS:-compiled,compiled{tile_prefetch=512}}" > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
+    --regions "${REGIONS:-compiled,compiled-pf:512}" > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-150 ;;
 exact)
   timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \

@@ -111,9 +111,10 @@ class Launch:
     attention_block_m: int = 0
     # in a step of several tokens, where PDL launches a kernel while the one ahead drains: the columns of
     # each weight row a tile program asks L2 for before it waits (``prefetch_rows``; 0 none, at most K;
-    # GPU only). The attention's programs asking for their committed keys and values so made vicuna-7b's
-    # 64-node step slower on an H100 (6.455 ms against 6.362; prefetch_h100/)
-    tile_prefetch: int = 0
+    # GPU only). On an H100 vicuna-7b's 64-node step ran 6.202 ms against 6.268 without (1,024: 6.248;
+    # all of K flooded L2: +1 ms), the default model's 20-node step 1.038 against 1.080 (256: 1.028);
+    # the attention's programs asking for their keys and values so: slower (prefetch_h100/)
+    tile_prefetch: int = 512
 
 
 LAUNCH = Launch()
