@@ -1151,3 +1151,25 @@ def test_the_busy_rows_paragraph_holds_its_h100_runs():
     from specmemo_core.runtime import chunked_attention
     pick = lambda rows, heads: chunked_attention.block_rows(rows, chunked_attention.busy_rows(rows, 8 * heads, 132))  # noqa: E731
     assert (pick(60, 3), pick(192, 3), pick(64, 32)) == (16, 32, 64)
+
+
+def test_the_prefetch_paragraph_holds_its_h100_runs():
+    """README's session-32 paragraph is docs/results/prefetch_h100/final/ and scan/: the steps with the
+    tiles' L2 asks (the code's default) against none, and the ratios to a plain step it quotes."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/prefetch_h100"
+    runs = {f.name: {f"{r['tree']} {r['regions']}": r["median"] for r in _json_lines(f) if "regions" in r}
+            for f in (d / "final/final-vicuna-7b.jsonl", d / "final/llama-3-8b.jsonl", d / "scan/vicuna-7b.jsonl")}
+    v, ll = runs["final-vicuna-7b.jsonl"], runs["llama-3-8b.jsonl"]
+    assert (f"plain step {v['single compiled']:.3f} ms ({v['single compiled-pf:0']:.3f} without the asks)") in readme
+    assert f"{v['lookup-63 compiled']:.3f} against {v['lookup-63 compiled-pf:0']:.3f}" in readme
+    assert f"**{v['lookup-63 compiled'] / v['single compiled']:.2f}×** a plain step" in readme
+    assert (f"{v['medusa-64 compiled']:.3f} against {v['medusa-64 compiled-pf:0']:.3f} "
+            f"({v['medusa-64 compiled'] / v['single compiled']:.2f}×)") in readme
+    assert (f"plain {ll['single compiled']:.3f}, `lookup-63` {ll['lookup-63 compiled']:.3f} "
+            f"({ll['lookup-63 compiled'] / ll['single compiled']:.2f}×)") in readme
+    scan = runs["vicuna-7b.jsonl"]
+    fused = scan["lookup-63 compiled{tile_prefetch=512;tile_fused_norm=1}"]
+    assert f"{fused:.3f} against {scan['lookup-63 compiled{tile_prefetch=512}']:.3f}" in readme
+    from specmemo_core.runtime import token_layer
+    assert token_layer.LAUNCH.tile_prefetch == 512
