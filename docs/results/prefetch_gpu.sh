@@ -1,11 +1,12 @@
 # Issue 23, session 32: L2 asks before a kernel's dependent-launch wait (token_layer.Launch.tile_prefetch),
 # on the GPU machine (device tool), from the repository root, carrying .whl_lite.
-#   bash docs/results/prefetch_gpu.sh [steps|small|exact]
+#   bash docs/results/prefetch_gpu.sh [steps|small|levers|exact]
 #   steps: a compile check (probe_step with the asks on, against the regions), then whole graph steps of
 #          SHAPE (vicuna-7b), 1,000-token context, plain, a 64-node chain (lookup-63: the tree's own cost,
 #          drafting ~free) and medusa-64 (random hydra heads), the asks off and on (-pf:COLS a weight row),
 #          the norm inside the tiles (-innernorm), alternating in one process
 #   small: the default model's shape (shipped heads), context 900, REGIONS (the code's default and the asks)
+#   levers: steps with the levers not yet timed (Launch.attention_partials16, large_qkv_n), off in the code
 #   exact: the layer kernels', the attention's and the step's tests on the GPU
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
@@ -31,6 +32,9 @@ small)  # the default model's shape with the shipped heads, context 900
     --steps 100 --repeats 3 --context 900 --trees ${TREES:-single,calibrated-12+lookup-8,medusa-64} \
     --regions "${REGIONS:-compiled,compiled-pf:512}" > "$OUT/smollm2-135m.jsonl" 2> "$OUT/smollm2-135m.err"
   echo "small rc=$?"; grep -v '"shape"' "$OUT/smollm2-135m.jsonl" | cut -c 1-150 ;;
+levers)  # session 32's untimed levers (off in the code): 16-bit attention partials, narrower q/k/v tiles
+  REGIONS='compiled,compiled{attention_partials16=1},compiled{large_qkv_n=16},compiled{large_tile_n=16;large_qkv_n=32},compiled{attention_partials16=1;large_qkv_n=16}' \
+    TREES=${TREES:-single,lookup-63} bash "$0" steps ${2:-300} ;;
 exact)
   timeout ${2:-200} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \
     tests/core/test_chunked_attention.py tests/core/test_step_kernels.py tests/core/test_static_decoding.py \

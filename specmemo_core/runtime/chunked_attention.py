@@ -117,7 +117,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
            cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
            tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None,
-           block_m: int = 0) -> torch.Tensor:
+           block_m: int = 0, partials: torch.dtype = torch.float32) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
@@ -129,7 +129,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     kernels' programmatic dependent launch (``chunked_attention_kernels.dependent_launch``: 0
     none, 1 wait then let the next start, 2 let it start then wait; ``token_layer``'s steps).
     ``merge_rows``: rows a program of the merge takes (a power of two; None: ``MERGE_ROWS``).
-    ``block_m``: rows a program of the first kernel scores at most (16, 32 or 64; 0: ``busy_rows``)."""
+    ``block_m``: rows a program of the first kernel scores at most (16, 32 or 64; 0: ``busy_rows``).
+    ``partials``: the dtype of the chunks' unnormalised outputs between the two kernels (their maxima
+    and sums stay fp32)."""
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
@@ -141,7 +143,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
                             shared_bytes=kernel_probe.shared_bytes(q.device))
     m = torch.empty(hkv, splits, rows, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    acc = torch.empty(hkv, splits, rows, hd, dtype=torch.float32, device=q.device)
+    acc = torch.empty(hkv, splits, rows, hd, dtype=partials, device=q.device)
     attend_chunks[(splits, hkv, triton.cdiv(rows, block_m))](
         q, keys, values, bias, cache_length, m, l, acc, rows, new_tokens, hd ** -0.5,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),

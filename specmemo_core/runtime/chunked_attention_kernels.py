@@ -80,7 +80,7 @@ def attend_chunks(q_ptr, k_ptr, v_ptr, bias_ptr, length_ptr, m_ptr, l_ptr, acc_p
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         tl.store(l_ptr + out, l_i, mask=live_rows)
-        tl.store(acc_ptr + out[:, None] * HD + d[None, :], acc, mask=live_rows[:, None])
+        tl.store(acc_ptr + out[:, None] * HD + d[None, :], acc.to(acc_ptr.dtype.element_ty), mask=live_rows[:, None])
     tl.store(m_ptr + out, m_i, mask=live_rows)  # -inf alone past the end: merge_chunks skips it
 
 
@@ -111,7 +111,8 @@ def merge_chunks(m_ptr, l_ptr, acc_ptr, out_ptr, rows, new_tokens, groups, split
         m_c = tl.load(m_ptr + at, mask=live_r[:, None] & (c < splits)[None, :], other=float("-inf"))
         w = tl.where(m_c == float("-inf"), 0.0, tl.exp(m_c - m_safe[:, None]))  # [ROWS, BLOCK]
         total += tl.sum(w * tl.load(l_ptr + at, mask=w > 0, other=0.0), 1)
-        part = tl.load(acc_ptr + at[:, :, None] * HD + d[None, None, :], mask=(w > 0)[:, :, None], other=0.0)
+        part = tl.load(acc_ptr + at[:, :, None] * HD + d[None, None, :], mask=(w > 0)[:, :, None],
+                       other=0.0).to(tl.float32)
         acc += tl.sum(part * w[:, :, None], 1)
     t, j = r % new_tokens, r // new_tokens
     head = h * groups + j

@@ -101,6 +101,9 @@ class Launch:
     # their 32 weight rows a program read the tokens' tile twice for each weight byte
     large_add_n: int = 0
     large_add_stages: int = 0
+    # a large layer's q/k/v tiles' pairs where they differ (0: ``large_tile_n``): vicuna-7b's 32 pairs
+    # make 192 programs, 1.45 of an H100's 132 SMs' waves (16: 384, 2.9 waves; to time it)
+    large_qkv_n: int = 0
     # the norm's x·g and 1/rms by a kernel of their own before each norm tile kernel (one program a
     # token) instead of inside it, where every program redid them for its rows: on an H100 the
     # default model's medusa-64 step ran 1.197 ms against 1.335 (chain_pdl_h100/scan/)
@@ -109,6 +112,9 @@ class Launch:
     # query rows a program of the attention's first kernel scores at most (16, 32 or 64; 0: the widest
     # whose programs fill the GPU's SMs, ``chunked_attention.busy_rows``; the others only to time it)
     attention_block_m: int = 0
+    # a 16-bit tile step's attention writes its chunks' partial outputs in 16 bits (half the traffic
+    # between its two kernels: 32 KB a program of 64 rows in fp32) instead of fp32 (to time it)
+    attention_partials16: bool = False
     # in a step of several tokens, where PDL launches a kernel while the one ahead drains: the columns of
     # each weight row a tile program asks L2 for before it waits (``prefetch_rows``; 0 none, at most K;
     # GPU only). On an H100 vicuna-7b's 64-node step ran 6.202 ms against 6.268 without (1,024: 6.248;
@@ -207,10 +213,12 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
     q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
     rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
-    norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
+    norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope, **({"shape": tile_shape(layer, launch, qkv=True)}
+                                                                    if tiles else {}))
+    partials = x.dtype if tiles and launch.attention_partials16 and x.element_size() == 2 else torch.float32
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
                                         new_tokens=t, groups=h // hkv, pdl=attention_pdl,
-                                        block_m=launch.attention_block_m)  # [T, H·hd]
+                                        block_m=launch.attention_block_m, partials=partials)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)
@@ -243,12 +251,14 @@ class TileShape(NamedTuple):
     stages: int  # weight loads in flight, at most (``_stages`` takes fewer where they do not fit)
 
 
-def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False) -> TileShape:
+def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False, qkv: bool = False) -> TileShape:
     """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights
-    (``add``: o_proj's and down_proj's, ``Launch.large_add_n``)."""
+    (``add``: o_proj's and down_proj's, ``Launch.large_add_n``; ``qkv``: q/k/v's, ``large_qkv_n``)."""
     if _large(layer, launch):
         if add and launch.large_add_n:
             return TileShape(launch.large_add_n, launch.large_add_stages or launch.large_tile_stages)
+        if qkv and launch.large_qkv_n:
+            return TileShape(launch.large_qkv_n, launch.large_tile_stages)
         return TileShape(launch.large_tile_n, launch.large_tile_stages)
     return TileShape(launch.tile_n, launch.tile_stages)
 

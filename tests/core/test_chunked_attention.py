@@ -3,6 +3,8 @@ kernels on the GPU where there is one, else in Triton's interpreter on the CPU (
 their own: Triton reads ``TRITON_INTERPRET`` as it is imported, and the rest of the suite
 must run without it)."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=15)
+    run_in_interpreter(__file__, passed=16)
 
 
 @elsewhere
@@ -70,6 +72,22 @@ def test_matches_sdpa_and_ignores_slots_past_the_end(hkv, groups, tokens, hd, le
     want = want.unflatten(-2, (groups, tokens)).movedim(-2, -4).reshape(tokens, hkv * groups * hd)
     assert got.shape == want.shape
     assert (got - want).abs().max().item() < 1e-5
+
+
+@kernels
+def test_16_bit_partials_between_the_kernels_keep_a_trees_output():
+    """A tree's attention with its chunks' partial outputs in 16 bits (``partials``; fp16 here: the
+    interpreter has no bf16 sums) against fp32 ones: within 16-bit rounding; fp32 is the default."""
+    g = torch.Generator().manual_seed(3)
+    keys, values = (torch.randn(2, 320, 64, generator=g).to(DEVICE) for _ in range(2))
+    q = torch.randn(2, 2 * 20, 64, generator=g).to(DEVICE)
+    bias = _tree_bias(129, 20, 256, 2, seed=20).to(DEVICE)
+    length = torch.tensor(129, device=DEVICE)
+    run = functools.partial(chunked_attention.attend, q, keys, values, bias, length, new_tokens=20, groups=2)
+    full, half = run(), run(partials=torch.float16)
+    assert torch.equal(full, run(partials=torch.float32))
+    assert not torch.equal(full, half)  # the partials were rounded
+    assert ((half - full).abs().max() / full.abs().max()).item() < 2e-3
 
 
 def test_a_tree_of_few_heads_takes_narrower_blocks_of_rows_to_fill_the_gpu():

@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=16)
+    run_in_interpreter(__file__, passed=17)
 
 
 @elsewhere
@@ -35,15 +35,17 @@ def test_the_probe_passes_where_the_kernels_run(dtype):
 
 
 @kernels
-@pytest.mark.parametrize("tiles,prenorm,large", [(False, False, False), (True, False, False), (True, True, False),
-                                                 (True, True, True)])
-def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, prenorm, large):
+@pytest.mark.parametrize("tiles,prenorm,large,qkv_n", [(False, False, False, 0), (True, False, False, 0),
+                                                       (True, True, False, 0), (True, True, True, 0),
+                                                       (True, True, True, 8)])
+def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, prenorm, large, qkv_n):
     """Outputs of a one-token step and a three-token step after it (cuBLAS and ``rotate_rows``,
     or the tile kernels, the norm inside them or before them, a large layer's wider tiles: more
-    pairs a program than a head has), and both caches (the new slots written, every other slot
-    untouched) as the eager regions and SDPA give them, fp32: q/k/v biases, o and MLP biases, 3
-    heads over 1."""
-    launch = token_layer.Launch(row_tiles=tiles, tile_prenorm=prenorm, tile_layer_bytes=0 if large else 64 << 20)
+    pairs a program than a head has; its q/k/v tiles narrower), and both caches (the new slots
+    written, every other slot untouched) as the eager regions and SDPA give them, fp32: q/k/v
+    biases, o and MLP biases, 3 heads over 1."""
+    launch = token_layer.Launch(row_tiles=tiles, tile_prenorm=prenorm, tile_layer_bytes=0 if large else 64 << 20,
+                                large_qkv_n=qkv_n)
     got = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True, launch=launch)
     want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
     for a, b in zip(got, want):
