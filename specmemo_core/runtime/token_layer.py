@@ -316,7 +316,7 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=shape.n, BLOCK_K=block_k,
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        PRENORMED=launch.tile_prenorm, **_prefetch(launch, x, weight.shape[-1]), num_warps=launch.tile_warps,
+        PRENORMED=launch.tile_prenorm, **_prefetch(launch, x, weight.shape[-1], pdl), num_warps=launch.tile_warps,
         num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
 
 
@@ -331,16 +331,17 @@ def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
         BLOCK_N=shape.n, BLOCK_K=block_k, HAS_BIAS=linear.bias is not None,
-        IEEE=a.dtype == torch.float32, PDL=pdl, **_prefetch(launch, a, k), num_warps=launch.tile_warps,
+        IEEE=a.dtype == torch.float32, PDL=pdl, **_prefetch(launch, a, k, pdl), num_warps=launch.tile_warps,
         num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
     return out
 
 
-def _prefetch(launch: Launch, x: torch.Tensor, k_cols: int) -> dict[str, int]:
-    """A tile kernel's PREFETCH and LINE (``Launch.tile_prefetch``, on a GPU: the interpreter runs no
-    PTX): the columns asked a weight row, a power of two of whole 128-byte lines within K."""
+def _prefetch(launch: Launch, x: torch.Tensor, k_cols: int, pdl: int) -> dict[str, int]:
+    """A tile kernel's PREFETCH and LINE (``Launch.tile_prefetch``, where it waits for the kernel ahead,
+    ``pdl``, on a GPU: the interpreter runs no PTX): the columns asked a weight row, a power of two of
+    whole 128-byte lines within K."""
     line = 128 // x.element_size()
-    if not (launch.tile_prefetch and x.is_cuda) or k_cols < line:
+    if not (launch.tile_prefetch and pdl and x.is_cuda) or k_cols < line:
         return {}
     return {"PREFETCH": max(1 << (min(launch.tile_prefetch, k_cols).bit_length() - 1), line), "LINE": line}
 
