@@ -163,7 +163,7 @@ def region_kind(kinds: dict, kind: str):
         return dataclasses.replace(kinds[base], kernels=launch_with(fields))
     if "-pf:" in kind:  # e.g. compiled-pf:512: the tiles' weight columns asked of L2 before each waits
         base, cols = kind.split("-pf:")  # for the kernel ahead (Launch.tile_prefetch)
-        return dataclasses.replace(kinds[base], kernels=token_layer.Launch(tile_prefetch=int(cols)))
+        return dataclasses.replace(kinds[base], kernels=launch_with(f"tile_prefetch={cols}"))
     if "-pdl:" in kind:  # e.g. compiled-pdl:2:1:0: the attention's, its merge's and the tiles' dependent launch
         base, modes = kind.split("-pdl:")
         attend, merge, tiles = (int(v) for v in modes.split(":"))
@@ -207,9 +207,11 @@ def launch_with(fields: str):
     values = {}
     for field in filter(None, fields.split(";")):
         name, value = field.split("=")
-        default = getattr(token_layer.LAUNCH, name)
-        values[name] = (tuple(int(v) for v in value.split(":")) if isinstance(default, tuple)
-                        else None if value == "None" else type(default if default is not None else True)(int(value)))
+        default = getattr(token_layer.LAUNCH, name)  # its type gives the value's (None: a bool's field)
+        if value == "None" or isinstance(default, tuple):
+            values[name] = None if value == "None" else tuple(int(v) for v in value.split(":"))
+        else:
+            values[name] = bool(int(value)) if default is None else type(default)(int(value))
     return token_layer.Launch(**values)
 
 

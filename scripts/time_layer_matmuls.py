@@ -54,14 +54,13 @@ def chains(layers: list[dict], xs: dict[int, torch.Tensor], launch: token_layer.
     tokens = next(iter(xs.values())).shape[0]
     outs = {name: torch.empty(tokens, first[name].shape[0] // (2 if name in ("qkv", "gate_up") else 1),
                               device=first[name].device, dtype=first[name].dtype) for name in NAMES}
-    large = token_layer.TileShape(launch.large_tile_n, launch.large_tile_stages)
-    add = token_layer.TileShape(launch.large_add_n or large.n, launch.large_add_stages or large.stages)
-    shapes = {"qkv": token_layer.TileShape(launch.large_qkv_n or large.n, large.stages), "gate_up": large,
-              "o": add, "down": add}
+    shapes = {name: token_layer.tile_shape_of(launch, large=True, add=name in ("o", "down"), qkv=name == "qkv")
+              for name in NAMES}  # a 7B layer's: the step's kernels take the large tiles
 
     def run(name: str) -> None:
-        x = xs[first[name].shape[1]]
+        x, residual = xs[first[name].shape[1]], xs[first[name].shape[1]][:, :outs[name].shape[1]]
         for w in layers:
+            linear = SimpleNamespace(weight=w[name], bias=None)
             if name in ("qkv", "gate_up") and tokens > 1:
                 token_layer._norm_pair_rows(kernels, x, w["norm"], (w[name], None), outs[name], rope=None,
                                             launch=launch, shape=shapes[name], pdl=int(pdl))
@@ -69,12 +68,10 @@ def chains(layers: list[dict], xs: dict[int, torch.Tensor], launch: token_layer.
                 token_layer._norm_pairs(kernels, x, w["norm"], (w[name], None), outs[name], rope=None,
                                         launch=launch, pdl=pdl)
             elif tokens > 1:
-                linear = SimpleNamespace(weight=w[name], bias=None)
-                token_layer._matmul_add_rows(kernels, x, linear, x[:, :outs[name].shape[1]], launch=launch,
-                                             shape=shapes[name], pdl=int(pdl))
+                token_layer._matmul_add_rows(kernels, x, linear, residual, launch=launch, shape=shapes[name],
+                                             pdl=int(pdl))
             else:
-                linear = SimpleNamespace(weight=w[name], bias=None)
-                token_layer._matmul_add(kernels.matmul_add, x, linear, x[:, :outs[name].shape[1]], launch, pdl)
+                token_layer._matmul_add(kernels.matmul_add, x, linear, residual, launch, pdl)
     return {name: (lambda name=name: run(name)) for name in NAMES}, outs
 
 

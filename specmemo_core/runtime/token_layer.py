@@ -201,20 +201,21 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if x.shape[0] > 1 and not tiles:
         return finish(layer, _attend_rows(kernels, layer, x, cos=cos, sin=sin, bias=bias, cache=cache), x)
     if tiles:  # the same five steps for T tokens at once: each weight tile read once for them all
-        shape = tile_shape(layer, launch)
-        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, shape=shape, pdl=tiles_pdl)
-        add_shape = tile_shape(layer, launch, add=True)
-        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, shape=add_shape, pdl=tiles_pdl)
+        large = _large(layer, launch)
+        norm_pairs = functools.partial(_norm_pair_rows, kernels, launch=launch, pdl=tiles_pdl,
+                                       shape=tile_shape_of(launch, large=large))
+        qkv_pairs = functools.partial(norm_pairs, shape=tile_shape_of(launch, large=large, qkv=True))
+        matmul_add = functools.partial(_matmul_add_rows, kernels, launch=launch, pdl=tiles_pdl,
+                                       shape=tile_shape_of(launch, large=large, add=True))
     else:
-        norm_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
+        norm_pairs = qkv_pairs = functools.partial(_norm_pairs, kernels, launch=launch, pdl=pdl)
         matmul_add = functools.partial(_matmul_add, kernels.matmul_add, launch=launch, pdl=pdl)
     attn, mlp, s = layer.self_attn, layer.mlp, layer.self_attn.spec
     h, hkv, hd, t = s.num_heads, s.num_kv_heads, s.head_dim, x.shape[0]
     keys, values, slots = cache.slot_target(attn.layer)  # [Hkv, C, hd] ×2, [T]
     q = torch.empty(h, t, hd, dtype=x.dtype, device=x.device)
     rope = (cos.contiguous(), sin.contiguous(), slots, keys, values, h, hkv)
-    norm_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope, **({"shape": tile_shape(layer, launch, qkv=True)}
-                                                                    if tiles else {}))
+    qkv_pairs(x, layer.input_layernorm, attn.qkv, q, rope=rope)
     partials = x.dtype if tiles and launch.attention_partials16 and x.element_size() == 2 else torch.float32
     attended = chunked_attention.attend(q.view(hkv, h // hkv * t, hd), keys, values, bias, cache.live_length,
                                         new_tokens=t, groups=h // hkv, pdl=attention_pdl,
@@ -252,9 +253,14 @@ class TileShape(NamedTuple):
 
 
 def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False, qkv: bool = False) -> TileShape:
-    """The tiles of ``layer``'s steps: the large ones past ``launch.tile_layer_bytes`` of weights
-    (``add``: o_proj's and down_proj's, ``Launch.large_add_n``; ``qkv``: q/k/v's, ``large_qkv_n``)."""
-    if _large(layer, launch):
+    """The tiles of ``layer``'s steps (``tile_shape_of``): large ones past ``launch.tile_layer_bytes`` of weights."""
+    return tile_shape_of(launch, large=_large(layer, launch), add=add, qkv=qkv)
+
+
+def tile_shape_of(launch: Launch, *, large: bool, add: bool = False, qkv: bool = False) -> TileShape:
+    """The tiles of a layer, ``large`` or not (``add``: o_proj's and down_proj's, ``Launch.large_add_n``;
+    ``qkv``: q/k/v's, ``large_qkv_n``; a small layer's are all alike)."""
+    if large:
         if add and launch.large_add_n:
             return TileShape(launch.large_add_n, launch.large_add_stages or launch.large_tile_stages)
         if qkv and launch.large_qkv_n:
