@@ -104,6 +104,9 @@ class Launch:
     # a large layer's q/k/v tiles' pairs where they differ (0: ``large_tile_n``): vicuna-7b's 32 pairs
     # make 192 programs, 1.45 of an H100's 132 SMs' waves (16: 384, 2.9 waves; to time it)
     large_qkv_n: int = 0
+    # and their stages where they differ (0: ``large_tile_stages``): at 3, two programs fit an SM's
+    # shared memory, so all 192 of vicuna-7b's run at once (to time it)
+    large_qkv_stages: int = 0
     # the norm's x·g and 1/rms by a kernel of their own before each norm tile kernel (one program a
     # token) instead of inside it, where every program redid them for its rows: on an H100 the
     # default model's medusa-64 step ran 1.197 ms against 1.335 (chain_pdl_h100/scan/)
@@ -113,8 +116,9 @@ class Launch:
     # whose programs fill the GPU's SMs, ``chunked_attention.busy_rows``; the others only to time it)
     attention_block_m: int = 0
     # a 16-bit tile step's attention writes its chunks' partial outputs in 16 bits (half the traffic
-    # between its two kernels: 32 KB a program of 64 rows in fp32) instead of fp32 (to time it)
-    attention_partials16: bool = False
+    # between its two kernels: 32 KB a program of 64 rows in fp32) instead of fp32: on an H100
+    # vicuna-7b's 64-node chain step ran 6.109 ms against 6.206 (prefetch_h100/levers/)
+    attention_partials16: bool = True
     # in a step of several tokens, where PDL launches a kernel while the one ahead drains: the columns of
     # each weight row a tile program asks L2 for before it waits (``prefetch_rows``; 0 none, at most K;
     # GPU only). On an H100 vicuna-7b's 64-node step ran 6.202 ms against 6.268 without (1,024: 6.248;
@@ -259,14 +263,15 @@ def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False, qkv:
 
 def tile_shape_of(launch: Launch, *, large: bool, add: bool = False, qkv: bool = False) -> TileShape:
     """The tiles of a layer, ``large`` or not (``add``: o_proj's and down_proj's, ``Launch.large_add_n``;
-    ``qkv``: q/k/v's, ``large_qkv_n``; a small layer's are all alike)."""
-    if large:
-        if add and launch.large_add_n:
-            return TileShape(launch.large_add_n, launch.large_add_stages or launch.large_tile_stages)
-        if qkv and launch.large_qkv_n:
-            return TileShape(launch.large_qkv_n, launch.large_tile_stages)
-        return TileShape(launch.large_tile_n, launch.large_tile_stages)
-    return TileShape(launch.tile_n, launch.tile_stages)
+    ``qkv``: q/k/v's, ``large_qkv_n`` and ``large_qkv_stages``; a small layer's are all alike)."""
+    if not large:
+        return TileShape(launch.tile_n, launch.tile_stages)
+    n, stages = launch.large_tile_n, launch.large_tile_stages
+    if add:
+        return TileShape(launch.large_add_n or n, launch.large_add_stages or stages)
+    if qkv:
+        return TileShape(launch.large_qkv_n or n, launch.large_qkv_stages or stages)
+    return TileShape(n, stages)
 
 
 def _large(layer: "DecoderLayer", launch: Launch) -> bool:

@@ -1,0 +1,36 @@
+# Issue 23, session 33: a 7B layer's q/k/v tiles (192 programs: 1.45 waves of an H100's 132 SMs at one
+# program an SM) at fewer stages, so two programs share an SM and all run at once
+# (token_layer.Launch.large_qkv_stages, large_tile_stages), on the GPU machine (device tool), from the
+# repository root, carrying .whl_lite. Results: waves_h100/ (FILES.md there).
+#   bash docs/results/waves_gpu.sh [matmuls|steps|profile|exact]
+#   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES
+#   steps: whole graph steps of SHAPE (vicuna-7b), 1,000-token context, plain and a 64-node chain
+#          (lookup-63), REGIONS alternating in one process
+#   profile: one eager step of each (plain, lookup-63) under the profiler, kernels and GPU µs by phase
+#   exact: the layer kernels', the attention's, the step kernels' and the static decoder's tests on the GPU
+source scripts/gpu_setup.sh >/dev/null 2>&1
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+case "${1:-steps}" in
+matmuls)
+  for L in ${LAUNCHES:-- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4}; do
+    [ "$L" = - ] && L=""
+    timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --launch "$L" >> "$OUT/matmuls.jsonl" \
+      2>> "$OUT/matmuls.err"
+  done; cut -c 1-170 "$OUT/matmuls.jsonl" ;;
+steps)
+  timeout ${2:-300} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --draft-vocab 8192 \
+    --steps 40 --repeats ${REPEATS:-3} --trees ${TREES:-single,lookup-63} \
+    --regions "${REGIONS:-compiled,compiled{large_qkv_stages=3},compiled{large_tile_stages=3}}" \
+    > "$OUT/${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/${SHAPE:-vicuna-7b}.err"
+  echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160; tail -3 "$OUT/${SHAPE:-vicuna-7b}.err" ;;
+profile)
+  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees single,lookup-63 \
+    --modes graphs --steps 30 --kernels --compile --draft-vocab 8192 \
+    > "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/profile-${SHAPE:-vicuna-7b}.err"
+  echo "profile rc=$?"; python3 scripts/show_step_profile.py "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" | head -60 ;;
+exact)
+  timeout ${2:-250} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \
+    tests/core/test_chunked_attention.py tests/core/test_step_kernels.py tests/core/test_static_decoding.py \
+    > "$OUT/exact.log" 2>&1; tail -2 "$OUT/exact.log" ;;
+esac
