@@ -3,7 +3,8 @@
 # (token_layer.Launch.large_qkv_stages, large_tile_stages), on the GPU machine (device tool), from the
 # repository root, carrying .whl_lite. Results: waves_h100/ (FILES.md there).
 #   bash docs/results/waves_gpu.sh [matmuls|steps|profile|exact]
-#   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES
+#   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES,
+#            then the code's at TOKENS (16, 32) tokens
 #   steps: whole graph steps of SHAPE (vicuna-7b), 1,000-token context, plain and a 64-node chain
 #          (lookup-63), REGIONS alternating in one process
 #   profile: one eager step of each (plain, lookup-63) under the profiler, kernels and GPU µs by phase
@@ -16,6 +17,10 @@ matmuls)
   for L in ${LAUNCHES:-- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4}; do
     [ "$L" = - ] && L=""
     timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --launch "$L" >> "$OUT/matmuls.jsonl" \
+      2>> "$OUT/matmuls.err"
+  done
+  for T in ${TOKENS:-16 32}; do  # fewer tokens a tile: its x read from L2 for each weight byte shrinks
+    timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --tokens $T >> "$OUT/matmuls.jsonl" \
       2>> "$OUT/matmuls.err"
   done; cut -c 1-170 "$OUT/matmuls.jsonl" ;;
 steps)
