@@ -1173,3 +1173,23 @@ def test_the_prefetch_paragraph_holds_its_h100_runs():
     assert f"{fused:.3f} against {scan['lookup-63 compiled{tile_prefetch=512}']:.3f}" in readme
     from specmemo_core.runtime import token_layer
     assert token_layer.LAUNCH.tile_prefetch == 512
+
+
+def test_the_partials_sentence_holds_its_h100_runs():
+    """README's session-33 sentences are docs/results/prefetch_h100/levers/ and matmuls/: the 16-bit
+    attention partials (the code's default) against fp32, and each matmul's tiles against one token."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/prefetch_h100"
+    steps = {f"{r['tree']} {r['regions']}": r["median"] for r in _json_lines(d / "levers/vicuna-7b.jsonl")
+             if "regions" in r}
+    on, off = steps["lookup-63 compiled{attention_partials16=1}"], steps["lookup-63 compiled"]
+    plain = steps["single compiled{attention_partials16=1}"]
+    assert f"{on:.3f} ms against {off:.3f}, **{on / plain:.2f}×** a plain step ({plain:.3f})" in readme
+    assert f"q/k/v tiles of 16 pairs, not 32: {steps['lookup-63 compiled{large_qkv_n=16}']:.3f}" in readme
+    code = {r["matmul"]: r for r in _json_lines(d / "matmuls/matmuls.jsonl") if r["launch"] == ""}
+    ratios = ", ".join(f"{name} {code[key]['tiles_over_one']:.2f}×" for key, name in
+                       (("qkv", "q/k/v"), ("o", "o_proj"), ("gate_up", "gate/up"), ("down", "down")))
+    extra = sum(r["tiles_ms"] - r["one_token_ms"] for r in code.values())
+    assert f"{ratios}, +{extra:.2f} ms in all" in readme
+    from specmemo_core.runtime import token_layer
+    assert token_layer.LAUNCH.attention_partials16
