@@ -111,26 +111,28 @@ def attention_parts(shape, tokens: int, context: int, span: int, with_flex: bool
 
     from specmemo_core.runtime import chunked_attention
 
-    def chunked(split, warps, stages, bias_reads="tail", merge_rows=None):  # ours
+    def chunked(split, warps, stages, bias_reads="tail", merge_rows=None, **more):  # ours
         def run():  # (``runtime/chunked_attention.py``)
             for k, v in zip(keys, values):
                 chunked_attention.attend(q, k, v, bias, length, new_tokens=tokens, groups=g, split=split,
                                          warps=warps, stages=stages, tail_bias=bias_reads == "tail",
-                                         merge_rows=merge_rows)
+                                         merge_rows=merge_rows, **more)
         return run
     out["chunked"] = chunked(chunked_attention.SPLIT, chunked_attention.WARPS, None)
     ref = F.scaled_dot_product_attention(q[None], keys[0][None, :, :span], values[0][None, :, :span], attn_mask=bias)[0]
     ref_rows = ref.unflatten(-2, (g, tokens)).movedim(-2, -4).reshape(tokens, h * hd)  # [T, H·hd]
     got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g)
     print(json.dumps({"chunked_vs_sdpa_max_abs": float((got.float() - ref_rows.float()).abs().max())}), flush=True)
-    for variant in variants:  # SPLIT:WARPS:STAGES[:BIAS][:MERGE_ROWS], to choose the defaults by
+    for variant in variants:  # SPLIT:WARPS:STAGES[:all][:MERGE_ROWS][:p16][:mBLOCK_M], to choose the defaults by
         split, warps, stages, *rest = variant.split(":")
         bias_reads = "all" if "all" in rest else "tail"
         merge_rows = next((int(v) for v in rest if v.isdigit()), None)
+        more = {"partials": q.dtype} if "p16" in rest else {}  # the partial outputs in q's 16 bits
+        more |= {"block_m": int(v[1:]) for v in rest if v[:1] == "m" and v[1:].isdigit()}
         out[f"chunked-{variant}"] = chunked(int(split), int(warps), None if stages == "auto" else int(stages),
-                                            bias_reads, merge_rows)
+                                            bias_reads, merge_rows, **more)
         got = chunked_attention.attend(q, keys[0], values[0], bias, length, new_tokens=tokens, groups=g,
-                                       split=int(split), tail_bias=bias_reads == "tail", merge_rows=merge_rows)
+                                       split=int(split), tail_bias=bias_reads == "tail", merge_rows=merge_rows, **more)
         print(json.dumps({"tokens": tokens, f"chunked-{variant}_vs_sdpa_max_abs":
                           float((got.float() - ref_rows.float()).abs().max())}), flush=True)
     out["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)

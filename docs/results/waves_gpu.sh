@@ -2,11 +2,12 @@
 # program an SM) at fewer stages, so two programs share an SM and all run at once
 # (token_layer.Launch.large_qkv_stages, large_tile_stages), on the GPU machine (device tool), from the
 # repository root, carrying .whl_lite. Results: waves_h100/ (FILES.md there).
-#   bash docs/results/waves_gpu.sh [matmuls|steps|profile|exact]
+#   bash docs/results/waves_gpu.sh [matmuls|steps|attention|profile|exact]
 #   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES,
 #            then the code's at TOKENS (16, 32) tokens
 #   steps: whole graph steps of SHAPE (vicuna-7b), 1,000-token context, plain and a 64-node chain
 #          (lookup-63), REGIONS alternating in one process
+#   attention: the attention alone, variants V (scripts/time_step_parts.py: SPLIT:WARPS:STAGES:MERGE_ROWS[:p16][:mROWS])
 #   profile: one eager step of each (plain, lookup-63) under the profiler, kernels and GPU µs by phase
 #   exact: the layer kernels', the attention's, the step kernels' and the static decoder's tests on the GPU
 source scripts/gpu_setup.sh >/dev/null 2>&1
@@ -29,6 +30,13 @@ steps)
     --regions "${REGIONS:-compiled,compiled{large_qkv_stages=3},compiled{large_tile_stages=3}}" \
     > "$OUT/${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/${SHAPE:-vicuna-7b}.err"
   echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160; tail -3 "$OUT/${SHAPE:-vicuna-7b}.err" ;;
+attention)  # the attention alone (32 layers, a 64-node tree), the step's span at 1,000 slots (2,048) and at 960 (1,024)
+  for CS in 1000:2048 960:1024; do
+    PYTHONPATH=$PYTHONPATH:scripts timeout 100 python3 scripts/time_step_parts.py --shape ${SHAPE:-vicuna-7b} \
+      --parts attention --no-others --context ${CS%:*} --span ${CS#*:} \
+      --variants ${V:-128:4:auto:8:p16,64:4:auto:8:p16,256:4:auto:8:p16,128:4:1:8:p16,128:4:3:8:p16,128:4:auto:8:p16:m32,128:8:auto:8:p16} \
+      >> "$OUT/attention.jsonl" 2>> "$OUT/attention.err"
+  done; grep -v 'max_abs' "$OUT/attention.jsonl" | cut -c 1-400 ;;
 profile)
   timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees single,lookup-63 \
     --modes graphs --steps 30 --kernels --compile --draft-vocab 8192 \
