@@ -34,3 +34,28 @@ def assert_probe_falls_back(probe, caplog, *, says: tuple[str, ...]) -> None:
     with caplog.at_level("WARNING", logger="specmemo_core.runtime.kernel_probe"):
         assert probe(torch.device(DEVICE), torch.float32) is False
     assert all(phrase in caplog.text for phrase in says), caplog.text
+
+
+def compile_for_hopper(kernel, *, pointers: dict[str, str], constexprs: dict, warps: int = 4, stages: int = 5):
+    """``kernel`` (a ``triton.jit`` function) built for an H100/H200 (sm_90) by Triton's own compiler and
+    ptxas, no GPU needed: its parameters named in ``constexprs`` fixed, pointers of the types
+    ``pointers`` gives (``*bf16`` where unnamed), ``eps`` fp32 and other scalars i32. Catches code the
+    interpreter runs but the GPU's compiler refuses. Skips where this Triton lacks the NVIDIA backend."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "*bf16") if name.endswith("_ptr")
+                 else "fp32" if name == "eps" else "i32" for name in names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    try:
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    except (ImportError, RuntimeError) as error:
+        if "ptxas" in str(error) or "backend" in str(error).lower():
+            pytest.skip(f"this Triton cannot build for sm_90 here: {error}")
+        raise

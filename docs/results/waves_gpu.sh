@@ -6,16 +6,19 @@
 #   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES,
 #            then the code's at TOKENS (16, 32) tokens
 #   steps: whole graph steps of SHAPE (vicuna-7b), 1,000-token context, plain and a 64-node chain
-#          (lookup-63), REGIONS alternating in one process
+#          (lookup-63), REGIONS alternating in one process (and the tiles' endings' inputs read before
+#          their loops: Launch.tile_early_ending)
 #   attention: the attention alone, variants V (scripts/time_step_parts.py: SPLIT:WARPS:STAGES:MERGE_ROWS[:p16][:mROWS])
 #   profile: one eager step of each (plain, lookup-63) under the profiler, kernels and GPU µs by phase
 #   exact: the layer kernels', the attention's, the step kernels' and the static decoder's tests on the GPU
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# (a default holding braces set apart: bash's ${VAR:-…} ends at the first closing brace)
+STEP_REGIONS='compiled,compiled{large_qkv_stages=3},compiled{large_tile_stages=3},compiled{tile_early_ending=1}'
 case "${1:-steps}" in
 matmuls)
-  for L in ${LAUNCHES:-- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4}; do
+  for L in ${LAUNCHES:-- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4 tile_early_ending=1}; do
     [ "$L" = - ] && L=""
     timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --launch "$L" >> "$OUT/matmuls.jsonl" \
       2>> "$OUT/matmuls.err"
@@ -27,7 +30,7 @@ matmuls)
 steps)
   timeout ${2:-300} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --draft-vocab 8192 \
     --steps 40 --repeats ${REPEATS:-3} --trees ${TREES:-single,lookup-63} \
-    --regions "${REGIONS:-compiled,compiled{large_qkv_stages=3},compiled{large_tile_stages=3}}" \
+    --regions "${REGIONS:-$STEP_REGIONS}" \
     > "$OUT/${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/${SHAPE:-vicuna-7b}.err"
   echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160; tail -3 "$OUT/${SHAPE:-vicuna-7b}.err" ;;
 attention)  # the attention alone (32 layers, a 64-node tree), the step's span at 1,000 slots (2,048) and at 960 (1,024)

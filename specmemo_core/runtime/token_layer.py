@@ -125,6 +125,9 @@ class Launch:
     # all of K flooded L2: +1 ms), the default model's 20-node step 1.038 against 1.080 (256: 1.028);
     # the attention's programs asking for their keys and values so: slower (prefetch_h100/)
     tile_prefetch: int = 512
+    # the tile programs load their ending's inputs (residual, biases, 1/rms, rotary tables, slots) before
+    # their loop, not after it, where every program of a wave waits for them at once (to time it)
+    tile_early_ending: bool = False
 
 
 LAUNCH = Launch()
@@ -327,7 +330,8 @@ def _norm_pair_rows(kernels: _Kernels, x: torch.Tensor, norm: torch.nn.Module, f
         x.shape[0], x.shape[-1], half, group, norm.eps, x.stride(0), weight.stride(0), cos.stride(0), out.stride(0),
         *strides, heads, kv_heads, BLOCK_M=block_m, PAIRS=shape.n, BLOCK_K=block_k,
         ROPE=rope is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, PDL=pdl,
-        PRENORMED=launch.tile_prenorm, **_prefetch(launch, x, weight.shape[-1], pdl), num_warps=launch.tile_warps,
+        PRENORMED=launch.tile_prenorm, EARLY=launch.tile_early_ending, **_prefetch(launch, x, weight.shape[-1], pdl),
+        num_warps=launch.tile_warps,
         num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
 
 
@@ -342,8 +346,8 @@ def _matmul_add_rows(kernels: _Kernels, a: torch.Tensor, linear: torch.nn.Linear
         a, linear.weight, linear.weight if linear.bias is None else linear.bias, residual, out, tokens, n, k,
         a.stride(0), linear.weight.stride(0), residual.stride(0), out.stride(0), BLOCK_M=block_m,
         BLOCK_N=shape.n, BLOCK_K=block_k, HAS_BIAS=linear.bias is not None,
-        IEEE=a.dtype == torch.float32, PDL=pdl, **_prefetch(launch, a, k, pdl), num_warps=launch.tile_warps,
-        num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
+        IEEE=a.dtype == torch.float32, PDL=pdl, EARLY=launch.tile_early_ending, **_prefetch(launch, a, k, pdl),
+        num_warps=launch.tile_warps, num_stages=stages, **chunked_attention.pdl_option(pdl > 0))
     return out
 
 

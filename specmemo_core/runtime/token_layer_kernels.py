@@ -206,7 +206,8 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
                    stride_kh, stride_ks, stride_vh, stride_vs, heads, kv_heads,
                    BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ROPE: tl.constexpr,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                   PRENORMED: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
+                   PRENORMED: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
+                   EARLY: tl.constexpr = False):
     """``norm_pair_matmul`` for T tokens x [T, D] at once, as tiles: a program finishes PAIRS weight-row
     pairs for BLOCK_M tokens (grid: pair tiles × token tiles), each weight tile read once for them all.
     The norm's weight g scales x before the tensor cores' products (x·g in x's precision), its 1/rms,
@@ -214,7 +215,9 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     [H, T, hd] and k, v at the cache slots ``slot_ptr[t]``; else out[t, j] = silu(a)·b, rows ``stride_o``
     apart. PRENORMED: x holds x·g and g_ptr the 1/rms per token (``norm_scale_rows``), so the loop only
     loads and multiplies (the norm in every program: the default model's tree step 0.14 ms longer on an
-    H100). PDL: ``dependent_launch``'s modes; PREFETCH: a weight row's columns asked of L2 before it waits."""
+    H100). PDL: ``dependent_launch``'s modes; PREFETCH: a weight row's columns asked of L2 before it waits.
+    EARLY: the ending's inputs (1/rms, biases, rotary tables, slots: ``_pair_ending_inputs``) loaded
+    before the loop, their latency under its loads, not after it where every program waits for them."""
     p, mt = tl.program_id(0), tl.program_id(1)
     per_group = tl.cdiv(half, PAIRS)
     grp = p // per_group
@@ -227,6 +230,40 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     dependent_launch(PDL)
     t = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     in_t = t < tokens
+    if EARLY:
+        both = in_t[:, None] & live[None, :]
+        ending = _pair_ending_inputs(g_ptr, b_ptr, cos_ptr, sin_ptr, slot_ptr, t, j, rows_a, in_t, live, both,
+                                     half, stride_c, PRENORMED, HAS_BIAS, ROPE)
+    acc_a, acc_b, squares = _pair_sums(x_ptr, g_ptr, w_ptr, t, in_t, rows_a, live, half, d_model, stride_x, stride_w,
+                                       BLOCK_M, PAIRS, BLOCK_K, PRENORMED, IEEE)
+    if not EARLY:
+        both = in_t[:, None] & live[None, :]
+        ending = _pair_ending_inputs(g_ptr, b_ptr, cos_ptr, sin_ptr, slot_ptr, t, j, rows_a, in_t, live, both,
+                                     half, stride_c, PRENORMED, HAS_BIAS, ROPE)
+    rstd, bias_a, bias_b, cos_a, sin_a, cos_b, sin_b, slot = ending
+    if not PRENORMED:
+        rstd = 1.0 / tl.sqrt(squares / d_model + eps)
+    ya = acc_a * rstd[:, None]
+    yb = acc_b * rstd[:, None]
+    if HAS_BIAS:
+        ya += bias_a.to(tl.float32)[None, :]
+        yb += bias_b.to(tl.float32)[None, :]
+    ya = ya.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection's output, as stored
+    yb = yb.to(out_ptr.dtype.element_ty).to(tl.float32)
+    if ROPE:
+        _rotate_and_store_rows(ya, yb, cos_a, sin_a, cos_b, sin_b, slot, t, j, both, grp, tokens, half, group,
+                               heads, kv_heads, out_ptr, k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs)
+    else:
+        tl.store(out_ptr + t[:, None] * stride_o + j[None, :],
+                 (ya / (1.0 + tl.exp(-ya)) * yb).to(out_ptr.dtype.element_ty), mask=both)
+
+
+@triton.jit
+def _pair_sums(x_ptr, g_ptr, w_ptr, t, in_t, rows_a, live, half, d_model, stride_x, stride_w,
+               BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, PRENORMED: tl.constexpr,
+               IEEE: tl.constexpr):
+    """``norm_pair_rows``'s loop: the sums of x·g (PRENORMED: x holds it, ``norm_scale_rows``) with the
+    pairs' rows a and b (rows_a, rows_a + half) for the tokens t, and each token's sum of squares."""
     squares = tl.zeros((BLOCK_M,), tl.float32)
     acc_a = tl.zeros((BLOCK_M, PAIRS), tl.float32)
     acc_b = tl.zeros((BLOCK_M, PAIRS), tl.float32)
@@ -242,42 +279,48 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
             xg = (x * tl.load(g_ptr + k, mask=in_k, other=0.0).to(tl.float32)[None, :]).to(w_ptr.dtype.element_ty)
         acc_a = _dot(xg, _weight_tile_t(w_ptr, rows_a, live, k, d_model, stride_w), acc_a, IEEE)
         acc_b = _dot(xg, _weight_tile_t(w_ptr, rows_a + half, live, k, d_model, stride_w), acc_b, IEEE)
-    if PRENORMED:
-        rstd = tl.load(g_ptr + t, mask=in_t, other=0.0)
-    else:
-        rstd = 1.0 / tl.sqrt(squares / d_model + eps)
-    ya = acc_a * rstd[:, None]
-    yb = acc_b * rstd[:, None]
-    if HAS_BIAS:
-        ya += tl.load(b_ptr + rows_a, mask=live, other=0.0).to(tl.float32)[None, :]
-        yb += tl.load(b_ptr + rows_a + half, mask=live, other=0.0).to(tl.float32)[None, :]
-    ya = ya.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection's output, as stored
-    yb = yb.to(out_ptr.dtype.element_ty).to(tl.float32)
-    both = in_t[:, None] & live[None, :]
-    if ROPE:
-        _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, kv_heads, out_ptr,
-                               cos_ptr, sin_ptr, stride_c, slot_ptr, k_ptr, v_ptr,
-                               stride_kh, stride_ks, stride_vh, stride_vs)
-    else:
-        tl.store(out_ptr + t[:, None] * stride_o + j[None, :],
-                 (ya / (1.0 + tl.exp(-ya)) * yb).to(out_ptr.dtype.element_ty), mask=both)
+    return acc_a, acc_b, squares
 
 
 @triton.jit
-def _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, kv_heads, out_ptr,
-                           cos_ptr, sin_ptr, stride_c, slot_ptr, k_ptr, v_ptr,
-                           stride_kh, stride_ks, stride_vh, stride_vs):
-    """``_rotate_and_store`` for a tile of tokens t × pair columns j (ya, yb [len(t), len(j)]):
-    q at out [H, T, hd], k and v at each token's cache slot."""
+def _pair_ending_inputs(g_ptr, b_ptr, cos_ptr, sin_ptr, slot_ptr, t, j, rows_a, in_t, live, both, half, stride_c,
+                        PRENORMED: tl.constexpr, HAS_BIAS: tl.constexpr, ROPE: tl.constexpr):
+    """What ``norm_pair_rows``'s ending reads besides its sums, as stored: the 1/rms a token
+    (PRENORMED), the pairs' biases, the rotary tables at (t, j) and (t, j + half) and the tokens'
+    cache slots (ROPE); zeros where a kind is not read."""
+    rstd = tl.zeros((t.shape[0],), tl.float32)
+    bias_a = tl.zeros((j.shape[0],), tl.float32)
+    bias_b = bias_a
+    cos_a = tl.zeros((t.shape[0], j.shape[0]), tl.float32)
+    sin_a, cos_b, sin_b = cos_a, cos_a, cos_a
+    slot = tl.zeros((t.shape[0],), tl.int32)
+    if PRENORMED:
+        rstd = tl.load(g_ptr + t, mask=in_t, other=0.0)
+    if HAS_BIAS:
+        bias_a = tl.load(b_ptr + rows_a, mask=live, other=0.0)
+        bias_b = tl.load(b_ptr + rows_a + half, mask=live, other=0.0)
+    if ROPE:
+        at_a = t[:, None] * stride_c + j[None, :]
+        cos_a = tl.load(cos_ptr + at_a, mask=both, other=0.0)
+        sin_a = tl.load(sin_ptr + at_a, mask=both, other=0.0)
+        cos_b = tl.load(cos_ptr + at_a + half, mask=both, other=0.0)
+        sin_b = tl.load(sin_ptr + at_a + half, mask=both, other=0.0)
+        slot = tl.load(slot_ptr + t, mask=in_t, other=0)
+    return rstd, bias_a, bias_b, cos_a, sin_a, cos_b, sin_b, slot
+
+
+@triton.jit
+def _rotate_and_store_rows(ya, yb, cos_a, sin_a, cos_b, sin_b, slots, t, j, both, grp, tokens, half, group, heads,
+                           kv_heads, out_ptr, k_ptr, v_ptr, stride_kh, stride_ks, stride_vh, stride_vs):
+    """``_rotate_and_store`` for a tile of tokens t × pair columns j (ya, yb [len(t), len(j)]), the
+    rotary tables and slots ``_pair_ending_inputs`` read: q at out [H, T, hd], k and v at each token's
+    cache slot."""
     rotate = grp < heads + kv_heads
-    at_a = t[:, None] * stride_c + j[None, :]
-    cos_a = tl.load(cos_ptr + at_a, mask=both, other=0.0).to(tl.float32)
-    sin_a = tl.load(sin_ptr + at_a, mask=both, other=0.0).to(tl.float32)
-    cos_b = tl.load(cos_ptr + at_a + half, mask=both, other=0.0).to(tl.float32)
-    sin_b = tl.load(sin_ptr + at_a + half, mask=both, other=0.0).to(tl.float32)
+    cos_a, sin_a = cos_a.to(tl.float32), sin_a.to(tl.float32)
+    cos_b, sin_b = cos_b.to(tl.float32), sin_b.to(tl.float32)
     ra = tl.where(rotate, ya * cos_a + yb * sin_a, ya).to(out_ptr.dtype.element_ty)
     rb = tl.where(rotate, yb * cos_b + ya * sin_b, yb).to(out_ptr.dtype.element_ty)
-    slot = tl.load(slot_ptr + t, mask=t < tokens, other=0)[:, None]
+    slot = slots[:, None]
     if grp < heads:
         at = out_ptr + grp * tokens * group + t[:, None] * group + j[None, :]
     elif grp < heads + kv_heads:
@@ -289,28 +332,43 @@ def _rotate_and_store_rows(ya, yb, t, j, both, grp, tokens, half, group, heads, 
 
 
 @triton.jit
+def _add_ending_inputs(b_ptr, r_ptr, t, n, live, both, stride_r, HAS_BIAS: tl.constexpr):
+    """What ``matmul_add_rows``'s ending reads besides its sums, as stored: the residual r[t, n]
+    and the bias (zeros without one)."""
+    bias = tl.zeros((n.shape[0],), tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + n, mask=live, other=0.0)
+    return tl.load(r_ptr + t[:, None] * stride_r + n[None, :], mask=both, other=0.0), bias
+
+
+@triton.jit
 def matmul_add_rows(a_ptr, w_ptr, b_ptr, r_ptr, out_ptr, tokens, n_rows, k_cols, stride_a, stride_w, stride_r,
                     stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                    PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
+                    PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64, EARLY: tl.constexpr = False):
     """``matmul_add`` for T tokens a [T, K] at once, as tiles (grid: output tiles × token
-    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL and
-    PREFETCH as ``norm_pair_rows``."""
+    tiles): out[t, n] = r[t, n] + Σ_k a[t, k]·W[n, k] (+ bias[n], rounded first); PDL,
+    PREFETCH and EARLY (here: r and the bias) as ``norm_pair_rows``."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     live, in_t = n < n_rows, t < tokens
     if PREFETCH > 0:
         prefetch_rows(w_ptr, tl.where(live, n, 0), stride_w, PREFETCH, LINE)
     dependent_launch(PDL)
+    if EARLY:
+        both = in_t[:, None] & live[None, :]
+        residual, bias = _add_ending_inputs(b_ptr, r_ptr, t, n, live, both, stride_r, HAS_BIAS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_cols, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + t[:, None] * stride_a + k[None, :], mask=in_t[:, None] & (k < k_cols)[None, :],
                     other=0.0)
         acc = _dot(a, _weight_tile_t(w_ptr, n, live, k, k_cols, stride_w), acc, IEEE)
-    both = in_t[:, None] & live[None, :]
+    if not EARLY:
+        both = in_t[:, None] & live[None, :]
+        residual, bias = _add_ending_inputs(b_ptr, r_ptr, t, n, live, both, stride_r, HAS_BIAS)
     if HAS_BIAS:
-        acc = (acc + tl.load(b_ptr + n, mask=live, other=0.0).to(tl.float32)[None, :]).to(out_ptr.dtype.element_ty)
+        acc = (acc + bias.to(tl.float32)[None, :]).to(out_ptr.dtype.element_ty)
         acc = acc.to(tl.float32)
-    acc += tl.load(r_ptr + t[:, None] * stride_r + n[None, :], mask=both, other=0.0).to(tl.float32)
+    acc += residual.to(tl.float32)
     tl.store(out_ptr + t[:, None] * stride_o + n[None, :], acc.to(out_ptr.dtype.element_ty), mask=both)

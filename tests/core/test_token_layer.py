@@ -3,6 +3,7 @@ regions: the kernels on the GPU where there is one, else in Triton's interpreter
 (a process of their own, as ``test_chunked_attention.py`` explains)."""
 
 import dataclasses
+
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ pytest.importorskip("triton", reason="Triton is not installed (a CPU-only torch)
 
 @elsewhere
 def test_in_tritons_interpreter():
-    run_in_interpreter(__file__, passed=17)
+    run_in_interpreter(__file__, passed=19)
 
 
 @elsewhere
@@ -53,6 +54,39 @@ def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, preno
         assert ((a - b).abs().max() / b.abs().max()).item() < 4e-6  # fp32 sums in other orders
     again = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True, launch=launch)
     assert all(torch.equal(a, b) for a, b in zip(got, again))  # deterministic: no atomics, one order
+
+
+@kernels
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_the_tiles_endings_read_before_their_loops_give_the_same_bits(prenorm):
+    """``Launch.tile_early_ending`` moves the tile kernels' loads of their endings' inputs (residual,
+    biases, 1/rms, rotary tables, slots) before their loops: the probe's steps and caches come out
+    bit for bit as with them after (fp32, q/k/v and MLP biases, rotary, 3 heads over 1)."""
+    base = token_layer.Launch(row_tiles=True, tile_prenorm=prenorm)
+    late = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True, launch=base)
+    early = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True,
+                                   launch=dataclasses.replace(base, tile_early_ending=True))
+    want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
+    assert all(torch.equal(a, b) for a, b in zip(early, late))
+    assert all(((a - b).abs().max() / b.abs().max()).item() < 4e-6 for a, b in zip(early, want))
+
+
+@elsewhere
+@pytest.mark.parametrize("early", [False, True])
+def test_the_tile_kernels_build_for_hopper(early):
+    """The tile kernels as a 7B layer's tree step launches them (bf16, 64 tokens, 32 pairs or rows,
+    PDL, L2 asks), their endings' inputs read after their loops or before, built for sm_90 by
+    Triton's compiler and ptxas on this CPU: the interpreter runs Python, not what the GPU builds."""
+    from specmemo_core.runtime import token_layer_kernels as tlk
+    from tests.triton_kernels import compile_for_hopper
+
+    tile = dict(BLOCK_M=64, BLOCK_K=128, HAS_BIAS=True, IEEE=False, PDL=1, PREFETCH=512, LINE=64, EARLY=early)
+    for rope in (True, False):
+        built = compile_for_hopper(tlk.norm_pair_rows, pointers={"g_ptr": "*fp32", "slot_ptr": "*i64"},
+                                   constexprs=dict(tile, PAIRS=32, ROPE=rope, PRENORMED=True))
+        assert "wgmma" in built.asm["ptx"] and "griddepcontrol.wait" in built.asm["ptx"]
+    built = compile_for_hopper(tlk.matmul_add_rows, pointers={}, constexprs=dict(tile, BLOCK_N=32))
+    assert "prefetch.global.L2" in built.asm["ptx"]
 
 
 def test_several_16_bit_tokens_run_as_tiles_and_a_large_layer_takes_wider_ones():
