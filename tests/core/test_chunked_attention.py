@@ -100,6 +100,23 @@ def test_a_tree_of_few_heads_takes_narrower_blocks_of_rows_to_fill_the_gpu():
     assert (pick(60, 3), pick(192, 3), pick(64, 32), pick(3, 3), pick(192, 3, sms=0)) == (16, 32, 64, 16, 64)
 
 
+@elsewhere
+@pytest.mark.parametrize("partials", ["*bf16", "*fp32"])
+def test_a_trees_attention_builds_for_hopper(partials):
+    """The two kernels as a 7B tree step launches them (bf16, 128-wide heads, 64 rows a program, chunks of
+    128 slots, PDL), the partial outputs between them in 16 bits (``Launch.attention_partials16``) or
+    fp32, built for sm_90 by Triton's compiler and ptxas on this CPU."""
+    from specmemo_core.runtime import chunked_attention_kernels as cak
+    from tests.triton_kernels import compile_for_hopper
+
+    sums = {"length_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": partials}
+    built = compile_for_hopper(cak.attend_chunks, types=dict(sums, scale="fp32"), stages=2, constexprs=dict(
+        HD=128, BLOCK_M=64, SPLIT=128, CHUNK=64, IEEE=False, TAIL_BIAS=True, PDL=1))
+    assert "griddepcontrol.wait" in built.asm["ptx"]
+    built = compile_for_hopper(cak.merge_chunks, types=sums, constexprs=dict(HD=128, BLOCK=16, ROWS=8, PDL=1))
+    assert "griddepcontrol.wait" in built.asm["ptx"]
+
+
 def test_the_stages_fit_a_blocks_shared_memory():
     """A plain step of 128-wide bf16 heads counts ~100 KB with 3 stages: it keeps them on an H100
     (227 KB a block) and takes 2 on a laptop GPU (99 KB); a tree's 2 fit both; fp32 on the

@@ -82,10 +82,10 @@ def test_the_tile_kernels_build_for_hopper(early):
 
     tile = dict(BLOCK_M=64, BLOCK_K=128, HAS_BIAS=True, IEEE=False, PDL=1, PREFETCH=512, LINE=64, EARLY=early)
     for rope in (True, False):
-        built = compile_for_hopper(tlk.norm_pair_rows, pointers={"g_ptr": "*fp32", "slot_ptr": "*i64"},
+        built = compile_for_hopper(tlk.norm_pair_rows, types={"g_ptr": "*fp32", "slot_ptr": "*i64", "eps": "fp32"},
                                    constexprs=dict(tile, PAIRS=32, ROPE=rope, PRENORMED=True))
         assert "wgmma" in built.asm["ptx"] and "griddepcontrol.wait" in built.asm["ptx"]
-    built = compile_for_hopper(tlk.matmul_add_rows, pointers={}, constexprs=dict(tile, BLOCK_N=32))
+    built = compile_for_hopper(tlk.matmul_add_rows, types={}, constexprs=dict(tile, BLOCK_N=32))
     assert "prefetch.global.L2" in built.asm["ptx"]
 
 
