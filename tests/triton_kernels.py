@@ -52,8 +52,8 @@ def compile_for_hopper(kernel, *, types: dict[str, str], constexprs: dict, warps
         pytest.skip("this Triton has no NVIDIA backend to build for sm_90")
 
     names = list(inspect.signature(kernel.fn).parameters)
-    signature = {name: "constexpr" if name in constexprs else types.get(name, "*bf16" if name.endswith("_ptr") else "i32")
-                 for name in names}
+    signature = {name: "constexpr" if name in constexprs
+                 else types.get(name, "*bf16" if name.endswith("_ptr") else "i32") for name in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
