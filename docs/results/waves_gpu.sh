@@ -1,7 +1,8 @@
 # Issue 23, session 33: a 7B layer's q/k/v tiles (192 programs: 1.45 waves of an H100's 132 SMs at one
 # program an SM) at fewer stages, so two programs share an SM and all run at once
 # (token_layer.Launch.large_qkv_stages, large_tile_stages), on the GPU machine (device tool), from the
-# repository root, carrying .whl_lite. Results: waves_h100/ (FILES.md there).
+# repository root, carrying .whl_lite. Not yet run (session 33 got no machine after its first two calls):
+# its results go to docs/results/waves_h100/.
 #   bash docs/results/waves_gpu.sh [matmuls|steps|attention|profile|exact]
 #   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES,
 #            then the code's at TOKENS (16, 32) tokens
