@@ -36,7 +36,8 @@ def assert_probe_falls_back(probe, caplog, *, says: tuple[str, ...]) -> None:
     assert all(phrase in caplog.text for phrase in says), caplog.text
 
 
-def compile_for_hopper(kernel, *, types: dict[str, str], constexprs: dict, warps: int = 4, stages: int = 5):
+def compile_for_hopper(kernel, *, constexprs: dict, types: dict[str, str] | None = None, warps: int = 4,
+                       stages: int = 5):
     """``kernel`` (a ``triton.jit`` function) built for an H100/H200 (sm_90) by Triton's own compiler and
     ptxas, no GPU needed: its parameters named in ``constexprs`` fixed, the others of the Triton types
     ``types`` gives (unnamed: ``*bf16`` pointers, i32 scalars). Catches code the interpreter runs but
@@ -53,7 +54,7 @@ def compile_for_hopper(kernel, *, types: dict[str, str], constexprs: dict, warps
 
     names = list(inspect.signature(kernel.fn).parameters)
     signature = {name: "constexpr" if name in constexprs
-                 else types.get(name, "*bf16" if name.endswith("_ptr") else "i32") for name in names}
+                 else (types or {}).get(name, "*bf16" if name.endswith("_ptr") else "i32") for name in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})

@@ -7,7 +7,7 @@
 #          the norm inside the tiles (-innernorm), alternating in one process
 #   small: the default model's shape (shipped heads), context 900, REGIONS (the code's default and the asks)
 #   levers: steps with the levers not yet timed (Launch.attention_partials16, large_qkv_n), off in the code
-#   matmuls: scripts/time_layer_matmuls.py: each matmul's tiles against its one-token kernel, by launch
+#   matmuls: scripts/time_layer_matmuls.py: each matmul's tiles against its one-token kernel, by LAUNCHES
 #   exact: the layer kernels', the attention's and the step's tests on the GPU
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
@@ -37,7 +37,8 @@ levers)  # session 32's untimed levers (off in the code): 16-bit attention parti
   REGIONS='compiled,compiled{attention_partials16=1},compiled{large_qkv_n=16},compiled{large_tile_n=16;large_qkv_n=32},compiled{attention_partials16=1;large_qkv_n=16}' \
     TREES=${TREES:-single,lookup-63} bash "$0" steps ${2:-300} ;;
 matmuls)  # each of a layer's four matmul kernels, tiles (64 tokens) against the one-token kernels, 32-layer chains
-  for L in "" "tile_prefetch=0" "large_qkv_n=16" "large_tile_n=16"; do
+  for L in ${LAUNCHES:-- tile_prefetch=0 large_qkv_n=16 large_tile_n=16}; do  # -: the code's default
+    [ "$L" = - ] && L=""
     timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --launch "$L" >> "$OUT/matmuls.jsonl" \
       2>> "$OUT/matmuls.err"
   done; cut -c 1-200 "$OUT/matmuls.jsonl" ;;

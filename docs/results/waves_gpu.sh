@@ -4,36 +4,29 @@
 # repository root, carrying .whl_lite. Not yet run (session 33 got no machine after its first two calls):
 # its results go to docs/results/waves_h100/.
 #   bash docs/results/waves_gpu.sh [matmuls|steps|attention|profile|exact]
-#   matmuls: scripts/time_layer_matmuls.py, each matmul's tiles against its one-token kernel, by LAUNCHES,
-#            then the code's at TOKENS (16, 32) tokens
-#   steps: whole graph steps of SHAPE (vicuna-7b), 1,000-token context, plain and a 64-node chain
+#   matmuls: prefetch_gpu.sh's (each matmul's tiles against its one-token kernel) by LAUNCHES, then the
+#            code's at TOKENS (16, 32) tokens
+#   steps: prefetch_gpu.sh's whole graph steps of SHAPE (vicuna-7b), plain and a 64-node chain
 #          (lookup-63), REGIONS alternating in one process (and the tiles' endings' inputs read before
 #          their loops: Launch.tile_early_ending)
 #   attention: the attention alone, variants V (scripts/time_step_parts.py: SPLIT:WARPS:STAGES:MERGE_ROWS[:p16][:mROWS])
-#   profile: one eager step of each (plain, lookup-63) under the profiler, kernels and GPU µs by phase
-#   exact: the layer kernels', the attention's, the step kernels' and the static decoder's tests on the GPU
+#   profile: large_tiles_gpu.sh's (one eager step of plain and lookup-63 under the profiler)
+#   exact: prefetch_gpu.sh's (the layer kernels', attention's, step kernels' and static decoder's tests)
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # (a default holding braces set apart: bash's ${VAR:-…} ends at the first closing brace)
 STEP_REGIONS='compiled,compiled{large_qkv_stages=3},compiled{large_tile_stages=3},compiled{tile_early_ending=1}'
 case "${1:-steps}" in
-matmuls)
-  for L in ${LAUNCHES:-- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4 tile_early_ending=1}; do
-    [ "$L" = - ] && L=""
-    timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --launch "$L" >> "$OUT/matmuls.jsonl" \
-      2>> "$OUT/matmuls.err"
-  done
+matmuls)  # prefetch_gpu.sh's, by these launches, then the code's at TOKENS tokens
+  LAUNCHES=${LAUNCHES:-"- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4 tile_early_ending=1"} \
+    bash docs/results/prefetch_gpu.sh matmuls
   for T in ${TOKENS:-16 32}; do  # fewer tokens a tile: its x read from L2 for each weight byte shrinks
     timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --tokens $T >> "$OUT/matmuls.jsonl" \
       2>> "$OUT/matmuls.err"
   done; cut -c 1-170 "$OUT/matmuls.jsonl" ;;
-steps)
-  timeout ${2:-300} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --draft-vocab 8192 \
-    --steps 40 --repeats ${REPEATS:-3} --trees ${TREES:-single,lookup-63} \
-    --regions "${REGIONS:-$STEP_REGIONS}" \
-    > "$OUT/${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/${SHAPE:-vicuna-7b}.err"
-  echo "steps rc=$?"; grep -v '"shape"' "$OUT/${SHAPE:-vicuna-7b}.jsonl" | cut -c 1-160; tail -3 "$OUT/${SHAPE:-vicuna-7b}.err" ;;
+steps)  # prefetch_gpu.sh's (its compile check, then the steps) with these regions
+  REGIONS=${REGIONS:-$STEP_REGIONS} TREES=${TREES:-single,lookup-63} bash docs/results/prefetch_gpu.sh steps ${2:-300} ;;
 attention)  # the attention alone (32 layers, a 64-node tree), the step's span at 1,000 slots (2,048) and at 960 (1,024)
   for CS in 1000:2048 960:1024; do
     PYTHONPATH=$PYTHONPATH:scripts timeout 100 python3 scripts/time_step_parts.py --shape ${SHAPE:-vicuna-7b} \
@@ -41,13 +34,8 @@ attention)  # the attention alone (32 layers, a 64-node tree), the step's span a
       --variants ${V:-128:4:auto:8:p16,64:4:auto:8:p16,256:4:auto:8:p16,128:4:1:8:p16,128:4:3:8:p16,128:4:auto:8:p16:m32,128:8:auto:8:p16} \
       >> "$OUT/attention.jsonl" 2>> "$OUT/attention.err"
   done; grep -v 'max_abs' "$OUT/attention.jsonl" | cut -c 1-400 ;;
-profile)
-  timeout ${2:-150} python3 scripts/time_graph_steps.py --shape ${SHAPE:-vicuna-7b} --dtype bf16 --trees single,lookup-63 \
-    --modes graphs --steps 30 --kernels --compile --draft-vocab 8192 \
-    > "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" 2> "$OUT/profile-${SHAPE:-vicuna-7b}.err"
-  echo "profile rc=$?"; python3 scripts/show_step_profile.py "$OUT/profile-${SHAPE:-vicuna-7b}.jsonl" | head -60 ;;
+profile)  # large_tiles_gpu.sh's, plain against the 64-node chain
+  TREES=${TREES:-single,lookup-63} bash docs/results/large_tiles_gpu.sh profile ${2:-150} ;;
 exact)
-  timeout ${2:-250} python3 -m pytest -q -p no:cacheprovider tests/core/test_token_layer.py \
-    tests/core/test_chunked_attention.py tests/core/test_step_kernels.py tests/core/test_static_decoding.py \
-    > "$OUT/exact.log" 2>&1; tail -2 "$OUT/exact.log" ;;
+  bash docs/results/prefetch_gpu.sh exact ${2:-250} ;;
 esac

@@ -259,9 +259,9 @@ class TileShape(NamedTuple):
     stages: int  # weight loads in flight, at most (``_stages`` takes fewer where they do not fit)
 
 
-def tile_shape(layer: "DecoderLayer", launch: Launch, *, add: bool = False, qkv: bool = False) -> TileShape:
+def tile_shape(layer: "DecoderLayer", launch: Launch) -> TileShape:
     """The tiles of ``layer``'s steps (``tile_shape_of``): large ones past ``launch.tile_layer_bytes`` of weights."""
-    return tile_shape_of(launch, large=_large(layer, launch), add=add, qkv=qkv)
+    return tile_shape_of(launch, large=_large(layer, launch))
 
 
 def tile_shape_of(launch: Launch, *, large: bool, add: bool = False, qkv: bool = False) -> TileShape:

@@ -230,7 +230,7 @@ def norm_pair_rows(x_ptr, g_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, slot_p
     dependent_launch(PDL)
     t = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     in_t = t < tokens
-    if EARLY:
+    if EARLY:  # (``both`` made where the ending's inputs are read: else its predicates live through the loop)
         both = in_t[:, None] & live[None, :]
         ending = _pair_ending_inputs(g_ptr, b_ptr, cos_ptr, sin_ptr, slot_ptr, t, j, rows_a, in_t, live, both,
                                      half, stride_c, PRENORMED, HAS_BIAS, ROPE)

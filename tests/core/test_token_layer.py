@@ -85,7 +85,7 @@ def test_the_tile_kernels_build_for_hopper(early):
         built = compile_for_hopper(tlk.norm_pair_rows, types={"g_ptr": "*fp32", "slot_ptr": "*i64", "eps": "fp32"},
                                    constexprs=dict(tile, PAIRS=32, ROPE=rope, PRENORMED=True))
         assert "wgmma" in built.asm["ptx"] and "griddepcontrol.wait" in built.asm["ptx"]
-    built = compile_for_hopper(tlk.matmul_add_rows, types={}, constexprs=dict(tile, BLOCK_N=32))
+    built = compile_for_hopper(tlk.matmul_add_rows, constexprs=dict(tile, BLOCK_N=32))
     assert "prefetch.global.L2" in built.asm["ptx"]
 
 
