@@ -16,7 +16,9 @@ source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # (a default holding braces set apart: bash's ${VAR:-…} ends at the first closing brace)
-STEP_REGIONS='compiled,compiled{large_qkv_stages=3},compiled{large_tile_stages=3},compiled{tile_early_ending=1}'
+# (session 34: the code's defaults now q/k/v at 3 stages and the endings early; against the old ones
+# and the attention at one stage)
+STEP_REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0},compiled{attention_stages=1}'
 case "${1:-steps}" in
 matmuls)  # prefetch_gpu.sh's, by these launches, then the code's at TOKENS tokens
   LAUNCHES=${LAUNCHES:-"- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4 tile_early_ending=1"} \

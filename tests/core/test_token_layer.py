@@ -62,7 +62,7 @@ def test_the_tiles_endings_read_before_their_loops_give_the_same_bits(prenorm):
     """``Launch.tile_early_ending`` moves the tile kernels' loads of their endings' inputs (residual,
     biases, 1/rms, rotary tables, slots) before their loops: the probe's steps and caches come out
     bit for bit as with them after (fp32, q/k/v and MLP biases, rotary, 3 heads over 1)."""
-    base = token_layer.Launch(row_tiles=True, tile_prenorm=prenorm)
+    base = token_layer.Launch(row_tiles=True, tile_prenorm=prenorm, tile_early_ending=False)
     late = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True, launch=base)
     early = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True,
                                    launch=dataclasses.replace(base, tile_early_ending=True))
@@ -114,7 +114,7 @@ def test_several_16_bit_tokens_run_as_tiles_and_a_large_layer_takes_wider_ones()
 
 
 def test_tile_stages_shrink_to_what_a_blocks_shared_memory_holds():
-    """A 7B layer's q/k/v tiles (64 tokens and 64 weight rows, 128 columns of bf16: 32 KB a stage)
+    """A 7B layer's gate/up tiles (64 tokens and 64 weight rows, 128 columns of bf16: 32 KB a stage)
     take their 6 stages on an H100 (227 KB a block) and 3 on a laptop GPU (99 KB); never none."""
     stage = (64 + 64) * 128 * 2
     assert kernel_probe.fitting_stages(6, stage_bytes=stage, shared_bytes=227 << 10) == 6
