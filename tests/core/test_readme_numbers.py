@@ -1193,3 +1193,21 @@ def test_the_partials_sentence_holds_its_h100_runs():
     assert f"{ratios}, +{extra:.2f} ms in all" in readme
     from specmemo_core.runtime import token_layer
     assert token_layer.LAUNCH.attention_partials16
+
+
+def test_the_waves_sentence_holds_its_h100_runs():
+    """README's session-34 sentence is docs/results/waves_h100/steps2/: q/k/v's tiles at 3 stages and
+    the tiles' endings read early (the code's defaults now) against the code before them."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    steps = {f"{r['tree']} {r['regions']}": r["median"]
+             for r in _json_lines(REPO / "docs/results/waves_h100/steps2/vicuna-7b.jsonl") if "regions" in r}
+    now = "compiled{large_qkv_stages=3;tile_early_ending=1}"
+    tree, plain, before = steps[f"lookup-63 {now}"], steps[f"single {now}"], steps["lookup-63 compiled"]
+    assert f"the 64-node chain {tree:.3f} ms against {before:.3f}, **{tree / plain:.3f}×** a plain step ({plain:.3f})" \
+        in readme
+    first = {f"{r['tree']} {r['regions']}": r["median"]
+             for r in _json_lines(REPO / "docs/results/waves_h100/steps1/vicuna-7b.jsonl") if "regions" in r}
+    two, gate_up = "lookup-63 compiled{large_qkv_stages=2;tile_early_ending=1}", "lookup-63 compiled{large_tile_stages=3}"
+    assert f"q/k/v at 2 stages {steps[two]:.3f}, gate/up at 3 too {first[gate_up]:.3f}" in readme
+    from specmemo_core.runtime import token_layer
+    assert token_layer.LAUNCH.large_qkv_stages == 3 and token_layer.LAUNCH.tile_early_ending
