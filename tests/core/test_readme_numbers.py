@@ -1207,7 +1207,8 @@ def test_the_waves_sentence_holds_its_h100_runs():
         in readme
     first = {f"{r['tree']} {r['regions']}": r["median"]
              for r in _json_lines(REPO / "docs/results/waves_h100/steps1/vicuna-7b.jsonl") if "regions" in r}
-    two, gate_up = "lookup-63 compiled{large_qkv_stages=2;tile_early_ending=1}", "lookup-63 compiled{large_tile_stages=3}"
+    two = "lookup-63 compiled{large_qkv_stages=2;tile_early_ending=1}"
+    gate_up = "lookup-63 compiled{large_tile_stages=3}"
     assert f"q/k/v at 2 stages {steps[two]:.3f}, gate/up at 3 too {first[gate_up]:.3f}" in readme
     from specmemo_core.runtime import token_layer
     assert token_layer.LAUNCH.large_qkv_stages == 3 and token_layer.LAUNCH.tile_early_ending
