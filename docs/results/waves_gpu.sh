@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
 # (a default holding braces set apart: bash's ${VAR:-…} ends at the first closing brace)
 # (session 34: the code's defaults now q/k/v at 3 stages and the endings early; against the old ones
 # and the attention at one stage)
-STEP_REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0},compiled{attention_stages=1}'
+STEP_REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0},compiled{attention_stages=1},compiled{attention_split=192}'
 case "${1:-steps}" in
 matmuls)  # prefetch_gpu.sh's, by these launches, then the code's at TOKENS tokens
   LAUNCHES=${LAUNCHES:-"- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4 tile_early_ending=1"} \
@@ -33,7 +33,7 @@ attention)  # the attention alone (32 layers, a 64-node tree), the step's span a
   for CS in 1000:2048 960:1024; do
     PYTHONPATH=$PYTHONPATH:scripts timeout 100 python3 scripts/time_step_parts.py --shape ${SHAPE:-vicuna-7b} \
       --parts attention --no-others --context ${CS%:*} --span ${CS#*:} \
-      --variants ${V:-128:4:auto:8:p16,64:4:auto:8:p16,256:4:auto:8:p16,128:4:1:8:p16,128:4:3:8:p16,128:4:auto:8:p16:m32,128:8:auto:8:p16} \
+      --variants ${V:-192:4:auto:8:p16,192:4:1:8:p16,64:4:1:8:p16,128:4:auto:8:p16,64:4:auto:8:p16,256:4:auto:8:p16,128:4:1:8:p16,128:4:3:8:p16,128:4:auto:8:p16:m32,128:8:auto:8:p16} \
       >> "$OUT/attention.jsonl" 2>> "$OUT/attention.err"
   done; grep -v 'max_abs' "$OUT/attention.jsonl" | cut -c 1-400 ;;
 profile)  # large_tiles_gpu.sh's, plain against the 64-node chain
