@@ -1,9 +1,10 @@
 # Issue 23, session 33: a 7B layer's q/k/v tiles (192 programs: 1.45 waves of an H100's 132 SMs at one
 # program an SM) at fewer stages, so two programs share an SM and all run at once
 # (token_layer.Launch.large_qkv_stages, large_tile_stages), on the GPU machine (device tool), from the
-# repository root, carrying .whl_lite. Not yet run (session 33 got no machine after its first two calls):
-# its results go to docs/results/waves_h100/.
-#   bash docs/results/waves_gpu.sh [matmuls|steps|attention|profile|exact]
+# repository root, carrying .whl_lite. Session 34's three calls (steps, attention, matmuls) are in
+# docs/results/waves_h100/ (FILES.md); its defaults since (q/k/v at 3 stages, endings early), the
+# attention's stages and chunk (Launch.attention_stages, attention_split) and `close` not yet run.
+#   bash docs/results/waves_gpu.sh [matmuls|steps|attention|profile|exact|close]
 #   matmuls: prefetch_gpu.sh's (each matmul's tiles against its one-token kernel) by LAUNCHES, then the
 #            code's at TOKENS (16, 32) tokens
 #   steps: prefetch_gpu.sh's whole graph steps of SHAPE (vicuna-7b), plain and a 64-node chain
@@ -12,6 +13,7 @@
 #   attention: the attention alone, variants V (scripts/time_step_parts.py: SPLIT:WARPS:STAGES:MERGE_ROWS[:p16][:mROWS])
 #   profile: large_tiles_gpu.sh's (one eager step of plain and lookup-63 under the profiler)
 #   exact: prefetch_gpu.sh's (the layer kernels', attention's, step kernels' and static decoder's tests)
+#   close: steps, llama-3-8b's steps (the defaults against the old) and exact, in one call
 source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -40,4 +42,9 @@ profile)  # large_tiles_gpu.sh's, plain against the 64-node chain
   TREES=${TREES:-single,lookup-63} bash docs/results/large_tiles_gpu.sh profile ${2:-150} ;;
 exact)
   bash docs/results/prefetch_gpu.sh exact ${2:-250} ;;
+close)  # issue 23's last item in one call (~560 s): both shapes' steps with the code's defaults, then its GPU tests
+  timeout 170 bash "$0" steps 160
+  SHAPE=llama-3-8b REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0}' TREES=single,lookup-63 \
+    timeout 130 bash docs/results/prefetch_gpu.sh steps 120 2>&1 | tail -4
+  timeout 250 bash "$0" exact 240 2>&1 | tail -15 ;;
 esac
