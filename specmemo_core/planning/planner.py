@@ -46,11 +46,14 @@ TREE_SIZES = (64, 48, 32, 24, 16, 12, 8, 6, 4, 1)
 # Extra tokens per step a lookup chain of N nodes adds to a heads' tree: measured with the
 # default model's shipped heads on 24 held-out ShareGPT queries (12 conversations × 2
 # turns, 96 new tokens, CPU fp32; docs/results/lookup_gain_heldout_cpu.json):
-# calibrated-6 1.83 → +lookup-3 2.29; calibrated-48 2.41 → +lookup-8 3.21. NOTE: a
+# calibrated-6 1.83 → +lookup-3 2.29; calibrated-48 2.41 → +lookup-8 3.21. Longer chains
+# (a copied loop keeps looping, so they pay on replies that repeat): 8's figure scaled as the
+# shipped calibration's walk scales it (calibrated-48 +3/8/16/32/64: +0.49/0.92/1.10/1.19/1.23,
+# alone 1.60/1.76/1.81/1.84/1.85; docs/results/lookup_long_cpu/calibration_cpu.json). NOTE: a
 # workload constant, not a property of the heads; chats that rewrite or edit gain more
-# (MT-Bench: +1.2 with 8).
-LOOKUP_GAIN = {8: 0.80, 3: 0.46}
-LOOKUP_ALONE = {8: 1.62, 3: 1.48}  # tokens per step of a lookup chain alone (no heads), same runs
+# (MT-Bench: +1.2 with 8; dynamic-48's chain at 32, not 8: +0.59, docs/results/lookup_long_cpu/).
+LOOKUP_GAIN = {64: 1.07, 32: 1.04, 16: 0.96, 8: 0.80, 3: 0.46}
+LOOKUP_ALONE = {64: 1.71, 32: 1.70, 16: 1.68, 8: 1.62, 3: 1.48}  # a chain alone (no heads), same runs
 # Bytes a KV-cache token costs with the overhead term that grows with it, plus 1% so the
 # first guess of the cache size rarely needs the rounding loop in ``_layout``.
 KV_TOKEN_GROWTH = 1.0 + OVERHEAD_FRACTION + 0.01

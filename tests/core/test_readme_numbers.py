@@ -1212,3 +1212,27 @@ def test_the_waves_sentence_holds_its_h100_runs():
     assert f"q/k/v at 2 stages {steps[two]:.3f}, gate/up at 3 too {first[gate_up]:.3f}" in readme
     from specmemo_core.runtime import token_layer
     assert token_layer.LAUNCH.large_qkv_stages == 3 and token_layer.LAUNCH.tile_early_ending
+
+
+def test_the_longer_chains_table_is_its_cpu_runs():
+    """README's table of longer lookup chains is docs/results/lookup_long_cpu/ (every reply plain greedy's),
+    and the walked figures beside it the shipped calibration's, whose best tree within 64 nodes the planner takes."""
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    d = REPO / "docs/results/lookup_long_cpu"
+    runs = {**json.loads((d / "eval_mtbench20_chains.json").read_text()),
+            **json.loads((d / "eval_mtbench20_sizes.json").read_text())}
+    for name, r in runs.items():
+        assert r["identical_turns"] == r["turns"] == 20
+        if name != "plain":
+            assert f"| `{name}` | {r['tree_nodes']} | {r['mean_accepted']:.2f} |" in readme
+    calibration = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text())
+    record = calibration["tokens_per_step"]
+    chains = ", ".join(f"{n}: {record[f'dynamic-48+lookup-{n}']:.2f}" for n in (16, 32, 64))
+    assert (f"`dynamic-48` {record['dynamic-48']:.2f}, with 8 nodes of chain {record['dynamic-48+lookup-8']:.2f}, "
+            f"{chains};") in readme
+    assert (f"`dynamic-32+lookup-32` walks {record['dynamic-32+lookup-32']:.2f} against `dynamic-48+lookup-8`'s "
+            f"{record['dynamic-48+lookup-8']:.2f}") in readme
+    from specmemo_core.planning.planner import LOOKUP_GAIN, tree_options
+    assert sorted(LOOKUP_GAIN) == [3, 8, 16, 32, 64]
+    fitting = [t for t in tree_options(calibration) if t.nodes <= 64]
+    assert max(fitting, key=lambda t: t.expected_accepted).name == "dynamic-32+lookup-32"
