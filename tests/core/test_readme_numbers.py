@@ -1236,3 +1236,8 @@ def test_the_longer_chains_table_is_its_cpu_runs():
     assert sorted(LOOKUP_GAIN) == [3, 8, 16, 32, 64]
     fitting = [t for t in tree_options(calibration) if t.nodes <= 64]
     assert max(fitting, key=lambda t: t.expected_accepted).name == "dynamic-32+lookup-32"
+    for name, label in (("eval_mixed30.json", "30 mixed prompts"), ("eval_code20.json", "20 code prompts")):
+        other = json.loads((d / name).read_text())
+        assert all(r["identical_turns"] == r["turns"] for r in other.values())
+        figures = ", ".join(f"`{k}` {r['mean_accepted']:.2f}" for k, r in other.items() if k != "plain")
+        assert f"{label} {figures}" in readme
