@@ -22,8 +22,8 @@ export PYTHONUNBUFFERED=1
 # and the attention at one stage)
 STEP_REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0},compiled{attention_stages=1},compiled{attention_split=192}'
 case "${1:-steps}" in
-matmuls)  # prefetch_gpu.sh's, by these launches, then the code's at TOKENS tokens
-  LAUNCHES=${LAUNCHES:-"- large_qkv_stages=3 large_qkv_stages=2 large_tile_stages=3 large_tile_stages=4 tile_early_ending=1"} \
+matmuls)  # prefetch_gpu.sh's, by these launches (the code's, then its old defaults and others), then the code's at TOKENS tokens
+  LAUNCHES=${LAUNCHES:-"- large_qkv_stages=6 tile_early_ending=0 large_qkv_stages=2 large_tile_stages=3"} \
     bash docs/results/prefetch_gpu.sh matmuls
   for T in ${TOKENS:-16 32}; do  # fewer tokens a tile: its x read from L2 for each weight byte shrinks
     timeout 100 python3 scripts/time_layer_matmuls.py --shape ${SHAPE:-vicuna-7b} --tokens $T >> "$OUT/matmuls.jsonl" \
@@ -44,7 +44,7 @@ exact)
   bash docs/results/prefetch_gpu.sh exact ${2:-250} ;;
 close)  # issue 23's last item in one call (~560 s): both shapes' steps with the code's defaults, then its GPU tests
   timeout 170 bash "$0" steps 160
-  SHAPE=llama-3-8b REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0}' TREES=single,lookup-63 \
-    timeout 130 bash docs/results/prefetch_gpu.sh steps 120 2>&1 | tail -4
+  SHAPE=llama-3-8b REGIONS='compiled,compiled{large_qkv_stages=6;tile_early_ending=0}' timeout 130 bash "$0" steps 120 \
+    2>&1 | tail -4
   timeout 250 bash "$0" exact 240 2>&1 | tail -15 ;;
 esac
