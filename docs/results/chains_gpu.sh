@@ -1,6 +1,6 @@
 # Issue 22, session 35: issue 22's benches on the GPU machine (device tool) with the longer lookup chains
-# (session 34: docs/results/lookup_long_cpu/): the planner's pick, dynamic-32+lookup-32 (the best tree
-# within its 64-node cap) and dynamic-48+lookup-64 (112 nodes, past the cap), against vanilla+graphs,
+# (session 34: docs/results/lookup_long_cpu/): the planner's pick (dynamic-32+lookup-32 by the walk),
+# dynamic-24+lookup-40 (the best 64-node split on the CPU: 4.03 tokens/step) and dynamic-48+lookup-64 (112 nodes, past the cap), against vanilla+graphs,
 # on the 20 MT-Bench queries, the 30 mixed and the 20 code prompts, bf16 then fp32 (every reply against
 # plain greedy's), 128 new tokens, 1 warm-up and 3 timed rounds in one process a workload.
 # Needs the GGUF: a call carrying .gguf1 (any of this folder's scripts: gpu_setup.sh copies it to /tmp)
@@ -10,7 +10,7 @@ source scripts/gpu_setup.sh >/dev/null 2>&1
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 [ -s /tmp/smdata/models/SmolLM2-135M-Instruct.Q4_1.gguf ] || { echo "no GGUF: carry .gguf1 in the call before"; exit 1; }
-METHODS=${METHODS:-vanilla+graphs,plan,dynamic-32+lookup-32+graphs,dynamic-48+lookup-64+graphs}
+METHODS=${METHODS:-vanilla+graphs,plan,dynamic-24+lookup-40+graphs,dynamic-48+lookup-64+graphs}
 bench() {  # DTYPE NAME PROMPTS QUERIES
   timeout ${SECONDS_A_BENCH:-90} python3 -m specmemo_core.cli bench --device cuda --dtype $1 --methods $METHODS \
     ${3:+--prompts $3} --queries $4 --max-new-tokens 128 --repeats 3 --warmup 1 --json \
