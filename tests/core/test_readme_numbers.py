@@ -1220,7 +1220,8 @@ def test_the_longer_chains_table_is_its_cpu_runs():
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     d = REPO / "docs/results/lookup_long_cpu"
     runs = {**json.loads((d / "eval_mtbench20_chains.json").read_text()),
-            **json.loads((d / "eval_mtbench20_sizes.json").read_text())}
+            **json.loads((d / "eval_mtbench20_sizes.json").read_text()),
+            **json.loads((d / "eval_mtbench20_splits.json").read_text())}
     for name, r in runs.items():
         assert r["identical_turns"] == r["turns"] == 20
         if name != "plain":
@@ -1232,6 +1233,9 @@ def test_the_longer_chains_table_is_its_cpu_runs():
             f"{chains};") in readme
     assert (f"`dynamic-32+lookup-32` walks {record['dynamic-32+lookup-32']:.2f} against `dynamic-48+lookup-8`'s "
             f"{record['dynamic-48+lookup-8']:.2f}") in readme
+    splits = [r["mean_accepted"] for k, r in runs.items() if k.startswith(("dynamic-2", "dynamic-3", "dynamic-40"))]
+    assert len(splits) == 5 and max(splits) >= 4.0
+    assert f"from 24 to 40 grown nodes give {min(splits):.2f} to {max(splits):.2f} tokens per step" in readme
     from specmemo_core.planning.planner import LOOKUP_GAIN, tree_options
     assert sorted(LOOKUP_GAIN) == [3, 8, 16, 32, 64]
     fitting = [t for t in tree_options(calibration) if t.nodes <= 64]
