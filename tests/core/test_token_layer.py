@@ -61,14 +61,18 @@ def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, preno
 def test_the_tiles_endings_read_before_their_loops_give_the_same_bits(prenorm):
     """``Launch.tile_early_ending`` moves the tile kernels' loads of their endings' inputs (residual,
     biases, 1/rms, rotary tables, slots) before their loops: the probe's steps and caches come out
-    bit for bit as with them after (fp32, q/k/v and MLP biases, rotary, 3 heads over 1)."""
+    as with them after (fp32, q/k/v and MLP biases, rotary, 3 heads over 1), bit for bit in the
+    interpreter; on an H100 (session 35) the compiled kernels differ in their last bits (ptxas
+    schedules the two orders' arithmetic apart), within fp32 rounding of torch's forward either way."""
     base = token_layer.Launch(row_tiles=True, tile_prenorm=prenorm, tile_early_ending=False)
     late = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True, launch=base)
     early = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=True,
                                    launch=dataclasses.replace(base, tile_early_ending=True))
     want = token_layer.probe_step(torch.device(DEVICE), torch.float32, kernels=False)
-    assert all(torch.equal(a, b) for a, b in zip(early, late))
-    assert all(((a - b).abs().max() / b.abs().max()).item() < 4e-6 for a, b in zip(early, want))
+    if DEVICE == "cpu":  # the interpreter runs the same arithmetic in either order
+        assert all(torch.equal(a, b) for a, b in zip(early, late))
+    for got in (early, late):
+        assert all(((a - b).abs().max() / b.abs().max()).item() < 4e-6 for a, b in zip(got, want))
 
 
 @elsewhere
