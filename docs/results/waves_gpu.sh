@@ -2,8 +2,9 @@
 # program an SM) at fewer stages, so two programs share an SM and all run at once
 # (token_layer.Launch.large_qkv_stages, large_tile_stages), on the GPU machine (device tool), from the
 # repository root, carrying .whl_lite. Session 34's three calls (steps, attention, matmuls) are in
-# docs/results/waves_h100/ (FILES.md); its defaults since (q/k/v at 3 stages, endings early), the
-# attention's stages and chunk (Launch.attention_stages, attention_split) and `close` not yet run.
+# docs/results/waves_h100/ (FILES.md); its defaults since (q/k/v at 3 stages, endings early) and the
+# attention's stages and chunk (Launch.attention_stages, attention_split) ran in session 35 (steps3/,
+# split3/, on H100s: neither attention lever taken); `close` as a whole, llama-3-8b's steps, not yet run.
 #   bash docs/results/waves_gpu.sh [matmuls|steps|attention|profile|exact|close]
 #   matmuls: prefetch_gpu.sh's (each matmul's tiles against its one-token kernel) by LAUNCHES, then the
 #            code's at TOKENS (16, 32) tokens

@@ -45,14 +45,6 @@ WARPS = 4  # warps a program of the first kernel
 # H200 a 64-node tree's attention ran 0.90 -> 0.73 ms for 32 layers, a plain step's 0.357 -> 0.365
 # with 2: docs/results/chunked_attention_h200/tuning/); the arithmetic is the same either way
 STAGES_FEW_ROWS, STAGES_MANY_ROWS = 3, 2
-# slots a program attends over for a model of at least MANY_HEADS key/value heads, where SPLIT's chunks
-# make more programs than an SM holds at once once a tree's slots pass 1,024: one number for all of a
-# model's steps, so a row's sums keep one order in every step. On an H100 vicuna-7b's (32 heads) 64-node
-# chain step at a 1,000-token context ran 5.799 ms against 5.934 with SPLIT (its 1,064 slots 6 chunks a
-# head, 192 programs in one wave, instead of 9: 288), a plain step 4.992 against 4.969; session 35,
-# docs/results/waves_h100/steps3/. A model of few heads keeps SPLIT (the default model's 3 heads:
-# fewer programs would each run longer). The planner counts SPLIT's workspace, the larger.
-SPLIT_MANY_HEADS, MANY_HEADS = 192, 32
 # the largest head dim the kernels take (Llama's, Qwen's, Mistral's: 64 or 128): on an H100 an fp32
 # step of 256-wide heads asked more shared memory than a block has (large_tiles_h100/FILES.md)
 MAX_HEAD_DIM = 128
@@ -122,15 +114,14 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-           cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int | None = None,
+           cache_length: torch.Tensor, *, new_tokens: int, groups: int, split: int = SPLIT,
            warps: int = WARPS, stages: int | None = None,
            tail_bias: bool = True, pdl: tuple[int, int] = (0, 0), merge_rows: int | None = None,
            block_m: int = 0, partials: torch.dtype = torch.float32) -> torch.Tensor:
     """Softmax attention of q [Hkv, groups·T, hd] over the cache's slots [Hkv, C, hd] up to
     ``cache_length + new_tokens`` (a [] device tensor) with the additive ``bias`` [groups·T, S]
     (S ≤ C: the step's span): the output [T, H·hd], laid out for ``o_proj``. ``split``: slots
-    a program attends over, a multiple of ``CHUNK`` (None: ``split_for`` the model's heads; another
-    only to time it); ``warps``, ``stages``: the first kernel's
+    a program attends over, a multiple of ``CHUNK``; ``warps``, ``stages``: the first kernel's
     launch (``stages`` None: by the rows, as ``STAGES_*`` say; given only to time the choice:
     ``scripts/time_step_parts.py``). ``tail_bias``: the bias is read only at slots from the
     cache's length on (every row sees the committed slots before it, as ``StaticKVCache.prepare``
@@ -144,7 +135,6 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     triton, attend_chunks, merge_chunks = _kernels()
     hkv, rows, hd = q.shape
     span = bias.shape[-1]
-    split = split or split_for(hkv)
     splits = triton.cdiv(span, split)
     block_m = block_rows(rows, block_m or busy_rows(rows, splits * hkv, kernel_probe.processors(q.device)))
     if stages is None:
@@ -179,11 +169,6 @@ def busy_rows(rows: int, blocks: int, processors: int) -> int:
     if not processors:
         return 64
     return next((most for most in (64, 32) if blocks * -(-rows // most) >= processors), 16)
-
-
-def split_for(kv_heads: int) -> int:
-    """Slots a program attends over in every step of a model of ``kv_heads`` key/value heads."""
-    return SPLIT_MANY_HEADS if kv_heads >= MANY_HEADS else SPLIT
 
 
 def block_rows(rows: int, most: int) -> int:

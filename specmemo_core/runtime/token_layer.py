@@ -117,8 +117,7 @@ class Launch:
     # whose programs fill the GPU's SMs, ``chunked_attention.busy_rows``; the others only to time it)
     attention_block_m: int = 0
     # stages of the attention's slot loop (0: by its rows, ``chunked_attention.STAGES_*``) and slots a
-    # program of it attends over (0: ``chunked_attention.split_for`` the model's heads; a multiple of its
-    # CHUNK), to time them
+    # program of it attends over (0: ``chunked_attention.SPLIT``; a multiple of its CHUNK), to time them
     attention_stages: int = 0
     attention_split: int = 0
     # a 16-bit tile step's attention writes its chunks' partial outputs in 16 bits (half the traffic
@@ -235,7 +234,7 @@ def run(layer: "DecoderLayer", x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
                                         new_tokens=t, groups=h // hkv, pdl=attention_pdl,
                                         block_m=launch.attention_block_m, partials=partials,
                                         stages=launch.attention_stages or None,
-                                        split=launch.attention_split or None)  # [T, H·hd]
+                                        split=launch.attention_split or chunked_attention.SPLIT)  # [T, H·hd]
     mid = matmul_add(attended, attn.o_proj, x)
     hidden = torch.empty(t, mlp.gate_up[0].shape[0] // 2, dtype=x.dtype, device=x.device)
     norm_pairs(mid, layer.post_attention_layernorm, mlp.gate_up, hidden, rope=None)

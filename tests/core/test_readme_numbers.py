@@ -1197,7 +1197,8 @@ def test_the_partials_sentence_holds_its_h100_runs():
 
 def test_the_waves_sentence_holds_its_h100_runs():
     """README's session-34 sentence is docs/results/waves_h100/steps2/: q/k/v's tiles at 3 stages and
-    the tiles' endings read early (the code's defaults now) against the code before them."""
+    the tiles' endings read early (the code's defaults now) against the code before them; session 35's
+    is steps3/ (those defaults, and the attention's levers) and split3/ (128- against 192-slot chunks)."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     steps = {f"{r['tree']} {r['regions']}": r["median"]
              for r in _json_lines(REPO / "docs/results/waves_h100/steps2/vicuna-7b.jsonl") if "regions" in r}
@@ -1210,8 +1211,24 @@ def test_the_waves_sentence_holds_its_h100_runs():
     two = "lookup-63 compiled{large_qkv_stages=2;tile_early_ending=1}"
     gate_up = "lookup-63 compiled{large_tile_stages=3}"
     assert f"q/k/v at 2 stages {steps[two]:.3f}, gate/up at 3 too {first[gate_up]:.3f}" in readme
-    from specmemo_core.runtime import token_layer
+    from specmemo_core.runtime import chunked_attention, token_layer
     assert token_layer.LAUNCH.large_qkv_stages == 3 and token_layer.LAUNCH.tile_early_ending
+    third = {f"{r['tree']} {r['regions']}": r["median"]
+             for r in _json_lines(REPO / "docs/results/waves_h100/steps3/vicuna-7b.jsonl") if "regions" in r}
+    ratio = third["lookup-63 compiled"] / third["single compiled"]
+    assert (f"the 64-node chain {third['lookup-63 compiled']:.3f} ms against a plain step's "
+            f"{third['single compiled']:.3f}, {ratio:.3f}×") in readme
+    assert f"one stage for its loop {third['lookup-63 compiled{attention_stages=1}']:.3f} ms" in readme
+    split = {}  # session 35's next call: the code (128-slot chunks, then the default) against 192, two contexts
+    for context in (1000, 1800):
+        runs = {f"{r['tree']} {r['regions']}": r["median"]
+                for r in _json_lines(REPO / f"docs/results/waves_h100/split3/vicuna-7b-ctx{context}.jsonl") if "regions" in r}
+        for regions, label in (("compiled{attention_split=128}", 128), ("compiled", 192)):
+            split[label, context] = runs[f"lookup-63 {regions}"] / runs[f"single {regions}"]
+    assert (f"{split[128, 1000]:.3f}× at a 1,000-token context and {split[128, 1800]:.3f}× at 1,800" in readme
+            and f"gave {split[192, 1000]:.3f}× at 1,000 but {split[192, 1800]:.3f}× at 1,800" in readme)
+    assert max(split[128, 1000], split[128, 1800], ratio) <= 1.2 < split[192, 1800]
+    assert chunked_attention.SPLIT == 128  # the chunks the runs above took for the code
 
 
 def test_the_longer_chains_table_is_its_cpu_runs():
