@@ -107,7 +107,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def test_grown_trees_in_step_units_and_cuda_graphs_equal_plain_greedy(tree_name, device):
     """The graph path: a grown tree's whole step (growing included) is one unit, captured as a
     CUDA graph on a GPU and replayed; every replay grows that step's own tree. Past the planner's
-    64-node cap too (112 nodes: the attention's rows in more than one chunk)."""
+    64-node cap too (112 nodes)."""
     torch.set_num_threads(1)
     model = tiny_model(seed=11, vocab_size=16, device=device)
     prompt = torch.randint(0, 16, (20,), generator=torch.Generator().manual_seed(3)).tolist()

@@ -58,7 +58,7 @@ def test_a_layer_with_biases_and_grouped_heads_steps_as_its_regions(tiles, preno
 
 @kernels
 @pytest.mark.parametrize("prenorm", [False, True])
-def test_the_tiles_endings_read_before_their_loops_give_the_same_bits(prenorm):
+def test_the_tiles_endings_read_before_their_loops_keep_the_step(prenorm):
     """``Launch.tile_early_ending`` moves the tile kernels' loads of their endings' inputs (residual,
     biases, 1/rms, rotary tables, slots) before their loops: the probe's steps and caches come out
     as with them after (fp32, q/k/v and MLP biases, rotary, 3 heads over 1), bit for bit in the
