@@ -52,10 +52,20 @@ class Step:
     """What one forward produced: the new tokens and how long the forward took."""
 
     token_ids: tuple[int, ...]
-    accepted: int  # tokens this step emitted before any stop cut (drafts + bonus)
+    accepted: int  # tokens the verification accepted (drafts + bonus), before any stop or budget cut
     forward_s: float
     tree_nodes: int
     prefill: bool = False
+    ended: bool = False  # a stop token among them ended the reply (it is not in token_ids)
+
+    @property
+    def reply_tokens(self) -> int:
+        """What this step gave the reply: the tokens kept and the stop token that ended it.
+        ``accepted`` also counts what a long accepted run brought past a stop token or the
+        token budget, which no reply gets: a reply's last step can add up to a chain's length
+        to a mean of it (`dynamic-48+lookup-64`, 20 MT-Bench replies of 128 tokens: 4.50 a step
+        accepted, 3.91 kept)."""
+        return len(self.token_ids) + self.ended
 
 
 
@@ -69,7 +79,7 @@ class ReplyStats:
     seconds: float = 0.0  # since the message was sent
     prefill_s: float = 0.0  # reading the prompt, up to the first token
     steps: int = 0  # verify steps after the prefill
-    drafted: int = 0  # tokens those steps emitted before stop cuts
+    drafted: int = 0  # tokens those steps gave the reply (``Step.reply_tokens``)
     step_times: list[float] = field(default_factory=list)  # each verify step's forward_s
     stopped: bool = False  # cancelled before the reply ended
     context_turns_dropped: int = 0  # turns of this conversation outside the model's context
@@ -83,7 +93,7 @@ class ReplyStats:
             self.prefill_s = elapsed_s
         elif step.accepted:
             self.steps += 1
-            self.drafted += step.accepted
+            self.drafted += step.reply_tokens
             self.step_times.append(step.forward_s)
 
     @property
@@ -230,7 +240,7 @@ class Decoder:
             finish_prefill(self.parts)
         emitted = 1
         stop = root in config.stop_token_ids
-        yield Step((root,) if not stop else (), 1, time.perf_counter() - t0, len(new_ids), prefill=True)
+        yield Step((root,) if not stop else (), 1, time.perf_counter() - t0, len(new_ids), prefill=True, ended=stop)
         ahead = self._overlaps(acceptance)
         next_step: tuple[StepUnit, Launched] | None = None
         try:
@@ -252,7 +262,7 @@ class Decoder:
                 root = tokens[-1]
                 out, stop = take_tokens(tokens, config, emitted)
                 emitted += len(out)
-                yield Step(tuple(out), len(tokens), dt, unit.nodes)
+                yield Step(tuple(out), len(tokens), dt, unit.nodes, ended=stop)
         finally:  # a step started for a reply that has ended: its commits undone
             if next_step is not None and self._ahead is next_step[1]:
                 self._drop_ahead()

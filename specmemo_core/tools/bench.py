@@ -79,18 +79,24 @@ class Pass:
     new_tokens: int
     seconds: float  # wall time, prefills and templating included
     steps: int  # forwards after each reply's first token
-    step_tokens: int  # tokens those forwards emitted
+    step_tokens: int  # tokens those forwards gave the replies (ours: ``Step.reply_tokens``)
     first_token_s: tuple[float, ...]  # per reply
     peak_bytes: int | None = None
     decode_seconds: float | None = None  # in the steps after the first tokens (ours; None: not measured apart)
+    accepted_tokens: int | None = None  # ours: what the verifications accepted, past the replies' ends too
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
-    def mean_accepted(self) -> float:
+    def tokens_per_step(self) -> float:
         return self.step_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        accepted = self.step_tokens if self.accepted_tokens is None else self.accepted_tokens
+        return accepted / self.steps if self.steps else 0.0
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ def ours_runner(engine: Any, conversations: Sequence[Sequence[str]], tree: Any, 
                               tree=tree, max_new_tokens=max_new_tokens, capacity=BENCH_CONTEXT, graphs=graphs,
                               capture_stream=capture_stream, overlap=False if serial else None)
         return Pass(r.replies, r.new_tokens, r.seconds, r.steps, r.step_tokens, r.first_token_s,
-                    decode_seconds=r.decode_seconds)
+                    decode_seconds=r.decode_seconds, accepted_tokens=r.accepted_tokens)
 
     return run
 
@@ -289,6 +295,7 @@ def summarize(method: Method, passes: Sequence[Pass], baseline: Sequence[Sequenc
         "tree_nodes": method.tree_nodes,
         "tokens_per_s": speeds.as_dict(),
         "tokens_per_s_passes": [round(p.tokens_per_s, 3) for p in passes],
+        "tokens_per_step": round(statistics.mean(p.tokens_per_step for p in passes), 4),
         "mean_accepted": round(statistics.mean(p.mean_accepted for p in passes), 4),
         "time_to_first_token_s": round(statistics.median(t for p in passes for t in p.first_token_s), 4)
         if last.first_token_s else None,
@@ -455,7 +462,7 @@ def build_methods(names: Sequence[str], engine: Any, hf: Any, conversations: Seq
 
 # -- output -------------------------------------------------------------------
 def format_table(result: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'method':<14}{'tree':<16}{'tok/s median':>13}{'min':>8}{'max':>8}{'acc/step':>9}{'TTFT s':>8}"
+    lines = [f"{'method':<14}{'tree':<16}{'tok/s median':>13}{'min':>8}{'max':>8}{'tok/step':>9}{'TTFT s':>8}"
              f"{'buffers MiB':>12}{'peak MiB':>10}{'identical':>10}"]
     mib = lambda n: f"{n / 2**20:.1f}" if n is not None else "-"  # noqa: E731
     for name, r in result.items():
@@ -465,6 +472,6 @@ def format_table(result: dict[str, dict[str, Any]]) -> str:
         same = f"{r['identical_to_vanilla']}/{r['replies']}" if r["identical_to_vanilla"] is not None else "-"
         ttft = f"{r['time_to_first_token_s']:.3f}" if r["time_to_first_token_s"] is not None else "-"
         lines.append(f"{name:<14}{(r['tree'] or 'plain')[:15]:<16}{s['median']:>13.2f}{s['min']:>8.2f}"
-                     f"{s['max']:>8.2f}{r['mean_accepted']:>9.2f}{ttft:>8}{mib(r['tree_buffer_bytes']):>12}"
+                     f"{s['max']:>8.2f}{r['tokens_per_step']:>9.2f}{ttft:>8}{mib(r['tree_buffer_bytes']):>12}"
                      f"{mib(r['peak_bytes']):>10}{same:>10}")
     return "\n".join(lines)

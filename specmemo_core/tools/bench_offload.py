@@ -215,7 +215,7 @@ def offload_summary(result: dict, setup: OffloadSetup) -> dict:
     return asdict(setup) | {
         "cap_gib": round(setup.cap_bytes / 2**30, 3) if setup.cap_bytes else None,
         "tokens_per_s": {name: speed(name) for name in OFFLOAD_METHODS if name in result},
-        "tokens_per_step": {name: result[name]["mean_accepted"] for name in OFFLOAD_METHODS if name in result},
+        "tokens_per_step": {name: result[name]["tokens_per_step"] for name in OFFLOAD_METHODS if name in result},
         "tree_vs_accelerate": ratio("stream-tree", "accelerate-offload"),
         "tree_vs_stream_plain": ratio("stream-tree", "stream-plain"),
         "random_heads_vs_stream_plain": ratio("stream-random-heads", "stream-plain"),

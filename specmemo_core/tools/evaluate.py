@@ -23,15 +23,20 @@ class RunResult:
     replies: list[list[int]]
     new_tokens: int
     steps: int  # verify steps (prefills excluded)
-    step_tokens: int  # tokens those steps emitted
+    step_tokens: int  # tokens those steps gave the replies (``Step.reply_tokens``)
     decode_seconds: float  # time in verify steps
     seconds: float  # wall time, prefills included
     first_token_s: tuple[float, ...] = ()  # per reply: its prefill and first pick (time to first token)
     prefilled: int = 0  # prompt tokens run (what a cache already held is not run again)
+    accepted_tokens: int = 0  # tokens those steps' verifications accepted, past the replies' ends too
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.step_tokens / self.steps if self.steps else 0.0
 
     @property
     def mean_accepted(self) -> float:
-        return self.step_tokens / self.steps if self.steps else 0.0
+        return self.accepted_tokens / self.steps if self.steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,7 +65,7 @@ def run_conversations(
     if graphs:
         decoder.capture(prefill=True)  # CUDA graphs are made before the clock starts, not in the turns
     replies: list[list[int]] = []
-    new_tokens = steps = step_tokens = prefilled = 0
+    new_tokens = steps = step_tokens = accepted_tokens = prefilled = 0
     decode_s = 0.0
     first_token_s: list[float] = []
     start = time.perf_counter()
@@ -78,14 +83,15 @@ def run_conversations(
                     prefilled += piece.step.tree_nodes  # a prefill's Step counts the tokens it ran
                 if piece.step.accepted and not piece.step.prefill:
                     steps += 1
-                    step_tokens += piece.step.accepted
+                    step_tokens += piece.step.reply_tokens
+                    accepted_tokens += piece.step.accepted
                     decode_s += piece.step.forward_s
             replies.append(ids)
             new_tokens += len(ids)
             if on_turn:
                 on_turn()
     return RunResult(replies, new_tokens, steps, step_tokens, decode_s, time.perf_counter() - start,
-                     tuple(first_token_s), prefilled)
+                     tuple(first_token_s), prefilled, accepted_tokens)
 
 
 def eval_acceptance(
@@ -111,6 +117,7 @@ def eval_acceptance(
         baseline = baseline or result
         identical = sum(a == b for a, b in zip(baseline.replies, result.replies))
         report[name] = {
+            "tokens_per_step": round(result.tokens_per_step, 4),
             "mean_accepted": round(result.mean_accepted, 4),
             "tokens_per_s": round(result.tokens_per_s, 3),
             "speedup_vs_plain": round(result.tokens_per_s / baseline.tokens_per_s, 3),

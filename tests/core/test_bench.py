@@ -73,6 +73,10 @@ def test_report_summarises_passes_into_one_object_keyed_by_method():
     assert med["tokens_per_s"] == {"median": 15.0, "min": 10.0, "max": 20.0}
     assert med["vs_hf"] == 6.0 and med["vs_vanilla"] == 3.0 and van["vs_vanilla"] == 1.0
     assert hf["mean_accepted"] == 1.5 and van["mean_accepted"] == 1.0
+    assert hf["tokens_per_step"] == 1.5  # no verifications counted apart: what the replies got
+    cut = replace(_pass(1.0, steps=4, step_tokens=10), accepted_tokens=16)  # a last step's run past the end
+    cut_out = report([Method("m", lambda: None, "lookup-8", 9)], {"m": [cut]})["m"]
+    assert (cut_out["tokens_per_step"], cut_out["mean_accepted"]) == (2.5, 4.0)
     assert hf["time_to_first_token_s"] == pytest.approx(0.2)
     assert (hf["identical_to_vanilla"], van["identical_to_vanilla"], med["identical_to_vanilla"]) == (2, 2, 1)
     assert med["replies"] == 2 and med["new_tokens"] == 5
@@ -82,7 +86,7 @@ def test_report_summarises_passes_into_one_object_keyed_by_method():
     assert hf["peak_bytes"] is None and hf["tree_buffer_bytes"] is None
     assert van["step_ms"] == pytest.approx(200.0) and van["steps_share"] == pytest.approx(0.6)  # 0.6 s over 3 steps
     assert hf["step_ms"] is None and hf["steps_share"] is None  # not measured apart
-    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "mean_accepted", "step_ms", "steps_share",
+    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "tokens_per_step", "mean_accepted", "step_ms", "steps_share",
                 "time_to_first_token_s", "new_tokens", "replies", "identical_to_vanilla", "tree_buffer_bytes",
                 "tree_buffer_source", "peak_bytes", "peak_source", "note", "vs_hf", "vs_vanilla",
                 "identical_baseline"}

@@ -47,6 +47,38 @@ def test_greedy_speculative_equals_plain_greedy(tree_name, vocab, kind):
         assert sum(s.accepted for s in decode_steps) / len(decode_steps) > 1.3
 
 
+def test_a_step_counts_for_the_reply_only_what_the_reply_gets():
+    """A lookup chain on a looping reply accepts long runs. Where one runs past the token
+    budget or a stop token, ``accepted`` counts the whole run and ``reply_tokens`` what the
+    reply got (the stop token included); a reply's tokens per step (``ReplyStats``) are
+    the latter's, the figure the calibration's walk predicts."""
+    from specmemo_core.runtime.decoding import ReplyStats
+
+    model = tiny_model(seed=4, vocab_size=12)  # a small vocabulary loops: the chain copies runs
+    prompt = torch.randint(0, 12, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    cut_runs = 0
+    for budget in range(20, 41):
+        steps = list(Decoder(model, model.new_cache(128), None, load_tree("lookup-8")).generate(
+            prompt, GenerationConfig(max_new_tokens=budget)))
+        assert sum(len(s.token_ids) for s in steps) == budget
+        assert all(s.reply_tokens == len(s.token_ids) and not s.ended for s in steps)
+        assert all(s.accepted == s.reply_tokens for s in steps[1:-1])  # inside the reply: the same
+        cut_runs += steps[-1].accepted > steps[-1].reply_tokens
+        stats = ReplyStats()
+        for s in steps:
+            stats.add(s, "", 1.0)
+        assert stats.mean_accepted == pytest.approx((budget - 1) / (len(steps) - 1))
+    assert cut_runs >= 5  # budgets falling inside an accepted run
+    plain = [t for s in Decoder(model, model.new_cache(128)).generate(prompt, GenerationConfig(max_new_tokens=40))
+             for t in s.token_ids]
+    stop = plain[25]
+    steps = list(Decoder(model, model.new_cache(128), None, load_tree("lookup-8")).generate(
+        prompt, GenerationConfig(max_new_tokens=40, stop_token_ids=frozenset({stop}))))
+    kept = [t for s in steps for t in s.token_ids]
+    assert kept == plain[:plain.index(stop)] and steps[-1].ended and not any(s.ended for s in steps[:-1])
+    assert steps[-1].reply_tokens == len(steps[-1].token_ids) + 1 <= steps[-1].accepted
+
+
 def test_compaction_leaves_the_cache_sequential_decoding_builds():
     model = tiny_model(seed=12, vocab_size=16)
     prompt = list(range(10))
