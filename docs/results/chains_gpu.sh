@@ -17,7 +17,7 @@ bench() {  # DTYPE NAME PROMPTS QUERIES
     ${3:+--prompts $3} --queries $4 --max-new-tokens 128 --repeats 3 --warmup 1 --json \
     --save "$OUT/bench_$2_$1.json" > /dev/null 2> "$OUT/bench_$2_$1.err"
   echo "$2 $1 rc=$?"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', m, d[m].get('tree'), d[m].get('identical_to_vanilla'), d[m].get('mean_accepted'), d[m]['tokens_per_s'], d[m].get('vs_vanilla+graphs')) for m in d if m[0] != '_']" \
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', m, d[m].get('tree'), d[m].get('identical_to_vanilla'), d[m].get('tokens_per_step'), d[m].get('mean_accepted'), d[m]['tokens_per_s'], d[m].get('vs_vanilla+graphs')) for m in d if m[0] != '_']" \
     "$OUT/bench_$2_$1.json" 2>&1 | cut -c 1-300
 }
 SECONDS_A_BENCH=${2:-90}

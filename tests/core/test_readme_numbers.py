@@ -1232,17 +1232,28 @@ def test_the_waves_sentence_holds_its_h100_runs():
 
 
 def test_the_longer_chains_table_is_its_cpu_runs():
-    """README's table of longer lookup chains is docs/results/lookup_long_cpu/ (every reply plain greedy's),
-    and the walked figures beside it the shipped calibration's, whose best tree within 64 nodes the planner takes."""
+    """README's table of longer lookup chains is docs/results/reply_tokens_cpu/ (every reply plain greedy's): tokens
+    per step as the replies got them and the old count beside them, which is what sessions 34 and 35 reported
+    (docs/results/lookup_long_cpu/, the same figures); the walk over the same replies; the walked figures of the
+    shipped calibration, whose best tree within 64 nodes the planner takes."""
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
-    d = REPO / "docs/results/lookup_long_cpu"
-    runs = {**json.loads((d / "eval_mtbench20_chains.json").read_text()),
-            **json.loads((d / "eval_mtbench20_sizes.json").read_text()),
-            **json.loads((d / "eval_mtbench20_splits.json").read_text())}
+    d, old = REPO / "docs/results/reply_tokens_cpu", REPO / "docs/results/lookup_long_cpu"
+    read = lambda folder, *names: {k: v for n in names for k, v in json.loads((folder / n).read_text()).items()}  # noqa: E731
+    runs = read(d, "eval_mtbench20_chains.json", "eval_mtbench20_splits_a.json", "eval_mtbench20_splits_b.json")
+    before = read(old, "eval_mtbench20_chains.json", "eval_mtbench20_sizes.json", "eval_mtbench20_splits.json")
+    assert set(runs) == set(before)
     for name, r in runs.items():
         assert r["identical_turns"] == r["turns"] == 20
+        assert r["mean_accepted"] == before[name]["mean_accepted"]  # the old count, unchanged
+        assert r["tokens_per_step"] <= r["mean_accepted"]
         if name != "plain":
-            assert f"| `{name}` | {r['tree_nodes']} | {r['mean_accepted']:.2f} |" in readme
+            assert (f"| `{name}` | {r['tree_nodes']} | {r['tokens_per_step']:.2f} | {r['mean_accepted']:.2f} |"
+                    in readme)
+    walk = json.loads((d / "calibration_mtbench20.json").read_text())["tokens_per_step"]
+    chains = [f"dynamic-48+lookup-{n}" for n in (8, 16, 32, 64)]
+    assert all(abs(walk[k] / runs[k]["tokens_per_step"] - 1) < 0.005 for k in chains)  # the walk is the decoding
+    assert (" / ".join(f"{walk[k]:.2f}" for k in chains) + " against "
+            + " / ".join(f"{runs[k]['tokens_per_step']:.2f}" for k in chains) + " measured") in readme
     calibration = json.loads((REPO / "assets/heads/SmolLM2-135M-Instruct/calibration.json").read_text())
     record = calibration["tokens_per_step"]
     chains = ", ".join(f"{n}: {record[f'dynamic-48+lookup-{n}']:.2f}" for n in (16, 32, 64))
@@ -1250,17 +1261,25 @@ def test_the_longer_chains_table_is_its_cpu_runs():
             f"{chains};") in readme
     assert (f"`dynamic-32+lookup-32` walks {record['dynamic-32+lookup-32']:.2f} against `dynamic-48+lookup-8`'s "
             f"{record['dynamic-48+lookup-8']:.2f}") in readme
-    grown = lambda name: int(name.split("+")[0].removeprefix("dynamic-"))  # noqa: E731
-    splits = [r["mean_accepted"] for k, r in runs.items()
-              if k.startswith("dynamic-") and r["tree_nodes"] == 64 and 24 <= grown(k) <= 40]
-    assert len(splits) == 5 and max(splits) >= 4.0
-    assert f"from 24 to 40 grown nodes give {min(splits):.2f} to {max(splits):.2f} tokens per step" in readme
+    splits = {k: r["tokens_per_step"] for k, r in runs.items() if k.startswith("dynamic-") and r["tree_nodes"] == 64}
+    assert len(splits) == 7 and max(splits.values()) < 4.0 and runs["dynamic-48+lookup-64"]["tokens_per_step"] < 4.0
+    assert f"give {min(splits.values()):.2f} to {max(splits.values()):.2f} tokens per step" in readme
     from specmemo_core.planning.planner import LOOKUP_GAIN, tree_options
     assert sorted(LOOKUP_GAIN) == [3, 8, 16, 32, 64]
     fitting = [t for t in tree_options(calibration) if t.nodes <= 64]
     assert max(fitting, key=lambda t: t.expected_accepted).name == "dynamic-32+lookup-32"
+    walked = record["dynamic-32+lookup-32"]
     for name, label in (("eval_mixed30.json", "30 mixed prompts"), ("eval_code20.json", "20 code prompts")):
         other = json.loads((d / name).read_text())
         assert all(r["identical_turns"] == r["turns"] for r in other.values())
-        figures = ", ".join(f"`{k}` {r['mean_accepted']:.2f}" for k, r in other.items() if k != "plain")
+        assert {k: r["mean_accepted"] for k, r in other.items()} == {
+            k: r["mean_accepted"] for k, r in json.loads((old / name).read_text()).items()}
+        figures = ", ".join(f"`{k}` {r['tokens_per_step']:.2f}" for k, r in other.items() if k != "plain")
         assert f"{label} {figures}" in readme
+        off = other["dynamic-32+lookup-32"]["tokens_per_step"] / walked - 1
+        assert f"{label} {100 * off:+.0f}%" in readme  # how far the planner's walked figure is from this workload's
+    off = runs["dynamic-32+lookup-32"]["tokens_per_step"] / walked - 1
+    assert f"MT-Bench {100 * off:+.0f}%" in readme
+    kept = runs["dynamic-48+lookup-8"]["tokens_per_step"]
+    under = 100 * (1 - kept / record["dynamic-48+lookup-8"])
+    assert f"the same `dynamic-48+lookup-8` replies give {kept:.2f} tokens per step, {under:.0f}% under" in readme
