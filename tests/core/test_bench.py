@@ -86,7 +86,8 @@ def test_report_summarises_passes_into_one_object_keyed_by_method():
     assert hf["peak_bytes"] is None and hf["tree_buffer_bytes"] is None
     assert van["step_ms"] == pytest.approx(200.0) and van["steps_share"] == pytest.approx(0.6)  # 0.6 s over 3 steps
     assert hf["step_ms"] is None and hf["steps_share"] is None  # not measured apart
-    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "tokens_per_step", "mean_accepted", "step_ms", "steps_share",
+    expected = {"tree", "tree_nodes", "tokens_per_s", "tokens_per_s_passes", "tokens_per_step", "mean_accepted",
+                "step_ms", "steps_share",
                 "time_to_first_token_s", "new_tokens", "replies", "identical_to_vanilla", "tree_buffer_bytes",
                 "tree_buffer_source", "peak_bytes", "peak_source", "note", "vs_hf", "vs_vanilla",
                 "identical_baseline"}

@@ -114,7 +114,7 @@ def test_forced_layouts_are_checked():
 
 def test_the_summary_gives_the_ratios_from_the_medians():
     setup = OffloadSetup(8, 24, "t", 4 * GIB, GIB, 5 * GIB, 9.0, 50.0)
-    result = {name: {"tokens_per_s": {"median": speed}, "mean_accepted": acc} for name, speed, acc in
+    result = {name: {"tokens_per_s": {"median": speed}, "tokens_per_step": acc} for name, speed, acc in
               (("accelerate-offload", 2.0, 1.0), ("stream-plain", 5.0, 1.0), ("stream-tree", 10.0, 2.1),
                ("stream-random-heads", 4.8, 1.0))}
     s = offload_summary(result, setup)
