@@ -1,4 +1,5 @@
-"""``specmemo eval-acceptance``: accepted tokens per step and speed of trees vs plain greedy.
+"""``specmemo eval-acceptance``: tokens per step (beside what the verifications accepted) and speed
+of trees vs plain greedy.
 
 Every conversation is run once with plain decoding and once per tree, turn by turn in
 one session (so later turns see earlier replies, as in a chat). A tree's reply must be
