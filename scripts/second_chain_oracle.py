@@ -17,13 +17,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from specmemo_core.runtime.heads import load_heads
-from specmemo_core.tools.train.calibrate import draft_states, lookup_lengths, walked_tokens_per_step
+from specmemo_core.tools.train.calibrate import lookup_lengths, walked_tokens_per_step
 from specmemo_core.tools.train.distill import Sequences
-from specmemo_core.tools.train.features import build_features
-from specmemo_core.tools.train.pipeline import base_rope, frozen_io, grown_calibration, trainer_model
+from specmemo_core.tools.train.pipeline import heldout_drafts, read_sequences, trainer_model
 
 
 def shifted(values: torch.Tensor, seqs: Sequences, k: int) -> torch.Tensor:
@@ -44,13 +41,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded, hf = trainer_model("default", "cpu", None, dtype=torch.float32)
-    seqs = Sequences.from_dict({k: v.long() for k, v in load_file(str(args.heads / "heldout.safetensors")).items()})
-    heads = load_heads(args.heads, loaded.config.hidden_size, loaded.config.vocab_size, loaded.identity.fingerprint,
-                       device="cpu")
-    feats = build_features(hf, seqs, heads.num_heads, keep_all=heads.spec.has_context)
-    embed, _ = frozen_io(hf)
-    grown = grown_calibration(heads, feats, *frozen_io(hf), device="cpu",
-                              hidden=draft_states(heads, feats, base_rope(loaded.config), "cpu", embed))
+    seqs = read_sequences(args.heads / "heldout.safetensors")
+    grown = heldout_drafts(args.heads, loaded, hf, seqs, device="cpu").grown("cpu")
     out = {}
     for n, count in ((32, 32), (40, 24), (48, 16)):
         depth, chain = grown(n), lookup_lengths(seqs, count)

@@ -1,6 +1,7 @@
 # Issue 22, session 35: issue 22's benches on the GPU machine (device tool) with the longer lookup chains
 # (session 34: docs/results/lookup_long_cpu/): the planner's pick (dynamic-32+lookup-32 by the walk),
-# dynamic-24+lookup-40 (the best 64-node split on the CPU: 4.03 tokens/step) and dynamic-48+lookup-64
+# dynamic-24+lookup-40 (session 35's best 64-node split on the CPU by the old count, 4.03 accepted a step;
+# 3.64 tokens per step as the replies got them: docs/results/reply_tokens_cpu/) and dynamic-48+lookup-64
 # (112 nodes, past the cap; on the default model past the fused attention's 256 rows too), against
 # vanilla+graphs, on the 20 MT-Bench queries, the 30 mixed and the 20 code prompts, bf16 then fp32 (every reply against
 # plain greedy's), 128 new tokens, 1 warm-up and 3 timed rounds in one process a workload.

@@ -100,9 +100,14 @@ def _conversations(cfg: PipelineConfig, held_out: bool) -> list[list[str]]:
     return user_turns(sharegpt_conversations(), held_out, turns)[:limit]
 
 
+def read_sequences(path: Path) -> Sequences:
+    """Replies kept by ``_sequences`` (distill.safetensors / heldout.safetensors)."""
+    return Sequences.from_dict({k: v.long() for k, v in load_file(str(path)).items()})
+
+
 def _sequences(path: Path, make: Callable[[], Sequences]) -> Sequences:
     if path.exists():
-        return Sequences.from_dict({k: v.long() for k, v in load_file(str(path)).items()})
+        return read_sequences(path)
     seqs = make()
     tmp = path.with_suffix(".tmp")
     save_file({k: v.to(torch.int32) for k, v in seqs.to_dict().items()}, str(tmp))
@@ -191,17 +196,39 @@ def run_training(cfg: PipelineConfig, out: Path, device: str, progress: Progress
     return card
 
 
-def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineConfig, *, device: str,
-                    progress: Progress | None, heldout: Sequences) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HeldoutDrafts:
+    """What a calibration reads from held-out replies: the heads of a folder, the replies'
+    features, the base model's embedding and LM head, and the heads' draft states at every
+    position (computed once, for the fixed and the grown trees)."""
+
+    heads: DraftHeads
+    feats: Features
+    embed: nn.Embedding
+    lm_head: nn.Linear
+    hidden: torch.Tensor
+
+    def grown(self, device: str) -> GrownDepths | None:
+        return grown_calibration(self.heads, self.feats, self.embed, self.lm_head, device=device, hidden=self.hidden)
+
+
+def heldout_drafts(folder: Path, loaded: LoadedModel, hf: Any, heldout: Sequences, *, device: str,
+                   progress: Progress | None = None) -> HeldoutDrafts:
     heads = load_heads(folder, loaded.config.hidden_size, loaded.config.vocab_size, loaded.identity.fingerprint,
                        device=device)
     feats = build_features(hf, heldout, heads.num_heads, progress=progress, keep_all=heads.spec.has_context)
     embed, lm_head = frozen_io(hf)
-    hidden = draft_states(heads, feats, base_rope(loaded.config), device, embed)  # once, for the fixed and grown trees
-    ranks = head_ranks(heads, feats, embed, lm_head, device=device, hidden=hidden)
-    record = calibrate(ranks, heads.spec.kind, sequences=heldout,
+    hidden = draft_states(heads, feats, base_rope(loaded.config), device, embed)
+    return HeldoutDrafts(heads, feats, embed, lm_head, hidden)
+
+
+def run_calibration(folder: Path, loaded: LoadedModel, hf: Any, cfg: PipelineConfig, *, device: str,
+                    progress: Progress | None, heldout: Sequences) -> dict[str, Any]:
+    d = heldout_drafts(folder, loaded, hf, heldout, device=device, progress=progress)
+    ranks = head_ranks(d.heads, d.feats, d.embed, d.lm_head, device=device, hidden=d.hidden)
+    record = calibrate(ranks, d.heads.spec.kind, sequences=heldout,
                        lookup={n: lookup_lengths(heldout, n) for n in LOOKUP_GAIN}, sizes=TREE_SIZES,
-                       grown=grown_calibration(heads, feats, embed, lm_head, device=device, hidden=hidden))
+                       grown=d.grown(device))
     save_calibration(record, folder)
     return record
 
